@@ -1,0 +1,34 @@
+// Storage types and their conversions to and from float, with no CUDA header needed.
+//
+// Half and bfloat16 are stored as raw 16-bit patterns; conversions use the PTX cvt instructions
+// (round to nearest even, NaN kept) so the same source compiles under NVRTC without cuda_fp16.h or
+// cuda_bf16.h on the include path, and under nvcc. cvt.rn.bf16.f32 needs sm_80 or newer.
+#pragma once
+
+namespace cukern {
+
+struct f16 { unsigned short bits; };
+struct bf16 { unsigned short bits; };
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float(static_cast<unsigned>(v.bits) << 16); }
+__device__ __forceinline__ float to_float(f16 v) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+  return f;
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16 from_float<bf16>(float v) {
+  bf16 r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
+  return r;
+}
+template <> __device__ __forceinline__ f16 from_float<f16>(float v) {
+  f16 r;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
+  return r;
+}
+
+}  // namespace cukern

@@ -1,0 +1,37 @@
+// Vector loads and stores: N elements of T moved as the widest words the size allows (16 bytes at most),
+// so a Pack<bf16, 8> is one ld.global.v4.u32. The caller guarantees the pointer is aligned to the pack's
+// chunk size; the Python planner checks that before it picks N > 1.
+#pragma once
+
+namespace cukern {
+
+template <int BYTES> struct Word;
+template <> struct Word<16> { using type = uint4; };
+template <> struct Word<8> { using type = uint2; };
+template <> struct Word<4> { using type = unsigned int; };
+template <> struct Word<2> { using type = unsigned short; };
+
+template <typename T, int N> struct Pack {
+  static constexpr int kBytes = static_cast<int>(sizeof(T)) * N;
+  static constexpr int kChunk = kBytes < 16 ? kBytes : 16;
+  static constexpr int kWords = kBytes / kChunk;
+  using W = typename Word<kChunk>::type;
+  union {
+    W w[kWords];
+    T v[N];
+  };
+};
+
+template <typename T, int N> __device__ __forceinline__ void load(Pack<T, N>& p, const T* src) {
+  const auto* s = reinterpret_cast<const typename Pack<T, N>::W*>(src);
+#pragma unroll
+  for (int i = 0; i < Pack<T, N>::kWords; ++i) p.w[i] = s[i];
+}
+
+template <typename T, int N> __device__ __forceinline__ void store(T* dst, const Pack<T, N>& p) {
+  auto* d = reinterpret_cast<typename Pack<T, N>::W*>(dst);
+#pragma unroll
+  for (int i = 0; i < Pack<T, N>::kWords; ++i) d[i] = p.w[i];
+}
+
+}  // namespace cukern

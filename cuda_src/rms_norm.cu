@@ -1,0 +1,214 @@
+// RMSNorm and fused residual-add + RMSNorm.
+//
+//   out = x / sqrt(mean(x^2) + eps) * (offset + weight)           (offset = 1 is the Gemma form)
+//   fused: residual = round(residual + x); out = rmsnorm(residual)
+//
+// The six questions (cukern/rms_norm.py keeps the same answers as data, for `explain` and the bench):
+// 1. Output tile: one row per group of TPR threads. TPR <= 32 packs BLOCK / TPR rows into a block
+//    (per-head norms over 64..256 elements); TPR = BLOCK gives one row per block. The grid covers the
+//    rows once; a block walks further rows with a grid-stride loop when the grid is capped.
+// 2. Input traffic: x (and residual) read once, out (and residual) written once, weight re-read by every
+//    row from L2. Thread `lane` of a group moves VEC consecutive elements at vector index
+//    lane + k * TPR, so a warp's accesses are contiguous: 16-byte loads when pointers and row strides
+//    allow (VEC = 16 / sizeof(T)), element loads otherwise.
+// 3. Accumulation: sum of squares in float32, each thread over its ITEMS * VEC elements in order, then a
+//    butterfly over the group (and a two-level shuffle + shared-memory sum when TPR > 32). The order
+//    depends only on the hidden size and the plan, never on the row count: batch-invariant.
+// 4. Staging: rms_norm_rows keeps its row in registers (ITEMS * VEC floats a thread) between the
+//    reduction and the scaling, so each byte crosses DRAM once; shared memory only for the block sum
+//    (2 * BLOCK / 32 floats). rms_norm_wide, for rows longer than the registers of a block can hold,
+//    reads the row twice (the second read mostly from L2).
+// 5. Tuning: TPR and ITEMS come from the hidden size (target ITEMS vectors in flight per thread), VEC from
+//    alignment; cukern/rms_norm.py `plan` picks them.
+// 6. Profile: about 3 flops an element against 2 * sizeof(T) bytes: far under the ridge point, so
+//    memory-bound; the target is the device-to-device copy bandwidth.
+#include "common/dtype.cuh"
+#include "common/vec.cuh"
+#include "common/reduce.cuh"
+
+namespace cukern {
+
+// Rows are addressed through two leading dimensions (outer, inner) with free strides, so views into a
+// fused buffer and per-head layouts need no copy. All offsets are 64-bit.
+struct RowAddress {
+  long long inner;
+  long long s0, s1;
+  __device__ __forceinline__ long long operator()(long long row) const {
+    return (row / inner) * s0 + (row % inner) * s1;
+  }
+};
+
+template <typename T, typename W, int VEC, int TPR, int ITEMS, int BLOCK, bool FUSED>
+__device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T* x, const W* weight,
+                                                   long long rows, RowAddress out_at, RowAddress res_at,
+                                                   RowAddress x_at, int hidden, float eps, float offset) {
+  static_assert(TPR <= 32 || TPR == BLOCK, "a row is handled by a sub-warp group or by the whole block");
+  constexpr int kRowsPerBlock = BLOCK / TPR;
+  __shared__ float scratch[2 * (BLOCK / 32)];
+  const int lane = static_cast<int>(threadIdx.x) % TPR;
+  const int slot = static_cast<int>(threadIdx.x) / TPR;
+  int parity = 0;
+
+  for (long long first = static_cast<long long>(blockIdx.x) * kRowsPerBlock; first < rows;
+       first += static_cast<long long>(gridDim.x) * kRowsPerBlock) {
+    const long long row = first + slot;
+    const bool live = row < rows;
+    const T* xr = x + (live ? x_at(row) : 0);
+    T* rr = FUSED ? residual + (live ? res_at(row) : 0) : nullptr;
+
+    float v[ITEMS][VEC];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int col = (lane + k * TPR) * VEC;
+      if (live && col < hidden) {
+        Pack<T, VEC> a;
+        load(a, xr + col);
+        if (FUSED) {
+          Pack<T, VEC> r;
+          load(r, rr + col);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) a.v[j] = from_float<T>(to_float(a.v[j]) + to_float(r.v[j]));
+          store(rr + col, a);
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          v[k][j] = to_float(a.v[j]);
+          ss += v[k][j] * v[k][j];
+        }
+      }
+    }
+    if constexpr (TPR <= 32) {
+      ss = group_sum<TPR>(ss);
+    } else {
+      ss = block_sum<BLOCK>(ss, scratch, parity);
+      parity ^= 1;
+    }
+    const float rstd = rsqrtf(ss / static_cast<float>(hidden) + eps);
+
+    T* orow = out + (live ? out_at(row) : 0);
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int col = (lane + k * TPR) * VEC;
+      if (live && col < hidden) {
+        Pack<T, VEC> y;
+        if (weight != nullptr) {
+          Pack<W, VEC> w;
+          load(w, weight + col);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(v[k][j] * rstd * (offset + to_float(w.v[j])));
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(v[k][j] * rstd * (offset + 1.f));
+        }
+        store(orow + col, y);
+      }
+    }
+  }
+}
+
+template <typename T, typename W, int VEC, int TPR, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+    rms_norm_rows(T* out, const T* x, const W* weight, long long rows, long long inner, long long out_s0,
+                  long long out_s1, long long x_s0, long long x_s1, int hidden, float eps, float offset) {
+  const RowAddress out_at{inner, out_s0, out_s1};
+  const RowAddress x_at{inner, x_s0, x_s1};
+  rms_norm_rows_impl<T, W, VEC, TPR, ITEMS, BLOCK, false>(out, nullptr, x, weight, rows, out_at, out_at, x_at,
+                                                          hidden, eps, offset);
+}
+
+template <typename T, typename W, int VEC, int TPR, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+    fused_add_rms_norm_rows(T* out, T* residual, const T* x, const W* weight, long long rows, long long inner,
+                            long long out_s0, long long out_s1, long long res_s0, long long res_s1,
+                            long long x_s0, long long x_s1, int hidden, float eps, float offset) {
+  rms_norm_rows_impl<T, W, VEC, TPR, ITEMS, BLOCK, true>(out, residual, x, weight, rows,
+                                                         RowAddress{inner, out_s0, out_s1},
+                                                         RowAddress{inner, res_s0, res_s1},
+                                                         RowAddress{inner, x_s0, x_s1}, hidden, eps, offset);
+}
+
+// Rows too long for registers: a block owns a row and streams it twice in chunks of BLOCK * ITEMS * VEC.
+// Pass one sums squares (and, fused, writes the new residual); pass two rescales. Each thread reads back
+// exactly the elements it wrote, so the fused form needs no barrier between passes.
+template <typename T, typename W, int VEC, int ITEMS, int BLOCK, bool FUSED>
+__device__ __forceinline__ void rms_norm_wide_impl(T* out, T* residual, const T* x, const W* weight,
+                                                   long long rows, RowAddress out_at, RowAddress res_at,
+                                                   RowAddress x_at, int hidden, float eps, float offset) {
+  __shared__ float scratch[2 * (BLOCK / 32)];
+  int parity = 0;
+  for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + x_at(row);
+    T* rr = FUSED ? residual + res_at(row) : nullptr;
+    const T* src = FUSED ? rr : xr;
+    T* orow = out + out_at(row);
+
+    float ss = 0.f;
+    for (int base = 0; base < hidden; base += BLOCK * ITEMS * VEC) {
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const int col = base + (static_cast<int>(threadIdx.x) + k * BLOCK) * VEC;
+        if (col < hidden) {
+          Pack<T, VEC> a;
+          load(a, xr + col);
+          if (FUSED) {
+            Pack<T, VEC> r;
+            load(r, rr + col);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) a.v[j] = from_float<T>(to_float(a.v[j]) + to_float(r.v[j]));
+            store(rr + col, a);
+          }
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) ss += to_float(a.v[j]) * to_float(a.v[j]);
+        }
+      }
+    }
+    ss = block_sum<BLOCK>(ss, scratch, parity);
+    parity ^= 1;
+    const float rstd = rsqrtf(ss / static_cast<float>(hidden) + eps);
+
+    for (int base = 0; base < hidden; base += BLOCK * ITEMS * VEC) {
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const int col = base + (static_cast<int>(threadIdx.x) + k * BLOCK) * VEC;
+        if (col < hidden) {
+          Pack<T, VEC> a;
+          load(a, src + col);
+          Pack<T, VEC> y;
+          if (weight != nullptr) {
+            Pack<W, VEC> w;
+            load(w, weight + col);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(to_float(a.v[j]) * rstd * (offset + to_float(w.v[j])));
+          } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(to_float(a.v[j]) * rstd * (offset + 1.f));
+          }
+          store(orow + col, y);
+        }
+      }
+    }
+  }
+}
+
+template <typename T, typename W, int VEC, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+    rms_norm_wide(T* out, const T* x, const W* weight, long long rows, long long inner, long long out_s0,
+                  long long out_s1, long long x_s0, long long x_s1, int hidden, float eps, float offset) {
+  const RowAddress out_at{inner, out_s0, out_s1};
+  const RowAddress x_at{inner, x_s0, x_s1};
+  rms_norm_wide_impl<T, W, VEC, ITEMS, BLOCK, false>(out, nullptr, x, weight, rows, out_at, out_at, x_at, hidden,
+                                                     eps, offset);
+}
+
+template <typename T, typename W, int VEC, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+    fused_add_rms_norm_wide(T* out, T* residual, const T* x, const W* weight, long long rows, long long inner,
+                            long long out_s0, long long out_s1, long long res_s0, long long res_s1,
+                            long long x_s0, long long x_s1, int hidden, float eps, float offset) {
+  rms_norm_wide_impl<T, W, VEC, ITEMS, BLOCK, true>(out, residual, x, weight, rows, RowAddress{inner, out_s0, out_s1},
+                                                    RowAddress{inner, res_s0, res_s1}, RowAddress{inner, x_s0, x_s1},
+                                                    hidden, eps, offset);
+}
+
+}  // namespace cukern

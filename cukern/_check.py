@@ -1,0 +1,92 @@
+"""Argument checks shared by every op. Each failure names the argument and says how to fix it, and all of
+them run before anything is launched."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._dtypes import dtype_name
+
+_DLPACK_CUDA = 2
+
+
+def as_array(obj, name: str):
+    """``obj`` as a :class:`cupy.ndarray` without copying: CuPy arrays as they are, other GPU arrays through
+    ``__cuda_array_interface__`` or ``__dlpack__``."""
+    import cupy
+
+    if isinstance(obj, cupy.ndarray):
+        return obj
+    if isinstance(obj, np.ndarray):
+        raise TypeError(f"{name} is a numpy.ndarray in host memory; move it to the GPU with cupy.asarray({name})")
+    if hasattr(obj, "__cuda_array_interface__"):
+        try:
+            return cupy.asarray(obj)
+        except (TypeError, ValueError):
+            if not hasattr(obj, "__dlpack__"):
+                raise
+    if hasattr(obj, "__dlpack__"):
+        device = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else None
+        if device != _DLPACK_CUDA:
+            raise TypeError(f"{name} is not in CUDA device memory (DLPack device {device}); move it to the GPU first")
+        return cupy.from_dlpack(obj)
+    raise TypeError(
+        f"{name} must be a cupy.ndarray or a GPU array exposing __cuda_array_interface__ or __dlpack__, "
+        f"got {type(obj).__name__}; convert with cupy.asarray({name})"
+    )
+
+
+def check_dtype(a, name: str, allowed) -> None:
+    if a.dtype not in allowed:
+        names = ", ".join(dtype_name(d) for d in allowed)
+        raise TypeError(f"{name} has dtype {dtype_name(a.dtype)}; supported: {names}")
+
+
+def check_same_device(arrays: dict) -> int:
+    devices = {name: a.device.id for name, a in arrays.items() if a is not None}
+    if len(set(devices.values())) > 1:
+        where = ", ".join(f"{n} on device {d}" for n, d in devices.items())
+        raise ValueError(f"arrays are on different devices ({where}); move them to one device")
+    return next(iter(devices.values()))
+
+
+def check_unit_last_stride(a, name: str) -> None:
+    if a.ndim and a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
+        raise ValueError(
+            f"{name}'s last dimension has stride {a.strides[-1] // a.itemsize} elements; it must be 1 "
+            f"(make it contiguous with cupy.ascontiguousarray({name}))"
+        )
+
+
+def extent(a) -> tuple:
+    """The byte range [lo, hi) that array ``a`` touches."""
+    lo = hi = a.data.ptr
+    for n, s in zip(a.shape, a.strides):
+        if s > 0:
+            hi += (n - 1) * s
+        else:
+            lo += (n - 1) * s
+    return lo, hi + a.itemsize
+
+
+def same_view(a, b) -> bool:
+    return a.data.ptr == b.data.ptr and a.shape == b.shape and a.strides == b.strides
+
+
+def overlaps(a, b) -> bool:
+    if a.size == 0 or b.size == 0:
+        return False
+    (alo, ahi), (blo, bhi) = extent(a), extent(b)
+    return alo < bhi and blo < ahi
+
+
+def check_no_overlap(a, a_name: str, b, b_name: str, *, identical_ok: bool) -> None:
+    if overlaps(a, b) and not (identical_ok and same_view(a, b)):
+        how = "partially overlaps" if identical_ok else "overlaps"
+        raise ValueError(f"{a_name} {how} {b_name}; pass a separate array" + (" or the same one" if identical_ok else ""))
+
+
+def check_writable(a, name: str) -> None:
+    """A written array must not alias itself (a broadcast view with a zero stride, say)."""
+    if any(s == 0 and n > 1 for n, s in zip(a.shape, a.strides)):
+        raise ValueError(f"{name} has a zero stride (a broadcast view); it cannot be written, pass a real array")

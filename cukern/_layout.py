@@ -1,0 +1,52 @@
+"""Row layouts: how the leading dimensions of several same-shaped arrays map to rows.
+
+Kernels address a row through two leading levels (``row // inner * s0 + row % inner * s1``, in elements);
+:func:`rows_layout` merges leading dimensions wherever every array allows it, so contiguous arrays,
+per-head layouts ``[tokens, heads, dim]`` and views into fused buffers all become one launch. Layouts that
+still need more levels are split into several launches over the extra outer dimensions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RowsLayout:
+    rows: int  # rows per launch
+    inner: int
+    strides: tuple  # per array: (s0, s1) in elements
+    outer: tuple  # per launch: per array element offset
+
+
+def collapse(shape: tuple, strides: list) -> tuple:
+    """Merge adjacent dimensions that are contiguous with each other in every array and drop size-1 ones.
+    ``strides`` holds one stride tuple (in elements) per array. Returns (shape, per-array strides)."""
+    dims = [(n, [s[i] for s in strides]) for i, n in enumerate(shape) if n != 1]
+    merged: list = []
+    for n, ss in dims:
+        if merged:
+            pn, pss = merged[-1]
+            if all(ps == s * n for ps, s in zip(pss, ss)):
+                merged[-1] = (pn * n, ss)
+                continue
+        merged.append((n, ss))
+    return tuple(n for n, _ in merged), [tuple(ss[k] for _, ss in merged) for k in range(len(strides))]
+
+
+def rows_layout(arrays) -> RowsLayout:
+    """Row layout of same-shaped arrays over all but their last dimension."""
+    lead = arrays[0].shape[:-1]
+    shape, strides = collapse(lead, [tuple(s // a.itemsize for s in a.strides[:-1]) for a in arrays])
+    if not shape:
+        return RowsLayout(rows=1, inner=1, strides=tuple((0, 0) for _ in arrays), outer=(tuple(0 for _ in arrays),))
+    if len(shape) == 1:
+        return RowsLayout(shape[0], shape[0], tuple((0, s[0]) for s in strides), (tuple(0 for _ in arrays),))
+    extra = shape[:-2]
+    outer = tuple(
+        tuple(sum(i * s for i, s in zip(idx, st[:-2])) for st in strides)
+        for idx in itertools.product(*(range(n) for n in extra))
+    )
+    return RowsLayout(math.prod(shape[-2:]), shape[-1], tuple((s[-2], s[-1]) for s in strides), outer)

@@ -1,0 +1,235 @@
+"""RMSNorm and fused residual-add + RMSNorm (kernels in ``cuda_src/rms_norm.cu``).
+
+Reference (float64, :func:`cukern.reference.rms_norm`)::
+
+    out = x / sqrt(mean(x**2, axis=-1) + eps) * (offset + weight)
+
+Memory traffic, the count every GB/s figure uses: read x (and residual), write out (and residual), read
+weight once: ``bytes_moved``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _check
+from ._compile import Instantiation, get_kernel
+from ._dtypes import FLOAT_TYPES
+from ._launch import LaunchConfig, Signature, launch, sm_count
+from ._layout import rows_layout
+
+SOURCE = "rms_norm"
+ITEMS_TARGET = 4  # vectors a thread keeps in flight; tuned on the H200 (see bench/NOTES.md)
+SMALL_BLOCK = 128  # block size when several rows share a block (TPR <= 32)
+MAX_TPR = 1024
+MAX_ITEMS = 8  # register budget: ITEMS * VEC floats a thread
+WIDE_BLOCK, WIDE_ITEMS = 512, 4
+MAX_HIDDEN = 2**31 - 2**20
+WAVES = None  # grid cap in waves of resident blocks; None: one block per row group
+
+_ROWS_SIG = Signature(("ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64", "i32", "f32", "f32"))
+_FUSED_SIG = Signature(
+    ("ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i32", "f32", "f32")
+)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The launch for one call: which kernel, its tile and its grid.
+
+    ``vec`` elements per access, ``tpr`` threads per row, ``items`` vectors per thread (rows kernel) or per
+    chunk (wide kernel), ``block`` threads per block, ``grid`` blocks, ``rows_per_block`` rows one block
+    holds at a time.
+    """
+
+    kernel: str  # "rows" (row held in registers) or "wide" (row streamed twice)
+    hidden: int
+    rows: int
+    vec: int
+    tpr: int
+    items: int
+    block: int
+    grid: int
+
+    @property
+    def rows_per_block(self) -> int:
+        return self.block // self.tpr
+
+    @property
+    def config(self) -> LaunchConfig:
+        return LaunchConfig(grid=(self.grid,), block=(self.block,))
+
+    def instantiation(self, dtype, weight_dtype, fused: bool) -> Instantiation:
+        name = ("fused_add_rms_norm_" if fused else "rms_norm_") + self.kernel
+        if self.kernel == "rows":
+            args = (dtype, weight_dtype, self.vec, self.tpr, self.items, self.block)
+        else:
+            args = (dtype, weight_dtype, self.vec, self.items, self.block)
+        return Instantiation(SOURCE, name, args)
+
+
+def plan(hidden: int, rows: int, vec: int, sm_count: int = 132, *, items_target: int = ITEMS_TARGET,
+         small_block: int = SMALL_BLOCK, waves: int | None = WAVES) -> Plan:
+    """Pure launch planning from the row length, the row count and the usable vector width.
+
+    Threads per row: the power of two that gives each thread about ``items_target`` vectors (so each
+    thread has several independent 16-byte loads in flight), at most 1024. Rows of up to 32 threads share a
+    block of ``small_block`` threads; longer rows get a block each. Rows longer than 1024 threads x 8
+    vectors go to the wide kernel. The plan depends on ``hidden`` and ``vec`` only, never on ``rows``, except
+    for the grid: that keeps every row's reduction order, and so its result, independent of the batch.
+    The grid covers every row group once, or with ``waves`` at most that many full waves of resident
+    blocks (``sm_count`` x 2048 / block), the blocks then looping over rows.
+    """
+    if hidden < 1 or vec < 1 or hidden % vec:
+        raise ValueError(f"hidden={hidden} is not a positive multiple of vec={vec}")
+    nvec = hidden // vec
+    tpr = min(MAX_TPR, _pow2_at_least(math.ceil(nvec / items_target)))
+    items = _pow2_at_least(math.ceil(nvec / tpr))
+    if items > MAX_ITEMS:
+        kernel, tpr, items, block = "wide", WIDE_BLOCK, WIDE_ITEMS, WIDE_BLOCK
+    else:
+        kernel, block = "rows", (tpr if tpr > 32 else small_block)
+    grid = math.ceil(rows / (block // tpr))
+    if waves is not None:
+        grid = min(grid, waves * sm_count * (2048 // block))
+    return Plan(kernel, hidden, rows, vec, tpr, items, block, max(1, min(grid, 2**31 - 1)))
+
+
+def vector_width(hidden: int, arrays, weight=None) -> int:
+    """16 bytes' worth of elements when ``hidden``, every array's base address and every leading stride allow
+    it, else 1. ``weight`` (which may be wider than the others) must be aligned to its own chunk."""
+    itemsize = arrays[0].itemsize
+    vec = 16 // itemsize
+    if hidden % vec:
+        return 1
+    for a in arrays:
+        if a.data.ptr % 16 or any((s // itemsize) % vec for s in a.strides[:-1]):
+            return 1
+    if weight is not None and weight.data.ptr % min(16, vec * weight.itemsize):
+        return 1
+    return vec
+
+
+def instantiations():
+    """Every instantiation ``plan`` can choose, generated by running it over all row lengths it
+    distinguishes, for every supported dtype pair and both kernels."""
+    out = set()
+    dtypes = [(t, t) for t in FLOAT_TYPES] + [(t, np.dtype(np.float32)) for t in FLOAT_TYPES[1:]]
+    for t, w in dtypes:
+        for vec in sorted({16 // t.itemsize, 1}):
+            for nvec in range(1, MAX_TPR * MAX_ITEMS + 2):
+                p = plan(nvec * vec, 1, vec)
+                for fused in (False, True):
+                    out.add(p.instantiation(t, w, fused))
+    return sorted(out, key=lambda i: (i.name, i.expression))
+
+
+def bytes_moved(shape, dtype, weight_dtype=None, *, fused: bool = False) -> int:
+    """Bytes the op must move: x (and residual) read, out (and residual) written, weight read once."""
+    n = math.prod(shape)
+    size = np.dtype(dtype).itemsize
+    w = shape[-1] * np.dtype(weight_dtype).itemsize if weight_dtype is not None else 0
+    return (4 if fused else 2) * n * size + w
+
+
+def _validate(x, weight, out, residual=None):
+    names = {"x": x, "weight": weight, "out": out, "residual": residual}
+    arrays = {n: _check.as_array(a, n) for n, a in names.items() if a is not None}
+    x = arrays["x"]
+    if x.ndim < 1:
+        raise ValueError("x must have at least one dimension (the normalized one)")
+    _check.check_dtype(x, "x", FLOAT_TYPES)
+    for n in ("out", "residual"):
+        a = arrays.get(n)
+        if a is None:
+            continue
+        if a.dtype != x.dtype:
+            raise TypeError(f"{n} has dtype {a.dtype}, x has {x.dtype}; they must match")
+        if a.shape != x.shape:
+            raise ValueError(f"{n} has shape {a.shape}, x has {x.shape}; they must match")
+    w = arrays.get("weight")
+    if w is not None:
+        if w.dtype not in (x.dtype, np.dtype(np.float32)):
+            raise TypeError(f"weight has dtype {w.dtype}; it must be x's dtype ({x.dtype}) or float32")
+        if w.ndim != 1 or w.shape[0] != x.shape[-1]:
+            raise ValueError(f"weight has shape {w.shape}; it must be 1-D with x's last dimension ({x.shape[-1]})")
+    _check.check_same_device(arrays)
+    for n, a in arrays.items():
+        _check.check_unit_last_stride(a, n)
+    if x.shape[-1] > MAX_HIDDEN:
+        raise ValueError(f"x's last dimension {x.shape[-1]} is over the supported {MAX_HIDDEN}")
+    return arrays
+
+
+def _run(fused: bool, x, residual, weight, eps, offset, out):
+    arrays = _validate(x, weight, out, residual)
+    import cupy
+
+    x, w, out, residual = (arrays.get(n) for n in ("x", "weight", "out", "residual"))
+    if fused:
+        _check.check_writable(residual, "residual")
+        _check.check_no_overlap(residual, "residual", x, "x", identical_ok=False)
+    if w is not None and out is not None:
+        _check.check_no_overlap(out, "out", w, "weight", identical_ok=False)
+    if out is None:
+        out = cupy.empty(x.shape, dtype=x.dtype)
+    else:
+        _check.check_writable(out, "out")
+        _check.check_no_overlap(out, "out", x, "x", identical_ok=True)
+        if fused:
+            _check.check_no_overlap(out, "out", residual, "residual", identical_ok=False)
+    if x.size == 0:
+        return out
+
+    hidden = x.shape[-1]
+    rowed = [out, residual, x] if fused else [out, x]
+    layout = rows_layout(rowed)
+    vec = vector_width(hidden, rowed, w)
+    with x.device:
+        p = plan(hidden, layout.rows, vec, sm_count(x.device.id))
+        kernel = get_kernel(p.instantiation(x.dtype, w.dtype if w is not None else x.dtype, fused))
+        itemsize = x.itemsize
+        for offs in layout.outer:
+            ptrs = [a.data.ptr + o * itemsize for a, o in zip(rowed, offs)]
+            strides = [s for pair in layout.strides for s in pair]
+            args = ptrs + [w, layout.rows, layout.inner] + strides + [hidden, eps, offset]
+            launch(kernel, p.config, _FUSED_SIG if fused else _ROWS_SIG, args)
+    return out
+
+
+def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None):
+    """Root-mean-square normalization over the last axis.
+
+    ``out = x / sqrt(mean(x**2, axis=-1) + eps) * (offset + weight)``, computed in float32 and rounded
+    once to x's dtype. ``weight=None`` means 1; ``offset=1.0`` is the Gemma form.
+
+    Parameters
+    ----------
+    x : cupy.ndarray, float32, float16 or bfloat16, shape ``[..., hidden]``; leading dimensions may be
+        strided, the last must have unit stride.
+    weight : cupy.ndarray of shape ``[hidden]``, x's dtype or float32, optional.
+    eps : float
+    offset : float
+    out : cupy.ndarray like x, optional; may be x itself (in place), must not overlap it otherwise.
+
+    Returns
+    -------
+    out
+    """
+    return _run(False, x, None, weight, eps, offset, out)
+
+
+def fused_add_rms_norm(x, residual, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None):
+    """``residual += x`` in place (rounded to residual's dtype), then ``out = rms_norm(residual)``.
+
+    ``out=x`` is allowed (the in-place form LLM servers use). Same dtypes and layouts as :func:`rms_norm`;
+    residual must not overlap x or out.
+    """
+    return _run(True, x, residual, weight, eps, offset, out)
