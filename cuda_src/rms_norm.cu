@@ -14,8 +14,8 @@
 // 3. Accumulation: sum of squares in float32, each thread over its ITEMS * VEC elements in order, then a
 //    butterfly over the group (and a two-level shuffle + shared-memory sum when TPR > 32). The order
 //    depends only on the hidden size and the plan, never on the row count: batch-invariant.
-// 4. Staging: rms_norm_rows keeps its row in registers (ITEMS * VEC floats a thread) between the
-//    reduction and the scaling, so each byte crosses DRAM once; shared memory only for the block sum
+// 4. Staging: rms_norm_rows keeps its row in registers, as loaded (ITEMS packs of 16 bytes a thread,
+//    at most 128 bytes), between the reduction and the scaling, so each byte crosses DRAM once; shared memory only for the block sum
 //    (2 * BLOCK / 32 floats). rms_norm_wide, for rows longer than the registers of a block can hold,
 //    reads the row twice (the second read mostly from L2).
 // 5. Tuning: TPR and ITEMS come from the hidden size (target ITEMS vectors in flight per thread), VEC from
@@ -56,25 +56,26 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
     const T* xr = x + (live ? x_at(row) : 0);
     T* rr = FUSED ? residual + (live ? res_at(row) : 0) : nullptr;
 
-    float v[ITEMS][VEC];
+    // The row stays in registers as loaded (packed), half the registers of float32 for 16-bit types, so a
+    // thread can keep twice as many loads in flight; it is widened again for the scaling pass.
+    Pack<T, VEC> a[ITEMS];
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int col = (lane + k * TPR) * VEC;
       if (live && col < hidden) {
-        Pack<T, VEC> a;
-        load(a, xr + col);
-        if (FUSED) {
+        load(a[k], xr + col);
+        if constexpr (FUSED) {
           Pack<T, VEC> r;
           load(r, rr + col);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) a.v[j] = from_float<T>(to_float(a.v[j]) + to_float(r.v[j]));
-          store(rr + col, a);
+          for (int j = 0; j < VEC; ++j) a[k].v[j] = from_float<T>(to_float(a[k].v[j]) + to_float(r.v[j]));
+          store(rr + col, a[k]);
         }
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          v[k][j] = to_float(a.v[j]);
-          ss += v[k][j] * v[k][j];
+          const float f = to_float(a[k].v[j]);
+          ss += f * f;
         }
       }
     }
@@ -96,10 +97,10 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
           Pack<W, VEC> w;
           load(w, weight + col);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(v[k][j] * rstd * (offset + to_float(w.v[j])));
+          for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(to_float(a[k].v[j]) * rstd * (offset + to_float(w.v[j])));
         } else {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(v[k][j] * rstd * (offset + 1.f));
+          for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(to_float(a[k].v[j]) * rstd * (offset + 1.f));
         }
         store(orow + col, y);
       }
@@ -151,7 +152,7 @@ __device__ __forceinline__ void rms_norm_wide_impl(T* out, T* residual, const T*
         if (col < hidden) {
           Pack<T, VEC> a;
           load(a, xr + col);
-          if (FUSED) {
+          if constexpr (FUSED) {
             Pack<T, VEC> r;
             load(r, rr + col);
 #pragma unroll

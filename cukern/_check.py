@@ -51,7 +51,7 @@ def check_same_device(arrays: dict) -> int:
 
 
 def check_unit_last_stride(a, name: str) -> None:
-    if a.ndim and a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
+    if a.size and a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
         raise ValueError(
             f"{name}'s last dimension has stride {a.strides[-1] // a.itemsize} elements; it must be 1 "
             f"(make it contiguous with cupy.ascontiguousarray({name}))"

@@ -22,13 +22,11 @@ from ._launch import LaunchConfig, Signature, launch, sm_count
 from ._layout import rows_layout
 
 SOURCE = "rms_norm"
-ITEMS_TARGET = 4  # vectors a thread keeps in flight; tuned on the H200 (see bench/NOTES.md)
-SMALL_BLOCK = 128  # block size when several rows share a block (TPR <= 32)
 MAX_TPR = 1024
-MAX_ITEMS = 8  # register budget: ITEMS * VEC floats a thread
+MAX_ITEMS = 16
+MAX_BYTES = 128  # of the row a thread holds in registers: 32 registers, so 1024 threads fit with no spills
 WIDE_BLOCK, WIDE_ITEMS = 512, 4
 MAX_HIDDEN = 2**31 - 2**20
-WAVES = None  # grid cap in waves of resident blocks; None: one block per row group
 
 _ROWS_SIG = Signature(("ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64", "i32", "f32", "f32"))
 _FUSED_SIG = Signature(
@@ -75,30 +73,46 @@ class Plan:
         return Instantiation(SOURCE, name, args)
 
 
-def plan(hidden: int, rows: int, vec: int, sm_count: int = 132, *, items_target: int = ITEMS_TARGET,
-         small_block: int = SMALL_BLOCK, waves: int | None = WAVES) -> Plan:
+@dataclass(frozen=True)
+class Knobs:
+    """The tuning space. ``items_target``: vectors a thread keeps in flight; ``small_block``: threads per
+    block when several rows share one; ``waves``: grid cap in waves of resident blocks (None: a block per
+    row group). Defaults measured on the H200 (bench/NOTES.md)."""
+
+    items_target: int = 4
+    small_block: int = 128
+    waves: int | None = None
+
+
+DEFAULT_KNOBS = Knobs()
+
+
+def plan(hidden: int, rows: int, vec: int, itemsize: int, sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS,
+         *, fused: bool = False) -> Plan:
     """Pure launch planning from the row length, the row count and the usable vector width.
 
-    Threads per row: the power of two that gives each thread about ``items_target`` vectors (so each
+    Threads per row: the power of two that gives each thread about ``knobs.items_target`` vectors (so each
     thread has several independent 16-byte loads in flight), at most 1024. Rows of up to 32 threads share a
-    block of ``small_block`` threads; longer rows get a block each. Rows longer than 1024 threads x 8
-    vectors go to the wide kernel. The plan depends on ``hidden`` and ``vec`` only, never on ``rows``, except
+    block of ``knobs.small_block`` threads; longer rows get a block each. Rows longer than 1024 threads x 128 bytes
+    (64 for the fused kernel, whose residual loads need registers too; at most 16 accesses) go to the wide
+    kernel. The plan depends on ``hidden`` and ``vec`` only, never on ``rows``, except
     for the grid: that keeps every row's reduction order, and so its result, independent of the batch.
-    The grid covers every row group once, or with ``waves`` at most that many full waves of resident
+    The grid covers every row group once, or with ``knobs.waves`` at most that many full waves of resident
     blocks (``sm_count`` x 2048 / block), the blocks then looping over rows.
     """
     if hidden < 1 or vec < 1 or hidden % vec:
         raise ValueError(f"hidden={hidden} is not a positive multiple of vec={vec}")
     nvec = hidden // vec
-    tpr = min(MAX_TPR, _pow2_at_least(math.ceil(nvec / items_target)))
+    tpr = min(MAX_TPR, _pow2_at_least(math.ceil(nvec / knobs.items_target)))
     items = _pow2_at_least(math.ceil(nvec / tpr))
-    if items > MAX_ITEMS:
+    max_bytes = MAX_BYTES // 2 if fused and tpr == MAX_TPR else MAX_BYTES
+    if items > min(MAX_ITEMS, max_bytes // (vec * itemsize)):
         kernel, tpr, items, block = "wide", WIDE_BLOCK, WIDE_ITEMS, WIDE_BLOCK
     else:
-        kernel, block = "rows", (tpr if tpr > 32 else small_block)
+        kernel, block = "rows", (tpr if tpr > 32 else knobs.small_block)
     grid = math.ceil(rows / (block // tpr))
-    if waves is not None:
-        grid = min(grid, waves * sm_count * (2048 // block))
+    if knobs.waves is not None:
+        grid = min(grid, knobs.waves * sm_count * (2048 // block))
     return Plan(kernel, hidden, rows, vec, tpr, items, block, max(1, min(grid, 2**31 - 1)))
 
 
@@ -125,9 +139,8 @@ def instantiations():
     for t, w in dtypes:
         for vec in sorted({16 // t.itemsize, 1}):
             for nvec in range(1, MAX_TPR * MAX_ITEMS + 2):
-                p = plan(nvec * vec, 1, vec)
                 for fused in (False, True):
-                    out.add(p.instantiation(t, w, fused))
+                    out.add(plan(nvec * vec, 1, vec, t.itemsize, fused=fused).instantiation(t, w, fused))
     return sorted(out, key=lambda i: (i.name, i.expression))
 
 
@@ -168,7 +181,7 @@ def _validate(x, weight, out, residual=None):
     return arrays
 
 
-def _run(fused: bool, x, residual, weight, eps, offset, out):
+def _run(fused: bool, x, residual, weight, eps, offset, out, knobs: Knobs = DEFAULT_KNOBS):
     arrays = _validate(x, weight, out, residual)
     import cupy
 
@@ -193,7 +206,7 @@ def _run(fused: bool, x, residual, weight, eps, offset, out):
     layout = rows_layout(rowed)
     vec = vector_width(hidden, rowed, w)
     with x.device:
-        p = plan(hidden, layout.rows, vec, sm_count(x.device.id))
+        p = plan(hidden, layout.rows, vec, x.itemsize, sm_count(x.device.id), knobs, fused=fused)
         kernel = get_kernel(p.instantiation(x.dtype, w.dtype if w is not None else x.dtype, fused))
         itemsize = x.itemsize
         for offs in layout.outer:

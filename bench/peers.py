@@ -1,0 +1,80 @@
+"""Peers that need other frameworks, for ``python -m cukern bench`` in a repository checkout.
+
+Imported only by the benchmark, and each framework only when it imports; nothing in ``cukern/`` depends on
+this file. Each peer builds its own inputs in its own framework (same shape, dtype and distribution as
+cukern's) and returns a zero-argument callable that launches on the legacy default stream, which the CUDA
+events of ``cukern.timing`` also use.
+"""
+
+from __future__ import annotations
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def _triton():
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+    return triton, tl
+
+
+_triton_kernels: dict = {}
+
+
+def _triton_rms_norm():
+    """A one-row-per-program Triton RMSNorm, the structure of vLLM's and the seed lesson's kernel."""
+    if "rms" in _triton_kernels:
+        return _triton_kernels["rms"]
+    triton, tl = _triton()
+
+    @triton.jit
+    def rms_norm_kernel(x_ptr, w_ptr, y_ptr, n_cols, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < n_cols
+        x = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+        w = tl.load(w_ptr + offs, mask=mask).to(tl.float32)
+        tl.store(y_ptr + row * n_cols + offs, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+    _triton_kernels["rms"] = (triton, rms_norm_kernel)
+    return _triton_kernels["rms"]
+
+
+def peers(case):
+    """(impl name, callable) pairs for a benchmark case; empty where no framework is there."""
+    torch = _torch()
+    if torch is None:
+        return []
+    dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[case.dtype]
+    out = []
+    if case.op in ("rms_norm", "fused_add_rms_norm"):
+        hidden = case.shape[-1]
+        x = torch.randn(case.shape, device="cuda", dtype=dt)
+        w = torch.randn(hidden, device="cuda", dtype=dt)
+        if case.op == "rms_norm":
+            out.append(("torch", lambda: torch.nn.functional.rms_norm(x, (hidden,), w, 1e-6)))
+            if _triton() is not None:
+                triton, kernel = _triton_rms_norm()
+                y = torch.empty_like(x)
+                rows = x.numel() // hidden
+                block = triton.next_power_of_2(hidden)
+                warps = min(max(block // 256, 1), 16)
+                out.append(("triton", lambda: kernel[(rows,)](x, w, y, hidden, 1e-6, BLOCK=block, num_warps=warps)))
+        else:
+            r = torch.randn(case.shape, device="cuda", dtype=dt)
+
+            def fused():
+                r.add_(x)
+                return torch.nn.functional.rms_norm(r, (hidden,), w, 1e-6)
+
+            out.append(("torch", fused))
+    return out

@@ -1,0 +1,196 @@
+"""The benchmark behind ``python -m cukern bench``: cukern against its peers, in one run, against the copy
+peak measured in the same run.
+
+Cases are data (op, shape, dtype); each op registers how to build inputs, how to call cukern and the CuPy
+composite peer, and how many bytes it must move (the same function the op module exports). Peers that need
+other frameworks (torch, Triton) live in the repository's ``bench/peers.py`` and are imported lazily when
+that file and those packages are present.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import timing
+from ._compile import source_sha256
+from ._dtypes import dtype_name, parse_dtype
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str
+    shape: tuple
+    dtype: str
+    params: tuple = field(default_factory=tuple)  # extra (key, value) pairs an op needs
+
+
+@dataclass
+class OpBench:
+    """How to benchmark one op: ``setup(case) -> state``; ``run(state)`` calls cukern; ``cupy(state)`` the
+    CuPy composite; ``bytes(case)`` the bytes moved."""
+
+    setup: object
+    run: object
+    cupy: object
+    bytes: object
+    cases: list
+
+
+OPS: dict = {}
+
+
+def register(op: str, bench: OpBench) -> None:
+    OPS[op] = bench
+
+
+def _rms_setup(case: Case):
+    import cupy
+
+    dt = parse_dtype(case.dtype)
+    rng = cupy.random.default_rng()
+    x = rng.standard_normal(case.shape, dtype=np.float32).astype(dt)
+    w = rng.standard_normal(case.shape[-1], dtype=np.float32).astype(dt)
+    state = {"x": x, "w": w, "out": cupy.empty_like(x)}
+    if case.op == "fused_add_rms_norm":
+        state["r"] = rng.standard_normal(case.shape, dtype=np.float32).astype(dt)
+    return state
+
+
+def _rms_run(s):
+    from .rmsnorm import fused_add_rms_norm, rms_norm
+
+    if "r" in s:
+        return fused_add_rms_norm(s["x"], s["r"], s["w"], out=s["out"])
+    return rms_norm(s["x"], s["w"], out=s["out"])
+
+
+def _rms_cupy(s):
+    import cupy
+
+    dt = s["x"].dtype
+    x = s["x"].astype(cupy.float32)
+    if "r" in s:
+        x = (x + s["r"].astype(cupy.float32)).astype(dt)
+        s["r"][...] = x
+        x = x.astype(cupy.float32)
+    rstd = cupy.reciprocal(cupy.sqrt(cupy.mean(x * x, axis=-1, keepdims=True) + 1e-6))
+    return (x * rstd * s["w"].astype(cupy.float32)).astype(dt)
+
+
+def _rms_bytes(case: Case):
+    from .rmsnorm import bytes_moved
+
+    dt = parse_dtype(case.dtype)
+    return bytes_moved(case.shape, dt, dt, fused=case.op == "fused_add_rms_norm")
+
+
+_RMS_CASES = [Case("rms_norm", s, "bfloat16") for s in ((16384, 4096), (16384, 8192), (4096, 4096), (256, 4096))]
+_RMS_CASES += [Case("rms_norm", (16384, 4096), d) for d in ("float16", "float32")]
+register("rms_norm", OpBench(_rms_setup, _rms_run, _rms_cupy, _rms_bytes, _RMS_CASES))
+register("fused_add_rms_norm", OpBench(_rms_setup, _rms_run, _rms_cupy, _rms_bytes,
+                                       [Case("fused_add_rms_norm", (16384, 4096), "bfloat16")]))
+
+
+def load_peers():
+    """``bench/peers.py`` from the repository checkout, if it is there (not part of an installed wheel)."""
+    path = Path(__file__).resolve().parent.parent / "bench" / "peers.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("cukern_bench_peers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def gpu_present() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, progress=None) -> dict:
+    """Run every case of ``ops`` (all when None) for cukern and every peer; return the results document."""
+    import cupy
+
+    peak = timing.peak_bandwidth()
+    extra = load_peers() if peers else None
+    records = []
+    for op, b in OPS.items():
+        if ops and op not in ops:
+            continue
+        for case in b.cases:
+            state = b.setup(case)
+            nbytes = b.bytes(case)
+            impls = [("cukern", lambda s=state: b.run(s)), ("cupy", lambda s=state: b.cupy(s))]
+            if extra is not None:
+                impls += [(name, fn) for name, fn in extra.peers(case)]
+            for impl, fn in impls:
+                try:
+                    t = timing.benchmark(fn, warmup=warmup, repeat=repeat, bytes_moved=nbytes)
+                except Exception as err:  # a peer that cannot run this case is reported, not fatal
+                    if impl == "cukern":
+                        raise
+                    print(f"  {impl} skipped for {case.op} {case.shape}: {type(err).__name__}: {err}")
+                    continue
+                records.append({
+                    "op": case.op, "impl": impl, "shape": list(case.shape), "dtype": case.dtype,
+                    "median_us": round(t.median_us, 3), "gbps": round(t.gbps, 1),
+                    "pct_of_peak": round(100 * t.gbps / peak, 1),
+                })
+                if progress:
+                    progress(records[-1])
+            del state
+            cupy.get_default_memory_pool().free_all_blocks()
+    dev = cupy.cuda.Device()
+    return {
+        "device": cupy.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(),
+        "cupy_version": cupy.__version__,
+        "source_sha256": source_sha256(),
+        "peak_copy_gbps": round(peak, 1),
+        "records": records,
+    }
+
+
+def format_table(records) -> str:
+    rows = [("op", "impl", "shape", "dtype", "µs", "GB/s", "% peak")]
+    rows += [(r["op"], r["impl"], "x".join(map(str, r["shape"])), r["dtype"], f"{r['median_us']:.2f}",
+              f"{r['gbps']:.0f}", f"{r['pct_of_peak']:.1f}") for r in records]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def write_results(doc: dict, path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def info() -> dict:
+    """Device, versions and the measured copy peak (when a GPU is present)."""
+    from ._compile import nvrtc_version
+
+    doc = {"python": platform.python_version(), "nvrtc": nvrtc_version()}
+    import cupy
+
+    doc["cupy"] = cupy.__version__
+    if gpu_present():
+        dev = cupy.cuda.Device()
+        props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+        doc.update(device=props["name"].decode(), compute_capability=dev.compute_capability,
+                   sm_count=props["multiProcessorCount"], l2_bytes=props["l2CacheSize"],
+                   peak_copy_gbps=round(timing.peak_bandwidth(), 1))
+    else:
+        doc["device"] = None
+    return doc
+
+
+__all__ = ["Case", "OPS", "dtype_name", "format_table", "info", "run", "write_results"]

@@ -1,0 +1,15 @@
+"""Every kernel family cukern builds: the op modules with a ``SOURCE`` file and an ``instantiations()``
+table. The compile CLI and the compile tests walk this list, so a new family is covered by adding it here."""
+
+from __future__ import annotations
+
+from . import rmsnorm
+from ._compile import compile_program
+
+
+def all_families():
+    return [rmsnorm]
+
+
+def compile_family(family, arch: str):
+    return compile_program(family.SOURCE, family.instantiations(), arch)

@@ -1,0 +1,50 @@
+"""The command line, run as a user would, in a subprocess."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HAS_GPU
+
+
+def cukern(*args):
+    return subprocess.run([sys.executable, "-m", "cukern", *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU message")
+def test_bench_without_gpu_says_so_and_exits_2():
+    r = cukern("bench")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "no CUDA GPU" in r.stderr
+
+
+def test_info_prints_versions():
+    r = cukern("info")
+    assert r.returncode == 0, r.stderr
+    assert "nvrtc" in r.stdout and "cupy" in r.stdout
+
+
+def test_compile_lists_instantiations_for_sm80():
+    r = cukern("compile", "--arch", "sm_80")
+    assert r.returncode == 0, r.stderr
+    assert "cukern::rms_norm_rows<cukern::bf16, cukern::bf16, 8, 128, 4, 128>" in r.stdout
+    assert r.stdout.rstrip().endswith("instantiations compiled for sm_80")
+
+
+def test_help_lists_subcommands():
+    r = cukern("--help")
+    assert r.returncode == 0 and "bench" in r.stdout and "compile" in r.stdout
+
+
+def test_results_file_has_the_documented_form():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "results" / "h200.json"
+    if not path.exists():
+        pytest.skip("no results file yet")
+    doc = json.loads(path.read_text())
+    assert set(doc) == {"device", "cupy_version", "source_sha256", "peak_copy_gbps", "records"}
+    for r in doc["records"]:
+        assert set(r) == {"op", "impl", "shape", "dtype", "median_us", "gbps", "pct_of_peak"}

@@ -1,0 +1,69 @@
+"""Launch plumbing, row layouts and argument checks that need no GPU."""
+
+import numpy as np
+import pytest
+
+from cukern import _layout
+from cukern._compile import Instantiation
+from cukern._dtypes import BFLOAT16
+from cukern._launch import LaunchConfig, Signature
+from cukern.timing import Timing
+
+
+def test_name_expressions_are_generated():
+    inst = Instantiation("rms_norm", "rms_norm_rows", (BFLOAT16, np.float32, 8, 128, 4, 128))
+    assert inst.expression == "cukern::rms_norm_rows<cukern::bf16, float, 8, 128, 4, 128>"
+    assert Instantiation("x", "k", (np.float16, True, np.int64)).expression == "cukern::k<cukern::f16, true, long long>"
+
+
+def test_signature_types_scalars_and_counts_arguments():
+    sig = Signature(("ptr", "i64", "f32", "i32"))
+    args = sig.convert((None, 3, 1.5, 7))
+    assert args[0] == np.uint64(0) and type(args[1]) is np.int64 and type(args[2]) is np.float32
+    assert type(args[3]) is np.int32
+    with pytest.raises(TypeError, match="takes 4 arguments, got 3"):
+        sig.convert((None, 1, 2.0))
+
+
+def test_launch_config_rejects_swapped_or_empty_sizes():
+    LaunchConfig((100000,), (256,))
+    with pytest.raises(ValueError):
+        LaunchConfig((1,), (2048,))
+    with pytest.raises(ValueError):
+        LaunchConfig((0,), (128,))
+
+
+class Fake:
+    """Just enough of an array for the layout code: shape, strides in bytes, itemsize."""
+
+    def __init__(self, shape, strides, itemsize=2):
+        self.shape, self.strides, self.itemsize = shape, tuple(s * itemsize for s in strides), itemsize
+
+
+def test_contiguous_rows_collapse_to_one_level():
+    lay = _layout.rows_layout([Fake((8, 4, 16), (64, 16, 1))])
+    assert (lay.rows, lay.inner, lay.strides, lay.outer) == (32, 32, ((0, 16),), ((0,),))
+
+
+def test_fused_qkv_heads_keep_two_levels():
+    q = Fake((5, 8, 128), (1536, 128, 1))
+    out = Fake((5, 8, 128), (1024, 128, 1))
+    lay = _layout.rows_layout([out, q])
+    assert (lay.rows, lay.inner, lay.strides) == (40, 8, ((1024, 128), (1536, 128)))
+
+
+def test_unmergeable_leading_dims_split_into_launches():
+    lay = _layout.rows_layout([Fake((2, 5, 4, 64), (5760, 384, 288, 1))])
+    assert lay.rows == 20 and lay.inner == 4 and lay.outer == ((0,), (5760,))
+
+
+def test_scalar_and_single_row_layouts():
+    assert _layout.rows_layout([Fake((7,), (1,))]).rows == 1
+    lay = _layout.rows_layout([Fake((1, 3, 7), (0, 9, 1))])
+    assert (lay.rows, lay.inner, lay.strides) == (3, 3, ((0, 9),))
+
+
+def test_timing_bandwidth():
+    t = Timing(median_us=100.0, min_us=90, max_us=120, p20_us=95, p80_us=110, repeat=10, bytes_moved=4 * 10**8)
+    assert t.gbps == pytest.approx(4000.0)
+    assert Timing(1, 1, 1, 1, 1, 1).gbps is None

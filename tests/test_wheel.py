@@ -1,0 +1,39 @@
+"""A non-editable wheel, installed into a fresh venv, finds its kernel sources and compiles a kernel."""
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHECK = """
+import cukern, cukern._compile as c, cukern.rmsnorm as r
+from cukern._dtypes import BFLOAT16
+assert "site-packages" in cukern.__file__, cukern.__file__
+assert str(c.source_dir()).startswith(cukern.__path__[0]), c.source_dir()
+inst = r.plan(4096, 1, 8, 2).instantiation(BFLOAT16, BFLOAT16, False)
+out = c.compile_program("rms_norm", [inst], "sm_90")
+assert "ld.global.v4.u32" in out.ptx
+print("ok", c.source_dir())
+"""
+
+
+def test_wheel_installs_and_compiles(tmp_path):
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+                   check=True, timeout=600)
+    (wheel,) = wheels.glob("cukern-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    # the venv borrows this environment's packages (cupy, NVRTC) through a .pth line, not its editable cukern
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([str(py), "-c", CHECK], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "site-packages/cukern/cuda_src" in r.stdout
