@@ -77,4 +77,45 @@ def peers(case):
                 return torch.nn.functional.rms_norm(r, (hidden,), w, 1e-6)
 
             out.append(("torch", fused))
+    elif case.op.startswith("rotary_embedding"):
+        out += _torch_rope(torch, case, dt)
     return out
+
+
+def _torch_rope(torch, case, dt):
+    """Rotary embedding as PyTorch users write it (vLLM's native path): eager, and through torch.compile."""
+    params = dict(case.params)
+    tokens, nh, hd = case.shape
+    nkv = params["kv_heads"]
+    neox = params.get("neox", True)
+    q = torch.randn(tokens, nh, hd, device="cuda", dtype=dt)
+    k = torch.randn(tokens, nkv, hd, device="cuda", dtype=dt)
+    pos = torch.randint(0, 8192, (tokens,), device="cuda")
+    inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, device="cuda", dtype=torch.float32) / hd))
+    freqs = torch.outer(torch.arange(8192, device="cuda", dtype=torch.float32), inv)
+    cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+    def rope(pos, q, k):
+        cos, sin = cache[pos].chunk(2, dim=-1)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        outs = []
+        for t in (q, k):
+            x = t.float()
+            if neox:
+                x1, x2 = x.chunk(2, dim=-1)
+                y = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+            else:
+                x1, x2 = x[..., 0::2], x[..., 1::2]
+                y = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+            t.copy_(y.to(t.dtype))
+            outs.append(t)
+        return outs
+
+    peers = [("torch", lambda: rope(pos, q, k))]
+    try:
+        compiled = torch.compile(rope)
+        compiled(pos, q, k)
+        peers.append(("torch.compile", lambda: compiled(pos, q, k)))
+    except Exception as err:  # torch.compile needs a working Triton/inductor toolchain
+        print(f"  torch.compile unavailable: {type(err).__name__}: {err}")
+    return peers

@@ -8,7 +8,7 @@
 //    (per-head norms over 64..256 elements); TPR = BLOCK gives one row per block. The grid covers the
 //    rows once; a block walks further rows with a grid-stride loop when the grid is capped.
 // 2. Input traffic: x (and residual) read once, out (and residual) written once, weight re-read by every
-//    row from L2. Thread `lane` of a group moves VEC consecutive elements at vector index
+//    row from L1/L2 (holding it in registers across rows cost occupancy and measured slower). Thread `lane` of a group moves VEC consecutive elements at vector index
 //    lane + k * TPR, so a warp's accesses are contiguous: 16-byte loads when pointers and row strides
 //    allow (VEC = 16 / sizeof(T)), element loads otherwise.
 // 3. Accumulation: sum of squares in float32, each thread over its ITEMS * VEC elements in order, then a
@@ -29,14 +29,40 @@
 namespace cukern {
 
 // Rows are addressed through two leading dimensions (outer, inner) with free strides, so views into a
-// fused buffer and per-head layouts need no copy. All offsets are 64-bit.
+// fused buffer and per-head layouts need no copy. All offsets are 64-bit. A row number is split once per
+// row for all arrays; a 64-bit division costs about a hundred instructions, so the split skips it for
+// one-level layouts (inner == rows) and uses 32-bit division whenever the numbers fit.
+struct RowSplit {
+  long long outer, inner;
+};
+
+__device__ __forceinline__ RowSplit split_row(long long row, long long inner) {
+  if (row < inner) return {0, row};
+  if (row <= 0xffffffffLL) {
+    const unsigned q = static_cast<unsigned>(row) / static_cast<unsigned>(inner);
+    return {q, row - static_cast<long long>(q) * inner};
+  }
+  return {row / inner, row % inner};
+}
+
 struct RowAddress {
   long long inner;
   long long s0, s1;
-  __device__ __forceinline__ long long operator()(long long row) const {
-    return (row / inner) * s0 + (row % inner) * s1;
-  }
+  __device__ __forceinline__ long long operator()(RowSplit r) const { return r.outer * s0 + r.inner * s1; }
 };
+
+// The output rounding: 16-bit types convert two values per instruction.
+template <typename T, int VEC> __device__ __forceinline__ Pack<T, VEC> round_pack(const float (&f)[VEC]) {
+  Pack<T, VEC> y;
+  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < VEC / 2; ++j) y.u[j] = pack2<T>(f[2 * j], f[2 * j + 1]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(f[j]);
+  }
+  return y;
+}
 
 template <typename T, typename W, int VEC, int TPR, int ITEMS, int BLOCK, bool FUSED>
 __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T* x, const W* weight,
@@ -53,8 +79,9 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
        first += static_cast<long long>(gridDim.x) * kRowsPerBlock) {
     const long long row = first + slot;
     const bool live = row < rows;
-    const T* xr = x + (live ? x_at(row) : 0);
-    T* rr = FUSED ? residual + (live ? res_at(row) : 0) : nullptr;
+    const RowSplit at = split_row(live ? row : 0, x_at.inner);
+    const T* xr = x + x_at(at);
+    T* rr = FUSED ? residual + res_at(at) : nullptr;
 
     // The row stays in registers as loaded (packed), half the registers of float32 for 16-bit types, so a
     // thread can keep twice as many loads in flight; it is widened again for the scaling pass.
@@ -87,22 +114,22 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
     }
     const float rstd = rsqrtf(ss / static_cast<float>(hidden) + eps);
 
-    T* orow = out + (live ? out_at(row) : 0);
+    T* orow = out + out_at(at);
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int col = (lane + k * TPR) * VEC;
       if (live && col < hidden) {
-        Pack<T, VEC> y;
+        float f[VEC];
         if (weight != nullptr) {
           Pack<W, VEC> w;
           load(w, weight + col);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(to_float(a[k].v[j]) * rstd * (offset + to_float(w.v[j])));
+          for (int j = 0; j < VEC; ++j) f[j] = to_float(a[k].v[j]) * rstd * (offset + to_float(w.v[j]));
         } else {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(to_float(a[k].v[j]) * rstd * (offset + 1.f));
+          for (int j = 0; j < VEC; ++j) f[j] = to_float(a[k].v[j]) * rstd * (offset + 1.f);
         }
-        store(orow + col, y);
+        store(orow + col, round_pack<T, VEC>(f));
       }
     }
   }
@@ -139,10 +166,11 @@ __device__ __forceinline__ void rms_norm_wide_impl(T* out, T* residual, const T*
   __shared__ float scratch[2 * (BLOCK / 32)];
   int parity = 0;
   for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* xr = x + x_at(row);
-    T* rr = FUSED ? residual + res_at(row) : nullptr;
+    const RowSplit at = split_row(row, x_at.inner);
+    const T* xr = x + x_at(at);
+    T* rr = FUSED ? residual + res_at(at) : nullptr;
     const T* src = FUSED ? rr : xr;
-    T* orow = out + out_at(row);
+    T* orow = out + out_at(at);
 
     float ss = 0.f;
     for (int base = 0; base < hidden; base += BLOCK * ITEMS * VEC) {

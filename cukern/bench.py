@@ -19,7 +19,7 @@ import numpy as np
 
 from . import timing
 from ._compile import source_sha256
-from ._dtypes import dtype_name, parse_dtype
+from ._dtypes import parse_dtype
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,71 @@ _RMS_CASES += [Case("rms_norm", (16384, 4096), d) for d in ("float16", "float32"
 register("rms_norm", OpBench(_rms_setup, _rms_run, _rms_cupy, _rms_bytes, _RMS_CASES))
 register("fused_add_rms_norm", OpBench(_rms_setup, _rms_run, _rms_cupy, _rms_bytes,
                                        [Case("fused_add_rms_norm", (16384, 4096), "bfloat16")]))
+
+
+def _rope_setup(case: Case):
+    """Query and key as views into one fused [tokens, (nh + 2 nkv) hd] qkv buffer when ``qkv_view``, else
+    separate contiguous arrays; random positions below 8192 into a float32 cache."""
+    import cupy
+
+    p = dict(case.params)
+    tokens, nh, hd = case.shape
+    nkv = p["kv_heads"]
+    dt = parse_dtype(case.dtype)
+    rng = cupy.random.default_rng()
+    if p.get("qkv_view"):
+        qkv = rng.standard_normal((tokens, (nh + 2 * nkv) * hd), dtype=np.float32).astype(dt)
+        q = qkv[:, : nh * hd].reshape(tokens, nh, hd)
+        k = qkv[:, nh * hd: (nh + nkv) * hd].reshape(tokens, nkv, hd)
+    else:
+        q = rng.standard_normal((tokens, nh, hd), dtype=np.float32).astype(dt)
+        k = rng.standard_normal((tokens, nkv, hd), dtype=np.float32).astype(dt)
+    from .rotary import rope_cache
+
+    cache = rope_cache(8192, hd)
+    pos = rng.integers(0, 8192, tokens, dtype=np.int64)
+    return {"q": q, "k": k, "cache": cache, "pos": pos, "neox": p.get("neox", True)}
+
+
+def _rope_run(s):
+    from .rotary import rotary_embedding
+
+    rotary_embedding(s["pos"], s["q"], s["k"], s["cache"], is_neox=s["neox"], check_positions=False)
+
+
+def _rope_cupy(s):
+    """The composite a CuPy user would write: gather cos/sin rows, rotate in float32, write back."""
+    import cupy
+
+    half = s["cache"].shape[1] // 2
+    cos = s["cache"][s["pos"], :half][:, None, :]
+    sin = s["cache"][s["pos"], half:][:, None, :]
+    for t in (s["q"], s["k"]):
+        x = t.astype(cupy.float32)
+        if s["neox"]:
+            x1, x2 = x[..., :half], x[..., half:]
+            t[...] = cupy.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(t.dtype)
+        else:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            t[..., 0::2] = (x1 * cos - x2 * sin).astype(t.dtype)
+            t[..., 1::2] = (x2 * cos + x1 * sin).astype(t.dtype)
+
+
+def _rope_bytes(case: Case):
+    from .rotary import bytes_moved
+
+    tokens, nh, hd = case.shape
+    return bytes_moved(tokens, nh, dict(case.params)["kv_heads"], hd, parse_dtype(case.dtype))
+
+
+def _rope_case(op, tokens, **params):
+    return Case(op, (tokens, 32, 128), "bfloat16", tuple(sorted({"kv_heads": 8, **params}.items())))
+
+
+_ROPE_CASES = [_rope_case("rotary_embedding", 16384), _rope_case("rotary_embedding_gptj", 16384, neox=False),
+               _rope_case("rotary_embedding_qkv_view", 16384, qkv_view=True)]
+_ROPE_CASES += [_rope_case("rotary_embedding", t) for t in (1, 8, 64, 4096)]
+register("rotary_embedding", OpBench(_rope_setup, _rope_run, _rope_cupy, _rope_bytes, _ROPE_CASES))
 
 
 def load_peers():
@@ -193,4 +258,3 @@ def info() -> dict:
     return doc
 
 
-__all__ = ["Case", "OPS", "dtype_name", "format_table", "info", "run", "write_results"]

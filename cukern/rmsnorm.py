@@ -79,9 +79,9 @@ class Knobs:
     block when several rows share one; ``waves``: grid cap in waves of resident blocks (None: a block per
     row group). Defaults measured on the H200 (bench/NOTES.md)."""
 
-    items_target: int = 4
+    items_target: int = 2
     small_block: int = 128
-    waves: int | None = None
+    waves: int | None = 4
 
 
 DEFAULT_KNOBS = Knobs()

@@ -31,4 +31,17 @@ template <> __device__ __forceinline__ f16 from_float<f16>(float v) {
   return r;
 }
 
+// Two floats rounded to two 16-bit values packed in one word (lo in the low half): one cvt for the pair.
+template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<bf16>(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <> __device__ __forceinline__ unsigned pack2<f16>(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
 }  // namespace cukern

@@ -19,6 +19,7 @@ template <typename T, int N> struct Pack {
   union {
     W w[kWords];
     T v[N];
+    unsigned u[(kBytes + 3) / 4];  // 32-bit view, for converting 16-bit values in pairs
   };
 };
 

@@ -1,0 +1,648 @@
+"""Rotary embedding: references, cache formulas, planning, compilation (CPU) and the kernel (GPU)."""
+
+import itertools
+import math
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from cukern import reference, rotary
+from cukern._compile import compile_program
+from cukern._dtypes import BFLOAT16, FLOAT_TYPES
+
+F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
+
+# atol + rtol * |ref| against the float64 reference on the same rounded inputs: float32 arithmetic
+# (a few ulps of inputs up to ~6) plus one rounding to the output dtype.
+TOL = {F32: (4e-6, 2.0**-22), F16: (1e-5, 2.0**-10), BFLOAT16: (1e-5, 2.0**-7)}
+EPS = {F32: 2.0**-23, F16: 2.0**-10, BFLOAT16: 2.0**-7}
+
+LLAMA31 = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position": 8192}
+QWEN_YARN = {"type": "yarn", "factor": 4.0, "original_max_position": 32768}
+SCALINGS = [
+    None,
+    {"type": "linear", "factor": 4.0},
+    {"type": "dynamic_ntk", "factor": 2.0, "original_max_position": 2048},
+    LLAMA31,
+    QWEN_YARN,
+    {"type": "yarn", "factor": 40.0, "original_max_position": 4096, "beta_fast": 32, "beta_slow": 1,
+     "mscale": 0.707, "mscale_all_dim": 0.707},
+    {"type": "yarn", "factor": 16.0, "original_max_position": 4096, "beta_fast": 16, "beta_slow": 2,
+     "attention_factor": 1.25, "truncate": False},
+]
+
+
+def assert_close(got, ref, dtype, what=""):
+    atol, rtol = TOL[np.dtype(dtype)]
+    got = np.asarray(got).astype(np.float64)
+    err = np.abs(got - ref)
+    bound = atol + rtol * np.abs(ref)
+    bad = err > bound
+    if bad.any():
+        i = np.unravel_index(np.argmax(err - bound), err.shape)
+        raise AssertionError(f"{what}: {bad.sum()} of {err.size} elements off; worst at {i}: got {got[i]}, "
+                             f"want {ref[i]} (|err| {err[i]:.3g} > {bound[i]:.3g})")
+
+
+def bits(a):
+    a = np.ascontiguousarray(a)
+    return a.view({2: np.uint16, 4: np.uint32}[a.itemsize])
+
+
+# ------------------------------------------------------------------------------------ references (CPU)
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("rot", [64, 32])
+def test_reference_rotation_is_complex_multiplication(rng, is_neox, rot):
+    """Each pair, read as x + iy, is multiplied by a e^{±i p w}: checked with complex arithmetic, partial
+    rotary_dim included (elements past it untouched)."""
+    tokens, heads, hs, rows = 5, 3, 64, 50
+    cache = reference.rope_cache(rows, rot, 10000.0)
+    q = rng.standard_normal((tokens, heads, hs))
+    pos = rng.integers(0, rows, tokens)
+    half = rot // 2
+    j = np.arange(half)
+    a, b = (j, j + half) if is_neox else (2 * j, 2 * j + 1)
+    w = 10000.0 ** (-2.0 * j / rot)
+    for inverse in (False, True):
+        got, none = reference.rotary_embedding(pos, q, None, cache, is_neox=is_neox, inverse=inverse)
+        assert none is None
+        z = (q[:, :, a] + 1j * q[:, :, b]) * np.exp((-1j if inverse else 1j) * pos[:, None, None] * w)
+        np.testing.assert_allclose(got[:, :, a], z.real, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(got[:, :, b], z.imag, rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(got[:, :, rot:], q[:, :, rot:])
+
+
+def test_reference_rotation_partial_and_wide_cache(rng):
+    """rotary_dim below the cache's width uses the first rot/2 cos and the first rot/2 sin of each row."""
+    cache = reference.rope_cache(20, 64)
+    q = rng.standard_normal((4, 2, 64))
+    pos = rng.integers(0, 20, 4)
+    narrow = np.concatenate([cache[:, :16], cache[:, 32:48]], axis=1)
+    got, _ = reference.rotary_embedding(pos, q, None, cache, rotary_dim=32)
+    want, _ = reference.rotary_embedding(pos, q, None, narrow)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_reference_inverse_and_out_of_range(rng):
+    cache = reference.rope_cache(16, 32)
+    q, k = rng.standard_normal((6, 4, 32)), rng.standard_normal((6, 1, 32))
+    pos = np.array([0, 3, -1, 15, 16, 7])
+    r = reference.rotary_embedding(pos, q, k, cache, is_neox=False)
+    back = reference.rotary_embedding(pos, r[0], r[1], cache, is_neox=False, inverse=True)
+    np.testing.assert_allclose(back[0], q, atol=1e-12)
+    np.testing.assert_allclose(back[1], k, atol=1e-12)
+    for t in (2, 4):
+        np.testing.assert_array_equal(r[0][t], q[t])
+    np.testing.assert_array_equal(r[0][0], q[0])  # position 0: cos 1, sin 0
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: "none" if s is None else s["type"])
+@pytest.mark.parametrize("rot", [128, 64, 80])
+def test_rope_cache_host_matches_reference(scaling, rot):
+    got = rotary.rope_cache_host(3000, rot, 500000.0, scaling=scaling)
+    want = reference.rope_cache(3000, rot, 500000.0, scaling)
+    assert got.shape == (3000, rot)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-10)
+
+
+def test_rope_cache_linear_is_positions_over_factor():
+    plain_freq = np.array([reference.rope_frequency(j, 64) for j in range(32)])
+    got = rotary.rope_cache_host(100, 64, scaling={"type": "linear", "factor": 4.0})
+    angles = np.outer(np.arange(100) / 4.0, plain_freq)
+    np.testing.assert_allclose(got[:, :32], np.cos(angles), atol=1e-12)
+    np.testing.assert_allclose(got[:, 32:], np.sin(angles), atol=1e-12)
+
+
+def test_llama3_bands():
+    """Llama 3.1 (base 500000, rot 128): wavelengths under 8192/4 kept (pairs 0..28), over 8192 divided by 8
+    (pairs 35..63), pairs 29..34 blended, the blend continuous at both edges."""
+    freq, a = rotary.rope_frequencies(1, 128, 500000.0, LLAMA31)
+    plain = 500000.0 ** (-np.arange(0, 128, 2) / 128)
+    ratio = freq / plain
+    assert a == 1.0
+    np.testing.assert_allclose(ratio[:29], 1.0, rtol=1e-15)
+    np.testing.assert_allclose(ratio[35:], 1 / 8, rtol=1e-15)
+    assert np.all((ratio[29:35] < 1) & (ratio[29:35] > 1 / 8)) and np.all(np.diff(ratio[28:36]) < 0)
+    wavelen = 2 * math.pi / plain
+    s = (8192 / wavelen[29:35] - 1) / 3
+    np.testing.assert_allclose(ratio[29:35], (1 - s) / 8 + s, rtol=1e-14)
+
+
+def test_yarn_known_values():
+    """Qwen-style YaRN (factor 4, original 32768, base 1e6, rot 128, beta 32/1): correction range [23, 40]
+    after truncation, attention factor 0.1 ln 4 + 1 = 1.1386294361."""
+    freq, a = rotary.rope_frequencies(1, 128, 1e6, QWEN_YARN)
+    plain = 1e6 ** (-np.arange(0, 128, 2) / 128)
+    ratio = freq / plain
+    assert a == pytest.approx(1.1386294361119891, rel=1e-14)
+    np.testing.assert_allclose(ratio[:24], 1.0, rtol=1e-15)
+    np.testing.assert_allclose(ratio[40:], 0.25, rtol=1e-15)
+    np.testing.assert_allclose(ratio[23:41], 1 - 0.75 * np.arange(18) / 17, rtol=1e-14)
+    cache = rotary.rope_cache_host(10, 128, 1e6, scaling=QWEN_YARN)
+    np.testing.assert_allclose(cache[0, :64], a, rtol=1e-15)
+    np.testing.assert_allclose(cache[:, :64] ** 2 + cache[:, 64:] ** 2, a * a, rtol=1e-14)
+    deepseek = {**QWEN_YARN, "mscale": 1.0, "mscale_all_dim": 1.0}
+    assert rotary.rope_frequencies(1, 128, 1e6, deepseek)[1] == pytest.approx(1.0)
+
+
+def test_dynamic_ntk_known_values():
+    """No stretch while the cache fits the original context; at max_position = 2 x original with factor 2
+    the base grows by (2 * 2 - (2 - 1))^(rot / (rot - 2)) = 3^(64 / 62)."""
+    s = {"type": "dynamic_ntk", "factor": 2.0, "original_max_position": 2048}
+    np.testing.assert_array_equal(rotary.rope_frequencies(2048, 64, 10000.0, s)[0],
+                                  rotary.rope_frequencies(2048, 64, 10000.0)[0])
+    freq = rotary.rope_frequencies(4096, 64, 10000.0, s)[0]
+    base = 10000.0 * 3.0 ** (64 / 62)
+    np.testing.assert_allclose(freq, base ** (-np.arange(0, 64, 2) / 64), rtol=1e-14)
+
+
+@pytest.mark.parametrize("bad", [
+    {"type": "ntk"}, {"type": "linear"}, {"type": "linear", "factor": 0.0},
+    {"type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0, "original_max_position": 8},
+    {"type": "yarn", "factor": 4.0, "original_max_position": 4096, "extra": 1}, "linear",
+])
+def test_rope_cache_rejects_bad_scaling(bad):
+    with pytest.raises(ValueError):
+        rotary.rope_cache_host(16, 64, scaling=bad)
+
+
+@pytest.mark.parametrize("args", [(16, 63), (16, 0), (0, 64)])
+def test_rope_cache_rejects_bad_sizes(args):
+    with pytest.raises(ValueError):
+        rotary.rope_cache_host(*args)
+
+
+# ---------------------------------------------------------------------------------------- plan (CPU)
+
+
+def test_plan_benchmark_shape():
+    p = rotary.plan(16384, 32, 8, 128, 8, True, 132)
+    assert (p.units, p.lanes, p.groups, p.heads_per_thread) == (8, 8, 20, 2)
+    assert (p.tokens_per_block, p.block, p.grid) == (1, 160, 16384)
+    assert p.config.block == (160,) and p.config.grid == (16384,)
+    assert p.instantiation(BFLOAT16, F32).expression == \
+        "cukern::rotary_embedding<cukern::bf16, float, 8, true, 2, 512>"
+    p = rotary.plan(16384, 32, 8, 128, 8, True, 132, items=4)
+    assert (p.groups, p.heads_per_thread, p.tokens_per_block, p.block) == (10, 4, 3, 240)
+
+
+def test_plan_small_batches_spread_heads():
+    p = rotary.plan(1, 32, 8, 128, 8, True, 132)
+    assert (p.groups, p.heads_per_thread, p.block, p.grid) == (40, 1, 320, 1)
+    p = rotary.plan(64, 32, 8, 128, 8, False, 132)
+    assert p.units == 16 and p.groups == 32 and p.heads_per_thread == 2 and p.block == 512  # token capped
+    p = rotary.plan(7, 1, 0, 64, 8, True, 132)  # 4 threads a token: tokens share a warp
+    assert p.lanes == 4 and p.groups == 1 and p.tokens_per_block == 7 and p.grid == 1
+
+
+def test_plan_is_pure_and_deterministic():
+    a = rotary.plan(4096, 8, 1, 64, 4, False, 100)
+    assert a == rotary.plan(4096, 8, 1, 64, 4, False, 100)
+
+
+@pytest.mark.parametrize("vec", [1, 4, 8])
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_plan_covers_every_token_head_and_unit(vec, is_neox):
+    r = np.random.default_rng(0)
+    for _ in range(300):
+        pairs = rotary.pairs_per_unit(vec, is_neox)
+        rot = 2 * pairs * int(r.integers(1, 300 if vec == 1 else 40))
+        tokens = int(r.choice([1, 2, 7, 64, 1000, 4096, 65536, 2**22]))
+        nh, nkv = int(r.integers(0, 129)), int(r.integers(0, 33))
+        p = rotary.plan(tokens, nh, nkv, rot, vec, is_neox, int(r.choice([1, 108, 132])))
+        assert p.units * p.pairs == rot // 2
+        assert p.lanes == min(p.units, rotary.MAX_BLOCK)
+        assert 1 <= p.block <= rotary.MAX_BLOCK and p.block == p.tokens_per_block * p.lanes * p.groups
+        assert p.grid * p.tokens_per_block >= tokens and (p.grid - 1) * p.tokens_per_block < max(tokens, 1)
+        assert p.heads_per_thread <= p.items or p.lanes * p.groups * 2 > rotary.MAX_BLOCK
+
+
+def test_plan_caps_grid():
+    p = rotary.plan(2**45, 1, 0, 2, 1, True, 132)
+    assert p.grid == rotary.MAX_GRID
+
+
+@pytest.mark.parametrize("args", [(10, 4, 4, 63, 1, True), (10, 4, 4, 24, 8, True), (10, 4, 4, 20, 8, False),
+                                  (10, 4, 4, 0, 1, True), (10, 4, 4, 64, 3, False)])
+def test_plan_rejects_bad_shapes(args):
+    with pytest.raises(ValueError):
+        rotary.plan(*args)
+
+
+def test_bytes_moved_benchmark_formula():
+    t, nh, nkv, hs = 16384, 32, 8, 128
+    q, k = t * nh * hs, t * nkv * hs
+    assert rotary.bytes_moved(t, nh, nkv, hs, BFLOAT16) == 2 * (q + k) * 2 + t * hs * 4 + t * 8
+    assert rotary.bytes_moved(t, nh, nkv, 64, BFLOAT16, BFLOAT16, np.int32) == (q + k) * 2 + t * 64 * 2 + t * 4
+
+
+# ----------------------------------------------------------------- validation with fake arrays (CPU)
+
+
+class Fake:
+    """The attributes the validation reads, without a GPU: shape, strides (elements here), dtype, pointer,
+    device."""
+
+    def __init__(self, shape, dtype=BFLOAT16, strides=None, ptr=1 << 20, device=0):
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.itemsize = self.dtype.itemsize
+        self.ndim = len(self.shape)
+        self.size = math.prod(self.shape)
+        if strides is None:
+            strides = tuple(math.prod(self.shape[i + 1:]) for i in range(self.ndim))
+        self.strides = tuple(s * self.itemsize for s in strides)
+        self.data = SimpleNamespace(ptr=ptr)
+        self.device = SimpleNamespace(id=device)
+
+
+def _fakes(**over):
+    f = {"positions": Fake((7,), np.int64), "query": Fake((7, 8, 128)), "key": Fake((7, 2, 128)),
+         "cache": Fake((100, 128), F32), "rotary_dim": None}
+    f.update(over)
+    return f
+
+
+def test_validate_accepts_good_and_fused_views():
+    args = rotary._validate(**_fakes())
+    assert args.rotary_dim == 128 and args.sin_offset == 64
+    fused = _fakes(query=Fake((7, 8, 128), strides=(12 * 128, 128, 1)),
+                   key=Fake((7, 2, 128), strides=(12 * 128, 128, 1), ptr=(1 << 20) + 8 * 128 * 2),
+                   positions=Fake((7,), np.int32), rotary_dim=64)
+    assert rotary._validate(**fused).rotary_dim == 64
+    assert rotary._validate(**_fakes(key=None, cache=Fake((100, 128), BFLOAT16))).rotary_dim == 128
+
+
+@pytest.mark.parametrize("over, err, match", [
+    ({"query": Fake((7, 1024))}, ValueError, r"query has shape \(7, 1024\)"),
+    ({"query": Fake((7, 8, 128), np.float64)}, TypeError, "query has dtype float64"),
+    ({"key": Fake((7, 2, 128), F16)}, TypeError, "key has dtype float16, query has bfloat16"),
+    ({"key": Fake((7, 2, 64))}, ValueError, "key's head_size is 64, query's is 128"),
+    ({"key": Fake((6, 2, 128))}, ValueError, "key has 6 tokens, query has 7"),
+    ({"key": Fake((7, 256))}, ValueError, "key has shape"),
+    ({"positions": Fake((7,), np.float32)}, TypeError, "positions has dtype float32"),
+    ({"positions": Fake((6,), np.int32)}, ValueError, r"positions has shape \(6,\)"),
+    ({"positions": Fake((7, 1), np.int64)}, ValueError, "positions has shape"),
+    ({"cache": Fake((100, 128), F16)}, TypeError, "cos_sin_cache has dtype float16"),
+    ({"cache": Fake((100, 127), F32)}, ValueError, "odd width 127"),
+    ({"cache": Fake((100, 128, 1), F32)}, ValueError, "cos_sin_cache has shape"),
+    ({"cache": Fake((100, 64), F32), "rotary_dim": 128}, ValueError, "width 64, too narrow for rotary_dim=128"),
+    ({"rotary_dim": 63}, ValueError, "rotary_dim=63 must be a positive even"),
+    ({"rotary_dim": 0}, ValueError, "rotary_dim=0"),
+    ({"cache": Fake((100, 256), F32)}, ValueError, "rotary_dim=256 is over head_size=128"),
+    ({"query": Fake((7, 8, 128), strides=(2048, 256, 2))}, ValueError, "query's last dimension has stride 2"),
+    ({"key": Fake((7, 2, 128), strides=(512, 256, 2))}, ValueError, "key's last dimension has stride 2"),
+    ({"cache": Fake((100, 128), F32, strides=(256, 2))}, ValueError, "cos_sin_cache's last dimension"),
+    ({"key": Fake((7, 2, 128), device=1)}, ValueError, "different devices"),
+    ({"query": Fake((7, 8, 128), strides=(0, 128, 1))}, ValueError, "query has a zero stride"),
+])
+def test_validate_errors(over, err, match):
+    with pytest.raises(err, match=match):
+        rotary._validate(**_fakes(**over))
+
+
+def test_host_arrays_are_rejected_by_name():
+    q = np.zeros((2, 1, 8), np.float32)
+    with pytest.raises(TypeError, match="positions is a numpy.ndarray"):
+        rotary.rotary_embedding(np.zeros(2, np.int64), q, None, np.zeros((4, 8), np.float32))
+
+
+def _vw(q, k=None, cache=None, rot=128, neox=True):
+    cache = cache or Fake((100, rot), F32)
+    return rotary.vector_width(q, k, cache, rot, neox, cache.shape[1] // 2)
+
+
+def test_vector_width():
+    assert _vw(Fake((7, 8, 128))) == 8
+    assert _vw(Fake((7, 8, 128), F32)) == 4
+    assert _vw(Fake((7, 8, 128), ptr=(1 << 20) + 2)) == 1
+    assert _vw(Fake((7, 8, 128), strides=(1025, 128, 1))) == 1
+    assert _vw(Fake((7, 8, 128)), Fake((7, 2, 128), strides=(256, 129, 1))) == 1
+    assert _vw(Fake((7, 8, 128)), rot=24) == 1  # NeoX half of 12 is not a multiple of 8
+    assert _vw(Fake((7, 8, 128)), rot=24, neox=False) == 8
+    assert _vw(Fake((7, 8, 128)), cache=Fake((100, 130), F32), rot=128) == 1  # sin at 65 floats: unaligned
+    assert _vw(Fake((7, 8, 128)), cache=Fake((100, 128), F32, ptr=(1 << 20) + 4)) == 1
+    assert _vw(Fake((7, 8, 128)), cache=Fake((100, 128), BFLOAT16)) == 8
+
+
+# --------------------------------------------------------------------------------- compilation (CPU)
+
+
+def _entries(ptx: str) -> dict:
+    return {sec.split("(")[0].strip(): sec for sec in ptx.split(".entry ")[1:]}
+
+
+@pytest.fixture(scope="module", params=["sm_80", "sm_90"])
+def compiled(request):
+    insts = rotary.instantiations()
+    return insts, compile_program(rotary.SOURCE, insts, arch=request.param)
+
+
+def test_instantiations_generated_and_modest():
+    insts = rotary.instantiations()
+    names = {i.expression for i in insts}
+    assert len(names) == len(insts) <= 24
+    for t in FLOAT_TYPES:
+        for c in {t, F32}:
+            for vec in {16 // t.itemsize, 1}:
+                for neox in (True, False):
+                    assert rotary.rotation_instantiation(t, c, vec, neox).expression in names
+    assert rotary.check_instantiation(np.int32).expression in names
+    assert rotary.check_instantiation(np.int64).expression in names
+
+
+def test_every_instantiation_compiles_without_spills_or_local_memory(compiled):
+    insts, prog = compiled
+    res = prog.resources()
+    entries = _entries(prog.ptx)
+    for inst in insts:
+        lowered = prog.lowered[inst.expression]
+        assert lowered in res, inst.expression
+        r = res[lowered]
+        assert r["spill_stores"] == r["spill_loads"] == r["stack"] == 0, (inst.expression, r)
+        # at least 50% occupancy with the float32 cache; the 16-bit caches' NeoX forms take ~80
+        assert r["registers"] <= (64 if inst.name != "rotary_embedding" or inst.args[1] == F32 else 96), \
+            (inst.expression, r)
+        assert ".local" not in entries[lowered], inst.expression
+
+
+def test_vectorized_instantiations_use_16_byte_accesses(compiled):
+    insts, prog = compiled
+    entries = _entries(prog.ptx)
+    for inst in insts:
+        if inst.name != "rotary_embedding":
+            continue
+        body = entries[prog.lowered[inst.expression]]
+        dtype, vec = np.dtype(inst.args[0]), inst.args[2]
+        wide = re.search(r"ld\.global(\.\w+)*\.v4", body) and re.search(r"st\.global(\.\w+)*\.v4", body)
+        if vec > 1:
+            assert vec * dtype.itemsize == 16 and wide, inst.expression
+        else:
+            assert not re.search(r"\.global(\.\w+)*\.v\d", body), inst.expression
+
+
+# ------------------------------------------------------------------------------------------ GPU tests
+
+
+def _layout(tokens, nh, nkv, hs, kind):
+    """Element offsets and strides of q and k in one flat buffer: separate contiguous arrays, views into a
+    fused [tokens, (nh + 2 nkv) hs] qkv buffer, or such views shifted by one element with an odd row
+    (no 16-byte alignment anywhere: the element-wise instantiations)."""
+    if kind == "contiguous":
+        return tokens * (nh + nkv) * hs, (0, (nh * hs, hs, 1)), (tokens * nh * hs, (nkv * hs, hs, 1))
+    width = (nh + 2 * nkv) * hs + (kind == "misaligned")
+    shift = int(kind == "misaligned")
+    return tokens * width, (shift, (width, hs, 1)), (shift + nh * hs, (width, hs, 1))
+
+
+def _view(xp, flat, off, strides, shape):
+    st = tuple(s * flat.itemsize for s in strides)
+    if xp is np:
+        return np.lib.stride_tricks.as_strided(flat[off:], shape, st)
+    return xp.lib.stride_tricks.as_strided(flat[off:], shape, st)
+
+
+def _random(rng, n, dtype):
+    return rng.standard_normal(n, dtype=np.float32).astype(dtype)
+
+
+def run_case(rng, *, tokens, nh, nkv, hs, rot, dtype, is_neox, kind="contiguous", cache_dtype=F32,
+             pos_dtype=np.int64, inverse=False, max_position=8192, sample=256):
+    """Rotate on the GPU and check against the float64 reference (on a sample of tokens when there are
+    many); every element the op must not touch, inside the buffer, is bit-identical afterwards."""
+    import cupy
+
+    dtype = np.dtype(dtype)
+    n, (qo, qs), (ko, ks) = _layout(tokens, nh, nkv, hs, kind)
+    host = _random(rng, n, dtype)
+    flat = cupy.asarray(host)
+    q = _view(cupy, flat, qo, qs, (tokens, nh, hs))
+    k = _view(cupy, flat, ko, ks, (tokens, nkv, hs)) if nkv else None
+    cache_host = rotary.rope_cache_host(max_position, rot, 10000.0).astype(cache_dtype)
+    pos_host = rng.integers(0, max_position, tokens).astype(pos_dtype)
+    rotary.rotary_embedding(cupy.asarray(pos_host), q, k, cupy.asarray(cache_host), is_neox=is_neox,
+                            inverse=inverse)
+    after = flat.get()
+
+    touched = np.zeros(n, bool)
+    index = np.arange(n)
+    touched[_view(np, index, qo, qs, (tokens, nh, hs))[..., :rot].ravel()] = True
+    if nkv:
+        touched[_view(np, index, ko, ks, (tokens, nkv, hs))[..., :rot].ravel()] = True
+    np.testing.assert_array_equal(bits(after[~touched]), bits(host[~touched]))
+
+    rows = np.arange(tokens) if tokens <= sample else np.unique(
+        np.concatenate([rng.choice(tokens, sample, replace=False), [0, tokens - 1]]))
+    q0 = _view(np, host, qo, qs, (tokens, nh, hs))[rows]
+    k0 = _view(np, host, ko, ks, (tokens, nkv, hs))[rows] if nkv else None
+    want = reference.rotary_embedding(pos_host[rows], q0, k0, cache_host, is_neox=is_neox, inverse=inverse)
+    assert_close(_view(np, after, qo, qs, (tokens, nh, hs))[rows], want[0], dtype, "query")
+    if nkv:
+        assert_close(_view(np, after, ko, ks, (tokens, nkv, hs))[rows], want[1], dtype, "key")
+
+
+def _matrix():
+    """Every style x dtype x head size once; rotary_dim full or half, GQA ratio, token count and layout
+    rotate through the cases so each value meets each style and dtype."""
+    gqa, tokens, kinds = [(32, 8), (8, 1), (4, 4)], [1, 7, 4096], ["contiguous", "fused", "misaligned"]
+    cases = []
+    for n, (neox, dtype, hs) in enumerate(itertools.product([True, False], FLOAT_TYPES, [64, 80, 128, 256])):
+        rot = hs if (n + n // 4) % 2 == 0 else hs // 2
+        nh, nkv = gqa[n % 3]
+        t = tokens[(n + n // 4) % 3]
+        if t == 4096 and hs == 256:
+            t = 1000
+        kind = kinds[(n // 2) % 3]
+        cid = f"{'neox' if neox else 'gptj'}-{dtype}-hs{hs}-rot{rot}-{nh}x{nkv}-T{t}-{kind}"
+        cases.append(pytest.param(dict(is_neox=neox, dtype=dtype, hs=hs, rot=rot, nh=nh, nkv=nkv, tokens=t,
+                                       kind=kind), id=cid))
+    return cases
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _matrix())
+def test_rotation_matrix(rng, case):
+    run_case(rng, **case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=str)
+@pytest.mark.parametrize("kind", ["contiguous", "fused", "misaligned"])
+def test_rotation_benchmark_heads(rng, is_neox, dtype, kind):
+    """The benchmark's heads (32 q, 8 kv, head 128), every layout, cache in query's dtype, int32
+    positions."""
+    run_case(rng, tokens=300, nh=32, nkv=8, hs=128, rot=128, dtype=dtype, is_neox=is_neox, kind=kind,
+             cache_dtype=dtype, pos_dtype=np.int32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("rot", [2, 24, 40, 96])
+def test_rotation_odd_rotary_dims(rng, is_neox, rot):
+    run_case(rng, tokens=33, nh=3, nkv=1, hs=96, rot=rot, dtype=BFLOAT16, is_neox=is_neox, kind="fused",
+             inverse=True)
+
+
+@pytest.mark.gpu
+def test_key_none_and_many_heads(rng):
+    run_case(rng, tokens=50, nh=64, nkv=0, hs=128, rot=64, dtype=F16, is_neox=True)
+    run_case(rng, tokens=3, nh=130, nkv=2, hs=64, rot=64, dtype=F32, is_neox=False, kind="fused")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=str)
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_inverse_undoes_rotation(rng, dtype, is_neox):
+    import cupy
+
+    q0 = cupy.asarray(_random(rng, 64 * 8 * 128, dtype).reshape(64, 8, 128))
+    k0 = cupy.asarray(_random(rng, 64 * 2 * 128, dtype).reshape(64, 2, 128))
+    q, k = q0.copy(), k0.copy()
+    pos = cupy.asarray(rng.integers(0, 4096, 64))
+    cache = rotary.rope_cache(4096, 128)
+    rotary.rotary_embedding(pos, q, k, cache, is_neox=is_neox)
+    assert not cupy.array_equal(q, q0)
+    rotary.rotary_embedding(pos, q, k, cache, is_neox=is_neox, inverse=True)
+    for got, want in ((q, q0), (k, k0)):
+        g, w = got.get().astype(np.float64), want.get().astype(np.float64)
+        assert np.abs(g - w).max() <= 4 * EPS[np.dtype(dtype)] * np.abs(w).max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pos_dtype", [np.int32, np.int64])
+def test_out_of_range_positions(rng, pos_dtype):
+    import cupy
+
+    tokens, rows = 20000, 512
+    pos_host = rng.integers(0, rows, tokens).astype(pos_dtype)
+    bad = {19999: rows, 12345: -1, 15000: rows + 7}
+    for t, p in bad.items():
+        pos_host[t] = p
+    q0 = _random(rng, tokens * 4 * 64, BFLOAT16).reshape(tokens, 4, 64)
+    k0 = _random(rng, tokens * 64, BFLOAT16).reshape(tokens, 1, 64)
+    q, k = cupy.asarray(q0), cupy.asarray(k0)
+    cache_host = rotary.rope_cache_host(rows, 64).astype(np.float32)
+    pos, cache = cupy.asarray(pos_host), cupy.asarray(cache_host)
+
+    with pytest.raises(IndexError, match=r"positions\[12345\] = -1 is outside cos_sin_cache's 512 rows"):
+        rotary.rotary_embedding(pos, q, k, cache)
+    np.testing.assert_array_equal(bits(q.get()), bits(q0))
+    np.testing.assert_array_equal(bits(k.get()), bits(k0))
+
+    rotary.rotary_embedding(pos, q, k, cache, check_positions=False)
+    want = reference.rotary_embedding(pos_host, q0, k0, cache_host)
+    qa, ka = q.get(), k.get()
+    for t in bad:
+        np.testing.assert_array_equal(bits(qa[t]), bits(q0[t]))
+        np.testing.assert_array_equal(bits(ka[t]), bits(k0[t]))
+    assert_close(qa, want[0], BFLOAT16, "query")
+    assert_close(ka, want[1], BFLOAT16, "key")
+
+
+@pytest.mark.gpu
+def test_position_check_accepts_strided_positions_and_last_row(rng):
+    import cupy
+
+    pos2 = cupy.asarray(np.repeat(rng.integers(0, 100, 9), 2))
+    pos2[-2] = 99
+    pos2[1] = 1000  # skipped by the stride
+    q0 = _random(rng, 9 * 2 * 32, F32).reshape(9, 2, 32)
+    q = cupy.asarray(q0)
+    cache_host = rotary.rope_cache_host(100, 32).astype(np.float32)
+    rotary.rotary_embedding(pos2[::2], q, None, cupy.asarray(cache_host), is_neox=False)
+    want = reference.rotary_embedding(pos2[::2].get(), q0, None, cache_host, is_neox=False)
+    assert_close(q.get(), want[0], F32, "query")
+
+
+@pytest.mark.gpu
+def test_wide_cache_and_partial_rotary_dim(rng):
+    import cupy
+
+    q0 = _random(rng, 5 * 2 * 64, BFLOAT16).reshape(5, 2, 64)
+    q = cupy.asarray(q0)
+    cache_host = rotary.rope_cache_host(50, 64).astype(np.float32)
+    pos_host = rng.integers(0, 50, 5)
+    rotary.rotary_embedding(cupy.asarray(pos_host), q, None, cupy.asarray(cache_host), rotary_dim=48)
+    want = reference.rotary_embedding(pos_host, q0, None, cache_host, rotary_dim=48)
+    assert_close(q.get(), want[0], BFLOAT16, "query")
+    np.testing.assert_array_equal(bits(q.get()[..., 48:]), bits(q0[..., 48:]))
+
+
+@pytest.mark.gpu
+def test_runs_on_current_stream_and_zero_tokens(rng):
+    import cupy
+
+    q0 = _random(rng, 16 * 4 * 64, F16).reshape(16, 4, 64)
+    cache_host = rotary.rope_cache_host(64, 64).astype(np.float32)
+    pos_host = rng.integers(0, 64, 16)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        q = cupy.asarray(q0)
+        rotary.rotary_embedding(cupy.asarray(pos_host), q, None, cupy.asarray(cache_host))
+        stream.synchronize()
+    assert_close(q.get(), reference.rotary_embedding(pos_host, q0, None, cache_host)[0], F16, "query")
+    empty = cupy.empty((0, 4, 64), F16)
+    assert rotary.rotary_embedding(cupy.empty(0, np.int64), empty, None, cupy.asarray(cache_host)) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=str)
+def test_rope_cache_on_device(dtype):
+    got = rotary.rope_cache(300, 64, scaling=LLAMA31, dtype=dtype)
+    assert got.dtype == dtype and got.shape == (300, 64)
+    want = rotary.rope_cache_host(300, 64, scaling=LLAMA31).astype(dtype)
+    np.testing.assert_array_equal(bits(got.get()), bits(want))
+
+
+@pytest.mark.gpu
+def test_gpu_validation_errors():
+    import cupy
+
+    q = cupy.zeros((4, 2, 64), np.float32)
+    cache = rotary.rope_cache(16, 64)
+    pos = cupy.zeros(4, np.int64)
+    with pytest.raises(TypeError, match="query is a numpy.ndarray"):
+        rotary.rotary_embedding(pos, q.get(), None, cache)
+    with pytest.raises(ValueError, match="positions has shape"):
+        rotary.rotary_embedding(pos[:3], q, None, cache)
+    with pytest.raises(TypeError, match="key has dtype float16"):
+        rotary.rotary_embedding(pos, q, q.astype(np.float16), cache)
+    with pytest.raises(ValueError, match="query's last dimension has stride"):
+        rotary.rotary_embedding(pos, q[:, :, ::2], None, cache[:, :32])
+    with pytest.raises(ValueError, match="too narrow"):
+        rotary.rotary_embedding(pos, q, None, cache[:, :32], rotary_dim=64)
+
+
+@pytest.mark.gpu
+def test_more_than_2_31_elements(rng):
+    """query with 2^31 + 4096 elements: the last token starts exactly at element 2^31. Only the first
+    and last tokens are filled and checked."""
+    import cupy
+
+    tokens, nh, hs = 2**31 // (32 * 128) + 1, 32, 128
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    if free < 6 * 2**30:
+        pytest.skip("needs 6 GiB of free GPU memory")
+    try:
+        q = cupy.empty((tokens, nh, hs), BFLOAT16)
+        k = cupy.empty((tokens, 1, hs), BFLOAT16)
+        check = [0, tokens - 3, tokens - 2, tokens - 1]
+        q0 = _random(rng, len(check) * nh * hs, BFLOAT16).reshape(len(check), nh, hs)
+        k0 = _random(rng, len(check) * hs, BFLOAT16).reshape(len(check), 1, hs)
+        q[check] = cupy.asarray(q0)
+        k[check] = cupy.asarray(k0)
+        pos = cupy.random.randint(0, 8192, tokens, dtype=np.int64)
+        cache_host = rotary.rope_cache_host(8192, hs).astype(np.float32)
+        rotary.rotary_embedding(pos, q, k, cupy.asarray(cache_host))
+        want = reference.rotary_embedding(pos[check].get(), q0, k0, cache_host)
+        assert_close(q[check].get(), want[0], BFLOAT16, "query")
+        assert_close(k[check].get(), want[1], BFLOAT16, "key")
+    finally:
+        q = k = pos = None
+        cupy.get_default_memory_pool().free_all_blocks()
