@@ -88,5 +88,5 @@ def check_no_overlap(a, a_name: str, b, b_name: str, *, identical_ok: bool) -> N
 
 def check_writable(a, name: str) -> None:
     """A written array must not alias itself (a broadcast view with a zero stride, say)."""
-    if any(s == 0 and n > 1 for n, s in zip(a.shape, a.strides)):
+    if a.size and any(s == 0 and n > 1 for n, s in zip(a.shape, a.strides)):
         raise ValueError(f"{name} has a zero stride (a broadcast view); it cannot be written, pass a real array")
