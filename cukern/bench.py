@@ -162,6 +162,48 @@ _ROPE_CASES += [_rope_case("rotary_embedding", t) for t in (1, 8, 64, 4096)]
 register("rotary_embedding", OpBench(_rope_setup, _rope_run, _rope_cupy, _rope_bytes, _ROPE_CASES))
 
 
+def _sum_setup(case: Case):
+    import cupy
+
+    axis = dict(case.params).get("axis")
+    x = cupy.random.default_rng().standard_normal(case.shape, dtype=np.float32).astype(parse_dtype(case.dtype))
+    return {"x": x, "axis": axis}
+
+
+def _sum_run(s):
+    from .reduce import sum as ksum
+
+    return ksum(s["x"], axis=s["axis"])
+
+
+def _sum_cupy(s):
+    return s["x"].sum(axis=s["axis"])
+
+
+def _sum_bytes(case: Case):
+    from .reduce import bytes_moved
+
+    return bytes_moved(case.shape, parse_dtype(case.dtype), dict(case.params).get("axis"))
+
+
+_SUM_CASES = [Case("sum", (n,), "float32") for n in (1 << 29, 1 << 20, 1 << 24)]
+_SUM_CASES += [Case("sum", (1 << 30,), "bfloat16"), Case("sum_rows", (32768, 16384), "float32", (("axis", -1),)),
+               Case("sum_cols", (16384, 32768), "float32", (("axis", 0),))]
+register("sum", OpBench(_sum_setup, _sum_run, _sum_cupy, _sum_bytes, _SUM_CASES))
+
+LADDER_N = 1 << 28
+
+
+def ladder_records(peak: float, n: int = LADDER_N) -> list:
+    """One results record per ladder rung (op ``reduce_ladder``, impl the rung's kernel name)."""
+    from .ladder import run_ladder
+
+    rows = run_ladder(n, "float32", include_references=False)
+    return [{"op": "reduce_ladder", "impl": r["name"], "shape": [n], "dtype": "float32",
+             "median_us": round(r["us"], 3), "gbps": round(r["gbps"], 1),
+             "pct_of_peak": round(100 * r["gbps"] / peak, 1)} for r in rows]
+
+
 def load_peers():
     """``bench/peers.py`` from the repository checkout, if it is there (not part of an installed wheel)."""
     path = Path(__file__).resolve().parent.parent / "bench" / "peers.py"
@@ -215,6 +257,8 @@ def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, pr
                     progress(records[-1])
             del state
             cupy.get_default_memory_pool().free_all_blocks()
+    if not ops or "reduce_ladder" in ops:
+        records += ladder_records(peak)
     dev = cupy.cuda.Device()
     return {
         "device": cupy.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(),

@@ -1,4 +1,4 @@
-"""``python -m cukern``: bench, info, compile."""
+"""``python -m cukern``: bench, ladder, info, compile."""
 
 from __future__ import annotations
 
@@ -28,6 +28,20 @@ def _bench(args) -> int:
     return 0
 
 
+def _ladder(args) -> int:
+    if not bench.gpu_present():
+        print("cukern ladder: no CUDA GPU found (cupy sees no device); nothing to measure", file=sys.stderr)
+        return 2
+    from . import ladder
+
+    rows = ladder.run_ladder(args.n, args.dtype)
+    print(ladder.format_table(rows))
+    if args.plot:
+        ladder.plot_ladder(rows, args.plot)
+        print(f"wrote {args.plot}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
 def _info(args) -> int:
     doc = bench.info()
     for k, v in doc.items():
@@ -55,11 +69,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="cukern", description="hand-written CUDA kernels for CuPy arrays")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("bench", help="time every op against its peers and the copy peak")
-    p.add_argument("--op", action="append", choices=sorted(bench.OPS), help="only this op (repeatable)")
+    p.add_argument("--op", action="append", choices=sorted(bench.OPS) + ["reduce_ladder"],
+                   help="only this op (repeatable)")
     p.add_argument("--json", metavar="PATH", help="write the results file")
     p.add_argument("--repeat", type=int, default=100)
     p.add_argument("--no-peers", action="store_true", help="skip torch/Triton peers")
     p.set_defaults(fn=_bench)
+    p = sub.add_parser("ladder", help="run every reduction rung on the same data, with %% of peak and of CUB")
+    p.add_argument("--n", type=int, default=1 << 28)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--plot", metavar="PNG", help="draw the bars (needs matplotlib)")
+    p.set_defaults(fn=_ladder)
     p = sub.add_parser("info", help="device, versions and the measured copy peak")
     p.set_defaults(fn=_info)
     p = sub.add_parser("compile", help="compile every kernel instantiation with NVRTC (no GPU needed)")

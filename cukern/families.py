@@ -3,12 +3,12 @@ table. The compile CLI and the compile tests walk this list, so a new family is 
 
 from __future__ import annotations
 
-from . import rmsnorm, rotary
+from . import ladder, reduce, rmsnorm, rotary
 from ._compile import compile_program
 
 
 def all_families():
-    return [rmsnorm, rotary]
+    return [rmsnorm, rotary, reduce, ladder]
 
 
 def compile_family(family, arch: str):

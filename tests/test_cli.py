@@ -51,3 +51,9 @@ def test_results_file_has_the_documented_form():
     assert set(doc) == {"device", "cupy_version", "source_sha256", "peak_copy_gbps", "records"}
     for r in doc["records"]:
         assert set(r) == {"op", "impl", "shape", "dtype", "median_us", "gbps", "pct_of_peak"}
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU message")
+def test_ladder_without_gpu_says_so_and_exits_2():
+    r = cukern("ladder", "--n", "1000")
+    assert r.returncode == 2 and "no CUDA GPU" in r.stderr

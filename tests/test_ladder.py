@@ -1,0 +1,197 @@
+"""The sum ladder: registry, source comments, compilation and PTX of every rung (CPU); every rung against
+a float64 reference on odd sizes, and the runner (GPU)."""
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from cukern import ladder as L
+from cukern import reduce as R
+from cukern import reference
+from cukern._compile import compile_program, read_source
+from cukern._dtypes import BFLOAT16, dtype_name
+
+ARCHS = ("sm_80", "sm_90")
+
+
+def _kernel_text(source: str, name: str) -> str:
+    """The source of kernel ``name``: from its name to the next top-level closing brace."""
+    start = source.index(f" {name}(")
+    end = source.index("\n}\n", start)
+    return source[start:end]
+
+
+def test_registry_is_ordered_and_named():
+    assert [r.number for r in L.RUNGS] == list(range(1, len(L.RUNGS) + 1))
+    assert len(L.RUNGS) >= 10
+    for r in L.RUNGS:
+        assert re.fullmatch(rf"reduce_v{r.number}_[a-z0-9_]+", r.name), r.name
+        assert r.label == f"v{r.number}"
+    assert [r.single_launch for r in L.RUNGS][-2:] == [True, True]
+    assert not any(r.single_launch for r in L.RUNGS[:-2])
+
+
+def test_every_rung_says_what_changed():
+    src = read_source("reduce")
+    for r in L.RUNGS:
+        body = _kernel_text(src, r.name)
+        assert "Predicted" in body, r.name
+        if r.number > 1:
+            assert f"Changed from v{r.number - 1}" in body, r.name
+    header = src[: src.index("#include")]
+    for r in L.RUNGS:
+        assert re.search(rf"//\s+v{r.number}\s", header), f"v{r.number} missing from the file header"
+
+
+def test_last_warp_rung_is_safe_under_independent_thread_scheduling():
+    body = _kernel_text(read_source("reduce"), "reduce_v5_unroll_last_warp")
+    code = "\n".join(line.split("//")[0] for line in body.splitlines())
+    assert "volatile" not in code
+    assert code.count("__syncwarp()") >= 2
+
+
+def test_last_rung_is_the_production_body():
+    body = _kernel_text(read_source("reduce"), L.RUNGS[-1].name)
+    assert "full_reduce_body<T, A, OP_SUM, BLOCK, UNROLL>" in body
+    p = R.plan_full(2**29, 4, 132)
+    assert L.RUNGS[-1].grid(2**29, 4, 132) == p.grid and L.RUNGS[-1].block == p.block
+
+
+def test_grids_are_pure_and_bounded():
+    sm = 132
+    n = 2**28
+    grids = {r.label: r.grid(n, 4, sm) for r in L.RUNGS}
+    assert grids["v1"] == n // L.BLOCK and grids["v4"] == n // (2 * L.BLOCK)
+    assert grids["v7"] == grids["v8"] == sm * (2048 // L.BLOCK)
+    assert grids["v9"] <= R._WORK_ELEMENTS
+    for r in L.RUNGS:
+        assert r.grid(1, 4, sm) == 1 and r.grid(0, 4, sm) == 1
+        assert r.grid(n, 4, sm) < 2**31
+    # passes a multi-pass rung makes: until one block is left
+    for r in L.RUNGS[:-2]:
+        m, passes = 2**28 + 7, 0
+        while True:
+            g = r.grid(m, 4, sm)
+            passes += 1
+            if g == 1:
+                break
+            m = g
+        assert passes <= 4, r.name
+
+
+def test_instantiations_cover_every_rung_and_dtype():
+    insts = L.instantiations()
+    names = {i.name for i in insts}
+    assert names == {r.name for r in L.RUNGS}
+    for r in L.RUNGS:
+        for t in L.DTYPES:
+            assert set(r.instantiations(t)) <= set(insts)
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def compiled(request):
+    return compile_program(L.SOURCE, L.instantiations(), request.param)
+
+
+def _entries(ptx: str) -> dict:
+    out, name, lines = {}, None, []
+    for line in ptx.splitlines():
+        m = re.match(r"\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+(\S+?)\(", line)
+        if m:
+            if name:
+                out[name] = "\n".join(lines)
+            name, lines = m.group(1), []
+        if name:
+            lines.append(line)
+    if name:
+        out[name] = "\n".join(lines)
+    return out
+
+
+def test_every_rung_compiles_without_local_memory(compiled):
+    res = compiled.resources()
+    for inst in L.instantiations():
+        r = res[compiled.lowered[inst.expression]]
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, inst.expression
+    assert ".local" not in compiled.ptx
+
+
+def test_vector_rungs_use_16_byte_loads(compiled):
+    entries = _entries(compiled.ptx)
+    vector = re.compile(r"ld\.global\S*\.v(4\.(u32|b32|f32|s32)|2\.(u64|b64|f64|s64))")
+    for r in L.RUNGS:
+        for t in (np.dtype(np.float32), BFLOAT16):
+            inst = r.instantiations(t)[0]
+            body = entries[compiled.lowered[inst.expression]]
+            if r.number >= 8:
+                assert vector.search(body), (r.name, dtype_name(t))
+            else:
+                assert not vector.search(body), (r.name, dtype_name(t))
+
+
+def test_format_table():
+    rows = [
+        {"rung": "v1", "name": "reduce_v1_x", "change": "first", "us": 1000.0, "gbps": 1000.0, "pct_peak": 25.0,
+         "pct_cub": 20.0, "speedup": None, "value": 1.0, "rel_error": 1e-7, "ok": True},
+        {"rung": "v2", "name": "reduce_v2_x", "change": "second", "us": 500.0, "gbps": 2000.0, "pct_peak": 50.0,
+         "pct_cub": None, "speedup": 2.0, "value": 1.0, "rel_error": 1e-3, "ok": False},
+    ]
+    text = L.format_table(rows)
+    lines = text.splitlines()
+    assert len(lines) == 4 and "GB/s" in lines[0] and "%CUB" in lines[0]
+    assert "2.00" in lines[3] and " N " in lines[3] and "-" in lines[3]
+
+
+def test_run_ladder_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="ladder dtype"):
+        L.run_ladder(16, "int32")
+    with pytest.raises(ValueError, match="positive"):
+        L.run_ladder(0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU.
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 31, 1000003, 2**28 + 7])
+def test_every_rung_sums_float32(n):
+    import cupy
+
+    x = L.make_data(n, "float32", seed=n % 1000)
+    ref = L.reference_sum(x)
+    tol = reference.reduction_tolerance(n, np.float32, ref)
+    first = None
+    for r in L.RUNGS:
+        got = r(x)
+        assert got.shape == () and got.dtype == np.float32
+        assert abs(float(got) - ref) <= tol, (r.name, n, float(got), ref)
+        if r.number == L.RUNGS[-1].number:
+            first = cupy.asnumpy(got).tobytes()
+            assert all(cupy.asnumpy(r(x)).tobytes() == first for _ in range(3))  # bit-identical reruns
+            assert float(R.sum(x)) == float(got)  # the production op runs the same body and plan
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16, np.float64], ids=dtype_name)
+def test_every_rung_other_dtypes_and_misaligned(dtype):
+    n = 1000003
+    x = L.make_data(n + 3, dtype, seed=7)
+    for view in (x[:n], x[1:n + 1], x[3:]):
+        ref = L.reference_sum(view)
+        tol = reference.reduction_tolerance(view.size, L.acc_dtype(dtype), ref)
+        for r in L.RUNGS:
+            assert abs(float(r(view)) - ref) <= tol, (r.name, dtype_name(dtype))
+
+
+@pytest.mark.gpu
+def test_run_ladder_rows():
+    rows = L.run_ladder(1 << 22, "float32", repeat=3, warmup=1)
+    labels = [r["rung"] for r in rows]
+    assert labels[: len(L.RUNGS)] == [r.label for r in L.RUNGS]
+    assert all(r["ok"] for r in rows)
+    assert all(r["us"] > 0 and math.isfinite(r["gbps"]) for r in rows)
+    assert rows[0]["speedup"] is None and rows[1]["speedup"] is not None
+    assert L.format_table(rows).count("\n") == len(rows) + 1

@@ -1,0 +1,457 @@
+"""Production reductions: references, compilation of every instantiation, PTX, planning, validation (CPU);
+results against float64 references, determinism, NaN, layouts and 64-bit sizes (GPU)."""
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from cukern import reduce as R
+from cukern import reference
+from cukern._compile import compile_program
+from cukern._dtypes import BFLOAT16, dtype_name
+
+ARCHS = ("sm_80", "sm_90")
+OP_NAMES = ("sum", "mean", "sum_of_squares", "norm", "amax", "amin")
+REFS = {
+    "sum": reference.reduce_sum,
+    "mean": reference.reduce_mean,
+    "sum_of_squares": reference.reduce_sum_of_squares,
+    "norm": reference.reduce_norm,
+    "amax": reference.reduce_amax,
+    "amin": reference.reduce_amin,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# References.
+
+
+def test_references_match_numpy(rng):
+    x = rng.standard_normal((5, 7)).astype(np.float32)
+    assert np.allclose(reference.reduce_sum(x, 1), x.astype(np.float64).sum(1))
+    assert np.allclose(reference.reduce_norm(x), np.linalg.norm(x.astype(np.float64)))
+    assert np.allclose(reference.reduce_mean(x, 0, keepdims=True), x.astype(np.float64).mean(0, keepdims=True))
+    assert reference.reduce_amax(x) == x.max() and reference.reduce_amin(x) == x.min()
+    i = np.array([2**31 - 1, 2**31 - 1], dtype=np.int32)
+    assert reference.reduce_sum(i) == 2**32 - 2  # widened before summing
+    assert reference.reduce_sum_of_squares(i) == 2 * (2**31 - 1) ** 2
+    assert np.isnan(reference.reduce_amax(np.array([1.0, np.nan, 3.0])))
+
+
+def test_tolerance_scales_with_size():
+    t1 = reference.reduction_tolerance(1000, np.float32, 1000.0)
+    t2 = reference.reduction_tolerance(10**8, np.float32, 1000.0)
+    assert 0 < t1 < t2
+    assert reference.reduction_tolerance(10**8, np.int64, 1.0) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Compilation of every production instantiation, PTX and resources.
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def compiled(request):
+    return compile_program(R.SOURCE, R.instantiations(), request.param)
+
+
+def _entries(ptx: str) -> dict:
+    """PTX text per kernel entry."""
+    out, name, lines = {}, None, []
+    for line in ptx.splitlines():
+        m = re.match(r"\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+(\S+?)\(", line)
+        if m:
+            if name:
+                out[name] = "\n".join(lines)
+            name, lines = m.group(1), []
+        if name:
+            lines.append(line)
+    if name:
+        out[name] = "\n".join(lines)
+    return out
+
+
+def test_every_instantiation_compiles_without_spills(compiled):
+    res = compiled.resources()
+    insts = R.instantiations()
+    assert len(compiled.lowered) == len(insts)
+    for inst in insts:
+        r = res[compiled.lowered[inst.expression]]
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, inst.expression
+        assert r["stack"] == 0, inst.expression
+    assert ".local" not in compiled.ptx
+
+
+def test_vector_kernels_use_16_byte_loads(compiled):
+    entries = _entries(compiled.ptx)
+    checked = 0
+    for inst in R.instantiations():
+        t = np.dtype(inst.args[0])
+        if inst.name in ("reduce_full", "reduce_rows"):
+            wide = True
+        elif inst.name == "reduce_cols":
+            wide = inst.args[3] * t.itemsize == 16
+        else:
+            continue
+        body = entries[compiled.lowered[inst.expression]]
+        if wide:
+            assert re.search(r"ld\.global\S*\.v(4\.(u32|b32|f32|s32)|2\.(u64|b64|f64|s64))", body), inst.expression
+            checked += 1
+    assert checked > 100
+
+
+def test_instantiations_are_generated_and_cover_the_dispatcher():
+    insts = R.instantiations()
+    assert len(insts) == len(set(insts))
+    assert len(insts) < 600  # CI compiles all of them for two architectures
+    have = set(insts)
+    shapes = [(1,), (31,), (1000003,), (4097, 3), (3, 4097), (1, 4097), (4097, 1), (7, 5, 9), (2, 3, 4, 5)]
+    axes_for = {1: [None, 0], 2: [None, 0, 1, (0, 1)], 3: [None, 0, 1, 2, (0, 2), (1, 2)], 4: [(1, 3), (0, 2), 2]}
+    for name, op in R.OPS.items():
+        for t in op.inputs:
+            for o in R.kernel_dtypes(name, t):
+                for shape in shapes:
+                    for axis in axes_for[len(shape)]:
+                        for align in (0, 4, 16):
+                            pl = R.plan(shape, t, axis, ptr=align * t.itemsize, op=name, out_dtype=o)
+                            for inst in R.plan_instantiations(pl, t, o, op.kernel_op):
+                                assert inst in have, (name, dtype_name(t), shape, axis, inst.expression)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Planning (pure).
+
+
+def test_full_plan_fixed_grid():
+    sm = 132
+    p = R.plan_full(2**29, 4, sm)
+    assert p.grid == R.FULL_BLOCKS_PER_SM * sm and p.block == R.FULL_BLOCK
+    assert R.plan_full(0, 4, sm).grid == 1
+    assert R.plan_full(1, 2, sm).grid == 1
+    mid = R.plan_full(2**20, 4, sm)
+    assert 1 <= mid.grid <= R.FULL_BLOCKS_PER_SM * sm
+    assert R.plan_full(2**20, 4, sm) == mid  # a pure function of its arguments
+    assert R.plan_full(2**40, 2, sm).grid == R.FULL_BLOCKS_PER_SM * sm
+    assert R.FULL_BLOCKS_PER_SM * 200 <= R._WORK_ELEMENTS
+
+
+def test_rows_plan():
+    assert R.plan_rows(16384, 32768, 4).tpr == 512
+    assert R.plan_rows(3, 4097, 4).tpr == 4
+    small = R.plan_rows(100, 10**6, 4)
+    assert small.block == R.ROW_SMALL_BLOCK and small.block % small.tpr == 0
+    for length in (1, 31, 1000, 4096, 10**6):
+        p = R.plan_rows(length, 10, 2)
+        assert p.tpr in R.ROW_TPRS and p.block in (R.ROW_SMALL_BLOCK, R.ROW_LARGE_BLOCK)
+        assert R.plan_rows(length, 10**7, 2).tpr == p.tpr  # a row's order does not depend on the batch
+
+
+def test_cols_plan_benchmark_shape():
+    p = R.plan((16384, 32768), np.float32, 0)
+    assert p.layout.kind == "cols"
+    first, second = p.kernel, p.cols2
+    assert first.vec == 4 and first.vector and first.cw == 256 and first.slices > 1
+    assert first.slices * first.rows_per_slice >= 16384
+    assert (first.slices - 1) * first.rows_per_slice < 16384
+    assert second.slices == 1 and second.rows_per_slice == first.slices
+    assert not R.plan((16384, 32768), np.float32, 0, ptr=4).kernel.vector  # misaligned base: scalar loads
+    assert not R.plan((16, 30), np.float32, 0).kernel.vector  # rows 30 elements apart: packs misalign
+
+
+def test_classify_layouts():
+    assert R.classify((8, 16), (16, 1), (1,)).kind == "rows"
+    assert R.classify((8, 16), (16, 1), (0,)).kind == "cols"
+    assert R.classify((8, 16), (16, 1), (0, 1)).kind == "full"
+    assert R.classify((16, 8), (1, 16), (0, 1)) == R.Layout("full", (), ((128, 1),))  # transposed
+    assert R.classify((4, 5, 6), (30, 6, 1), (1,)).kind == "cols"  # middle axis: matrices of columns
+    assert R.classify((4, 5, 6), (30, 6, 1), (0, 2)).kind == "strided"
+    assert R.classify((8, 16), (32, 2), (0, 1)).kind == "full"  # x[:, ::2] of [8, 32]: one stride-2 run
+    assert R.classify((8, 16), (40, 2), (0, 1)).kind == "copy"  # x[:, :32:2] of [8, 40]: two levels
+    assert R.classify((8, 16), (16, 1), ()).kind == "none"
+    assert R.classify((8, 1), (1, 1), (1,)).kind == "none"
+    assert R.classify((2, 3, 4, 5), (60, 20, 5, 1), (1, 3)).kind == "strided"
+    assert R.classify((2, 3, 4, 5, 6), (360, 120, 30, 6, 1), (1, 3)).kind == "copy"
+    p = R.plan((2, 3, 4, 5, 6), np.float32, (1, 3))
+    assert p.copy and p.layout.kind == "rows"
+
+
+def test_normalize_axis():
+    assert R.normalize_axis(None, 3) == (0, 1, 2)
+    assert R.normalize_axis(-1, 3) == (2,)
+    assert R.normalize_axis((2, 0), 3) == (0, 2)
+    with pytest.raises(np.exceptions.AxisError):
+        R.normalize_axis(3, 3)
+    with pytest.raises(ValueError, match="repeats"):
+        R.normalize_axis((0, -3), 3)
+    with pytest.raises(TypeError):
+        R.normalize_axis(1.0, 3)
+    with pytest.raises(TypeError):
+        R.normalize_axis(True, 3)
+
+
+def test_result_dtypes_follow_numpy():
+    i32, i64, f16, f32, f64 = (np.dtype(t) for t in ("int32", "int64", "float16", "float32", "float64"))
+    assert R.result_dtype("sum", i32) == np.sum(np.ones(2, i32)).dtype == i64
+    assert R.result_dtype("sum", np.bool_) == i64
+    assert R.result_dtype("sum", f16) == f16 and R.result_dtype("sum", BFLOAT16) == BFLOAT16
+    assert R.result_dtype("mean", i32) == f64 and R.result_dtype("norm", i64) == f64
+    assert R.result_dtype("mean", f16) == np.mean(np.ones(2, f16)).dtype
+    assert R.result_dtype("sum", f16, "float32") == f32
+    assert R.result_dtype("amax", i32) == i32
+    with pytest.raises(TypeError, match="dtype=float16 is not supported for sum of float32"):
+        R.result_dtype("sum", f32, np.float16)
+    for name in ("sum", "mean", "sum_of_squares", "norm"):
+        for t in R.OPS[name].inputs:
+            assert R.acc_dtype(R.result_dtype(name, t)) in (f32, f64, i64)
+            if t in (f16, BFLOAT16):
+                assert R.acc_dtype(R.result_dtype(name, t)) == f32  # halves accumulate in float32
+
+
+def test_bytes_moved():
+    assert R.bytes_moved((32768, 16384), np.float32, -1) == 32768 * 16384 * 4 + 32768 * 4
+    assert R.bytes_moved((2**29,), np.float32) == 2**31 + 4
+    assert R.bytes_moved((16, 8), np.int32, 0) == 16 * 8 * 4 + 8 * 8  # int32 sums are int64
+
+
+def test_rejects_host_arrays():
+    for name in OP_NAMES:
+        with pytest.raises(TypeError, match="cupy.asarray"):
+            getattr(R, name)(np.ones(4, np.float32))
+    with pytest.raises(TypeError, match="cupy.ndarray"):
+        R.sum([1.0, 2.0])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU.
+
+ALL_DTYPES = (np.float32, np.float64, np.float16, BFLOAT16, np.int32, np.int64, np.bool_)
+
+
+def _data(rng, shape, dtype, *, signed=False):
+    """Random values that are never zero: floats in [0.5, 1.5) (times a random sign when ``signed``),
+    integers in [1, 100] (or [-100, -1] U [1, 100]), booleans mostly True."""
+    dtype = np.dtype(dtype)
+    size = math.prod(shape)
+    if dtype == np.bool_:
+        return (rng.random(size) < 0.9).reshape(shape)
+    if dtype.kind == "i":
+        v = rng.integers(1, 101, size)
+    else:
+        v = rng.random(size) + 0.5
+    if signed:
+        v = v * rng.choice([-1, 1], size)
+    return v.reshape(shape).astype(dtype)
+
+
+def _check_result(name, got, x_host, axis, keepdims=False, dtype=None):
+    import cupy
+
+    t = x_host.dtype
+    want_dtype = R.result_dtype(name, t, dtype)
+    assert got.dtype == want_dtype, (name, got.dtype, want_dtype)
+    ref = REFS[name](x_host, axis=axis, keepdims=keepdims)
+    g = cupy.asnumpy(got).astype(np.float64 if want_dtype.kind == "f" or want_dtype == BFLOAT16 else np.int64)
+    assert g.shape == np.shape(ref)
+    axes = R.normalize_axis(axis, x_host.ndim)
+    n = max(1, math.prod(x_host.shape[i] for i in axes))
+    acc = R.acc_dtype(want_dtype)
+    if name in ("amax", "amin"):
+        tol = 0.0
+    elif acc.kind == "i":
+        tol = 0.0
+    else:
+        w = np.abs(x_host.astype(np.float64))
+        mag = np.sum(w * w if name in ("sum_of_squares", "norm") else w, axis=axis, keepdims=keepdims)
+        tol = reference.reduction_tolerance(n, acc, 1.0) * mag
+        if name == "mean":
+            tol = tol / n
+        if name == "norm":
+            tol = tol / (2 * np.maximum(np.asarray(ref), 1e-30))
+    out_eps = 0.0 if want_dtype.kind in "biu" else float(np.finfo(np.float32 if want_dtype == BFLOAT16 else want_dtype).eps)
+    if want_dtype == BFLOAT16:
+        out_eps = 2.0**-8
+    tol = tol + out_eps * np.abs(ref)  # rounding the result to its dtype
+    assert np.all(np.abs(g - ref) <= tol), (name, dtype_name(t), x_host.shape, axis, np.max(np.abs(g - ref)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("n", [1, 31, 1000003])
+def test_full_reductions(rng, dtype, n):
+    import cupy
+
+    xh = _data(rng, (n,), dtype)
+    x = cupy.asarray(xh)
+    for name in OP_NAMES:
+        if np.dtype(dtype) not in R.OPS[name].inputs:
+            continue
+        _check_result(name, getattr(R, name)(x), xh, None)
+
+
+@pytest.mark.gpu
+def test_large_float32_sum_and_bit_identical_reruns(rng):
+    import cupy
+
+    n = 2**28 + 7
+    x = cupy.random.random(n, dtype=np.float32) + np.float32(0.5)
+    ref = math.fsum(float(x[i:i + 2**26].astype(np.float64).sum()) for i in range(0, n, 2**26))
+    got = R.sum(x)
+    assert abs(float(got) - ref) <= reference.reduction_tolerance(n, np.float32, ref)
+    again = [R.sum(x) for _ in range(5)]
+    assert all(cupy.asnumpy(a).tobytes() == cupy.asnumpy(got).tobytes() for a in again)
+    assert float(R.amax(x)) == float(x.max())
+
+
+@pytest.mark.gpu
+def test_bit_identical_reruns_every_layout(rng):
+    import cupy
+
+    x = cupy.asarray(_data(rng, (4097, 1031), np.float32, signed=True))
+    for axis in (None, 0, 1):
+        for fn in (R.sum, R.norm):
+            first = cupy.asnumpy(fn(x, axis=axis)).tobytes()
+            for _ in range(3):
+                assert cupy.asnumpy(fn(x, axis=axis)).tobytes() == first
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BFLOAT16, np.float64], ids=dtype_name)
+def test_nan_propagates(dtype):
+    import cupy
+
+    for n in (1, 5, 1000003):
+        for where in sorted({0, n // 2, n - 1}):
+            xh = np.linspace(-3, 3, n).astype(dtype)
+            xh[where] = np.nan
+            x = cupy.asarray(xh)
+            assert np.isnan(float(R.amax(x))) and np.isnan(float(R.amin(x))), (n, where)
+            assert np.isnan(float(R.sum(x)))
+    xh = np.ones((3, 4097), dtype)
+    xh[1, 4000] = np.nan
+    for axis in (0, 1):
+        got = cupy.asnumpy(R.amax(cupy.asarray(xh), axis=axis)).astype(np.float64)
+        assert np.array_equal(np.isnan(got), np.isnan(np.max(xh.astype(np.float64), axis=axis)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, BFLOAT16, np.int32], ids=dtype_name)
+@pytest.mark.parametrize("m", [1, 3, 4097])
+@pytest.mark.parametrize("n", [1, 3, 4097])
+def test_axis_variants(rng, dtype, m, n):
+    import cupy
+
+    xh = _data(rng, (m, n), dtype, signed=True)
+    x = cupy.asarray(xh)
+    for name in OP_NAMES:
+        for axis in (None, 0, 1, -1, (0, 1)):
+            for keepdims in (False, True):
+                _check_result(name, getattr(R, name)(x, axis=axis, keepdims=keepdims), xh, axis, keepdims)
+
+
+@pytest.mark.gpu
+def test_layouts_views_and_misalignment(rng):
+    import cupy
+
+    base_h = _data(rng, (6, 37, 41), np.float32, signed=True)
+    base = cupy.asarray(base_h)
+    views = {
+        "contiguous": (base, base_h),
+        "offset": (base.reshape(-1)[1:].reshape(-1)[: 6 * 37 * 41 - 5], base_h.reshape(-1)[1: 6 * 37 * 41 - 4]),
+        "transposed": (base.transpose(2, 0, 1), base_h.transpose(2, 0, 1)),
+        "step": (base[:, ::2, 1:], base_h[:, ::2, 1:]),
+        "reversed": (base[::-1, :, ::-1], base_h[::-1, :, ::-1]),
+    }
+    for label, (x, xh) in views.items():
+        axes = [None] + list(range(xh.ndim)) + [(0, xh.ndim - 1)] if xh.ndim > 1 else [None, 0]
+        for axis in axes:
+            for name in ("sum", "amax", "norm"):
+                _check_result(name, getattr(R, name)(x, axis=axis), xh, axis)
+
+
+@pytest.mark.gpu
+def test_misaligned_rows_and_dtype_argument(rng):
+    import cupy
+
+    for dtype in (np.float16, BFLOAT16, np.float32, np.int64, np.bool_):
+        xh = _data(rng, (1000003 + 3,), dtype)
+        x = cupy.asarray(xh)
+        for k in (1, 2, 3):
+            _check_result("sum", R.sum(x[k:]), xh[k:], None)
+        for k, width in ((1, 3), (3, 1001)):  # rows start at every alignment
+            rows_h = xh[k:k + 997 * width].reshape(997, width)
+            rows = x[k:k + 997 * width].reshape(997, width)
+            _check_result("sum", R.sum(rows, axis=1), rows_h, 1)
+            _check_result("sum", R.sum(rows, axis=0), rows_h, 0)
+    xh = _data(rng, (4097, 33), np.float16)
+    x = cupy.asarray(xh)
+    for dt in ("float32", "float64"):
+        for name in ("sum", "mean", "norm"):
+            _check_result(name, getattr(R, name)(x, axis=0, dtype=dt), xh, 0, dtype=dt)
+    xi = _data(rng, (4097, 33), np.int32)
+    _check_result("sum", R.sum(cupy.asarray(xi), axis=1, dtype=np.int32), xi, 1, dtype=np.int32)
+
+
+@pytest.mark.gpu
+def test_empty_and_out(rng):
+    import cupy
+
+    e = cupy.zeros((0,), np.float32)
+    assert float(R.sum(e)) == 0.0 and float(R.sum_of_squares(e)) == 0.0 and float(R.norm(e)) == 0.0
+    assert np.isnan(float(R.mean(e)))
+    with pytest.raises(ValueError, match="zero-size"):
+        R.amax(e)
+    with pytest.raises(ValueError, match="zero-size"):
+        R.amin(cupy.zeros((3, 0), np.float32), axis=1)
+    assert R.amax(cupy.zeros((0, 3), np.float32), axis=1).shape == (0,)
+    assert R.sum(cupy.zeros((0, 3), np.int32), axis=0).tolist() == [0, 0, 0]
+    xh = _data(rng, (5, 9), np.float32)
+    x = cupy.asarray(xh)
+    out = cupy.empty(9, np.float32)
+    assert R.sum(x, axis=0, out=out) is out
+    _check_result("sum", out, xh, 0)
+    strided_out = cupy.empty(18, np.float32)[::2]
+    R.amax(x, axis=0, out=strided_out)
+    assert np.array_equal(cupy.asnumpy(strided_out), xh.max(0))
+    s = cupy.asarray(np.float32(3.0))
+    assert float(R.sum(s)) == 3.0 and R.sum(s).shape == ()
+
+
+@pytest.mark.gpu
+def test_bad_input_raises_before_launch():
+    import cupy
+
+    x = cupy.ones((4, 5), np.float32)
+    with pytest.raises(TypeError, match="supported"):
+        R.sum(cupy.ones(3, np.uint8))
+    with pytest.raises(TypeError, match="supported"):
+        R.amax(cupy.ones(3, np.bool_))
+    with pytest.raises(np.exceptions.AxisError):
+        R.sum(x, axis=2)
+    with pytest.raises(ValueError, match="shape"):
+        R.sum(x, axis=0, out=cupy.empty(4, np.float32))
+    with pytest.raises(TypeError, match="dtype"):
+        R.sum(x, axis=0, out=cupy.empty(5, np.float64))
+    with pytest.raises(ValueError, match="zero stride"):
+        R.sum(x, axis=0, out=cupy.broadcast_to(cupy.empty(1, np.float32), (5,)))
+    with pytest.raises(TypeError, match="cupy"):
+        R.sum(x, out=np.empty((), np.float32))
+
+
+@pytest.mark.gpu
+def test_more_than_2_31_elements():
+    import cupy
+
+    n = 2**31 + 7
+    for dtype in (np.float16, BFLOAT16):
+        x = cupy.empty(n, dtype=dtype)
+        bits = x.view(np.uint16)  # filled through the bit pattern: no dependence on CuPy's half-type fills
+        bits.fill(int(np.array(0.5, dtype).view(np.uint16)))
+        bits[-3:] = int(np.array(1024, dtype).view(np.uint16))
+        want = 0.5 * (n - 3) + 3 * 1024
+        assert float(R.sum(x, dtype=np.float64)) == want
+        assert float(R.amax(x)) == 1024.0
+        rows = x[:-7].reshape(2**15, 2**16)
+        got = R.sum(rows, axis=1, dtype=np.float64)
+        assert float(got[-1]) == 0.5 * rows.shape[1] and float(got[0]) == 0.5 * rows.shape[1]
+        del x, rows, got
