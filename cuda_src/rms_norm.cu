@@ -166,7 +166,9 @@ __device__ __forceinline__ void rms_norm_wide_impl(T* out, T* residual, const T*
   __shared__ float scratch[2 * (BLOCK / 32)];
   int parity = 0;
   for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
-    const RowSplit at = split_row(row, x_at.inner);
+    // A wide row holds at least 32K elements, so the row count fits in 32 bits: no 64-bit division here.
+    const unsigned q = static_cast<unsigned>(row) / static_cast<unsigned>(x_at.inner);
+    const RowSplit at{q, row - static_cast<long long>(q) * x_at.inner};
     const T* xr = x + x_at(at);
     T* rr = FUSED ? residual + res_at(at) : nullptr;
     const T* src = FUSED ? rr : xr;

@@ -34,6 +34,11 @@ def test_wheel_installs_and_compiles(tmp_path):
     Path(site, "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # NVRTC's library sits in this environment's nvidia wheel; the loader finds it through the library path
+    import nvidia.cuda_nvrtc
+
+    libs = [str(Path(p) / "lib") for p in nvidia.cuda_nvrtc.__path__]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(libs + [env.get("LD_LIBRARY_PATH", "")])
     r = subprocess.run([str(py), "-c", CHECK], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "site-packages/cukern/cuda_src" in r.stdout
