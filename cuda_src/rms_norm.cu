@@ -73,6 +73,7 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
   __shared__ float scratch[2 * (BLOCK / 32)];
   const int lane = static_cast<int>(threadIdx.x) % TPR;
   const int slot = static_cast<int>(threadIdx.x) / TPR;
+  const float inv_hidden = 1.f / static_cast<float>(hidden);
   int parity = 0;
 
   for (long long first = static_cast<long long>(blockIdx.x) * kRowsPerBlock; first < rows;
@@ -84,26 +85,54 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
     T* rr = FUSED ? residual + res_at(at) : nullptr;
 
     // The row stays in registers as loaded (packed), half the registers of float32 for 16-bit types, so a
-    // thread can keep twice as many loads in flight; it is widened again for the scaling pass.
+    // thread can keep twice as many loads in flight; it is widened again for the scaling pass. Every load
+    // of a pass is issued before any value is used: ITEMS independent 16-byte loads in flight per thread
+    // (interleaving loads and uses serialized them, one load's latency per item). Slots past the row are
+    // zero, so the sum needs no predicate.
+    bool in[ITEMS];
     Pack<T, VEC> a[ITEMS];
-    float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int col = (lane + k * TPR) * VEC;
-      if (live && col < hidden) {
+      in[k] = live && col < hidden;
+      if (in[k]) {
         load(a[k], xr + col);
-        if constexpr (FUSED) {
-          Pack<T, VEC> r;
-          load(r, rr + col);
+      } else {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) a[k].v[j] = from_float<T>(to_float(a[k].v[j]) + to_float(r.v[j]));
-          store(rr + col, a[k]);
-        }
+        for (int i = 0; i < Pack<T, VEC>::kWords; ++i) a[k].w[i] = {};
+      }
+    }
+    if constexpr (FUSED) {
+      Pack<T, VEC> r[ITEMS];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float f = to_float(a[k].v[j]);
-          ss += f * f;
+      for (int k = 0; k < ITEMS; ++k) {
+        if (in[k]) load(r[k], rr + (lane + k * TPR) * VEC);
+      }
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        if (in[k]) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) a[k].v[j] = from_float<T>(to_float(a[k].v[j]) + to_float(r[k].v[j]));
+          store(rr + (lane + k * TPR) * VEC, a[k]);
         }
+      }
+    }
+    Pack<W, VEC> w[ITEMS];
+#ifdef CUKERN_EARLY_WEIGHT
+    if (weight != nullptr) {
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        if (in[k]) load(w[k], weight + (lane + k * TPR) * VEC);
+      }
+    }
+#endif
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float f = to_float(a[k].v[j]);
+        ss += f * f;
       }
     }
     if constexpr (TPR <= 32) {
@@ -112,24 +141,34 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
       ss = block_sum<BLOCK>(ss, scratch, parity);
       parity ^= 1;
     }
-    const float rstd = rsqrtf(ss / static_cast<float>(hidden) + eps);
+    const float rstd = rsqrtf(ss * inv_hidden + eps);
 
     T* orow = out + out_at(at);
+    if (weight != nullptr) {
+#ifndef CUKERN_EARLY_WEIGHT
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int col = (lane + k * TPR) * VEC;
-      if (live && col < hidden) {
-        float f[VEC];
-        if (weight != nullptr) {
-          Pack<W, VEC> w;
-          load(w, weight + col);
+      for (int k = 0; k < ITEMS; ++k) {
+        if (in[k]) load(w[k], weight + (lane + k * TPR) * VEC);
+      }
+#endif
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) f[j] = to_float(a[k].v[j]) * rstd * (offset + to_float(w.v[j]));
-        } else {
+      for (int k = 0; k < ITEMS; ++k) {
+        if (in[k]) {
+          float f[VEC];
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) f[j] = to_float(a[k].v[j]) * rstd * (offset + to_float(w[k].v[j]));
+          store(orow + (lane + k * TPR) * VEC, round_pack<T, VEC>(f));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        if (in[k]) {
+          float f[VEC];
 #pragma unroll
           for (int j = 0; j < VEC; ++j) f[j] = to_float(a[k].v[j]) * rstd * (offset + 1.f);
+          store(orow + (lane + k * TPR) * VEC, round_pack<T, VEC>(f));
         }
-        store(orow + col, round_pack<T, VEC>(f));
       }
     }
   }

@@ -114,6 +114,14 @@ class Compiled:
     lowered: dict
     log: str
 
+    def kernel_ptx(self, inst: Instantiation) -> str:
+        """The PTX of one instantiation's kernel: its ``.entry`` up to the next one."""
+        name = self.lowered[inst.expression]
+        m = re.search(rf"\.entry {re.escape(name)}\((.*?)(?=\.entry |\Z)", self.ptx, re.S)
+        if m is None:
+            raise KeyError(f"{inst.expression} is not in this program's PTX")
+        return m.group(1)
+
     def resources(self) -> dict:
         """Per lowered kernel name: registers, spill bytes, stack frame and static shared memory, read
         from ptxas' verbose report (available with no GPU)."""

@@ -22,9 +22,9 @@ from ._launch import LaunchConfig, Signature, launch, sm_count
 from ._layout import rows_layout
 
 SOURCE = "rms_norm"
-MAX_TPR = 1024
+MAX_TPR = 512
 MAX_ITEMS = 16
-MAX_BYTES = 128  # of the row a thread holds in registers: 32 registers, so 1024 threads fit with no spills
+MAX_BYTES = 64  # of the row a thread holds in registers (see plan)
 WIDE_BLOCK, WIDE_ITEMS = 512, 4
 MAX_HIDDEN = 2**31 - 2**20
 
@@ -93,9 +93,10 @@ def plan(hidden: int, rows: int, vec: int, itemsize: int, sm_count: int = 132, k
 
     Threads per row: the power of two that gives each thread about ``knobs.items_target`` vectors (so each
     thread has several independent 16-byte loads in flight), at most 1024. Rows of up to 32 threads share a
-    block of ``knobs.small_block`` threads; longer rows get a block each. Rows longer than 1024 threads x 128 bytes
-    (64 for the fused kernel, whose residual loads need registers too; at most 16 accesses) go to the wide
-    kernel. The plan depends on ``hidden`` and ``vec`` only, never on ``rows``, except
+    block of ``knobs.small_block`` threads; longer rows get a block each. A thread holds at most 64 bytes of its row
+    (16 accesses; 4 fused, which also holds the residual loads in flight) in blocks of at most 512 threads,
+    so the weight (or residual) loads in flight beside it fit in registers without spills; longer rows go
+    to the wide kernel. The plan depends on ``hidden`` and ``vec`` only, never on ``rows``, except
     for the grid: that keeps every row's reduction order, and so its result, independent of the batch.
     The grid covers every row group once, or with ``knobs.waves`` at most that many full waves of resident
     blocks (``sm_count`` x 2048 / block), the blocks then looping over rows.
@@ -105,8 +106,8 @@ def plan(hidden: int, rows: int, vec: int, itemsize: int, sm_count: int = 132, k
     nvec = hidden // vec
     tpr = min(MAX_TPR, _pow2_at_least(math.ceil(nvec / knobs.items_target)))
     items = _pow2_at_least(math.ceil(nvec / tpr))
-    max_bytes = MAX_BYTES // 2 if fused and tpr == MAX_TPR else MAX_BYTES
-    if items > min(MAX_ITEMS, max_bytes // (vec * itemsize)):
+    max_items = MAX_ITEMS // 4 if fused else MAX_ITEMS
+    if items > min(max_items, MAX_BYTES // (vec * itemsize)):
         kernel, tpr, items, block = "wide", WIDE_BLOCK, WIDE_ITEMS, WIDE_BLOCK
     else:
         kernel, block = "rows", (tpr if tpr > 32 else knobs.small_block)
@@ -201,20 +202,39 @@ def _run(fused: bool, x, residual, weight, eps, offset, out, knobs: Knobs = DEFA
     if x.size == 0:
         return out
 
-    hidden = x.shape[-1]
     rowed = [out, residual, x] if fused else [out, x]
-    layout = rows_layout(rowed)
-    vec = vector_width(hidden, rowed, w)
+    kernel, config, layout = _prepare(fused, rowed, w, knobs)
+    itemsize = x.itemsize
+    strides = [s for pair in layout.strides for s in pair]
     with x.device:
-        p = plan(hidden, layout.rows, vec, x.itemsize, sm_count(x.device.id), knobs, fused=fused)
-        kernel = get_kernel(p.instantiation(x.dtype, w.dtype if w is not None else x.dtype, fused))
-        itemsize = x.itemsize
         for offs in layout.outer:
             ptrs = [a.data.ptr + o * itemsize for a, o in zip(rowed, offs)]
-            strides = [s for pair in layout.strides for s in pair]
-            args = ptrs + [w, layout.rows, layout.inner] + strides + [hidden, eps, offset]
-            launch(kernel, p.config, _FUSED_SIG if fused else _ROWS_SIG, args)
+            args = ptrs + [w, layout.rows, layout.inner] + strides + [x.shape[-1], eps, offset]
+            launch(kernel, config, _FUSED_SIG if fused else _ROWS_SIG, args)
     return out
+
+
+_prepared: dict = {}
+
+
+def _prepare(fused: bool, rowed, w, knobs: Knobs):
+    """Kernel, launch configuration and row layout for a call, cached by everything they depend on
+    (shapes, strides, dtypes, 16-byte alignment, device, knobs), so a repeated call skips the planning."""
+    x = rowed[-1]
+    key = (fused, x.shape, tuple(a.strides for a in rowed), x.dtype, tuple(a.data.ptr % 16 for a in rowed),
+           None if w is None else (w.dtype, w.data.ptr % 16), x.device.id, knobs)
+    hit = _prepared.get(key)
+    if hit is None:
+        hidden = x.shape[-1]
+        layout = rows_layout(rowed)
+        p = plan(hidden, layout.rows, vector_width(hidden, rowed, w), x.itemsize, sm_count(x.device.id), knobs,
+                 fused=fused)
+        with x.device:
+            kernel = get_kernel(p.instantiation(x.dtype, w.dtype if w is not None else x.dtype, fused))
+        if len(_prepared) > 4096:
+            _prepared.clear()
+        hit = _prepared[key] = (kernel, p.config, layout)
+    return hit
 
 
 def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None):

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from cukern import families
-from cukern._compile import Instantiation, compile_program, source_dir, source_sha256
+from cukern._compile import compile_program, source_dir, source_sha256
 
 ARCHS = ["sm_80", "sm_90"]
 
@@ -16,14 +16,6 @@ ARCHS = ["sm_80", "sm_90"]
 def compiled(source: str, arch: str):
     fam = next(f for f in families.all_families() if f.SOURCE == source)
     return families.compile_family(fam, arch)
-
-
-def ptx_of(c, inst: Instantiation) -> str:
-    """The PTX body of one kernel."""
-    name = c.lowered[inst.expression]
-    m = re.search(rf"\.entry {re.escape(name)}\((.*?)(?=\.entry |\Z)", c.ptx, re.S)
-    assert m, f"{inst.expression} not in PTX"
-    return m.group(1)
 
 
 SOURCES = [f.SOURCE for f in families.all_families()]
@@ -49,10 +41,10 @@ def test_rms_norm_vector_path_uses_16_byte_accesses(arch):
     c = compiled("rms_norm", arch)
     for fused in (False, True):
         vec = rmsnorm.plan(4096, 1, 8, 2, fused=fused).instantiation(BFLOAT16, BFLOAT16, fused)
-        body = ptx_of(c, vec)
+        body = c.kernel_ptx(vec)
         assert "ld.global.v4.u32" in body and "st.global.v4.u32" in body
         scalar = rmsnorm.plan(4095, 1, 1, 2, fused=fused).instantiation(BFLOAT16, BFLOAT16, fused)
-        assert "ld.global.v4" not in ptx_of(c, scalar)
+        assert "ld.global.v4" not in c.kernel_ptx(scalar)
 
 
 def test_sources_are_found_and_hashed():
