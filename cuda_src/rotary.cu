@@ -8,23 +8,27 @@
 //   as it is and reads nothing from the cache.
 //
 // The six questions (cukern/rotary.py `plan` computes the numbers for a given call):
-// 1. Output tile: one token per group of lanes x groups threads. A "unit" is the VEC-wide slice of one
-//    head a thread rotates: NeoX, VEC pairs (VEC elements from each half); GPT-J, VEC consecutive elements
-//    (VEC / 2 interleaved pairs; one pair when VEC = 1). Lane u owns unit u of every head (so its cos and
-//    sin stay in registers for the whole token); group g takes heads g, g + groups, ... of q then k.
-//    tokens_per_block groups share a block; the grid covers the tokens once and a block walks further
-//    tokens with a grid-stride loop only when the grid would pass 2^31 - 1 blocks.
+// 1. Output tile: one token per group of lanes x groups threads. A "unit" is the slice of one head a thread
+//    rotates: two packs of VEC elements, VEC pairs, in both styles. NeoX: VEC elements from each half.
+//    GPT-J: VEC consecutive elements from each half of the rotated span (VEC / 2 interleaved pairs each;
+//    so a GPT-J thread moves as many bytes per head as a NeoX one), or the single pair (2u, 2u + 1) when
+//    VEC = 1. Lane u owns unit u of every head (its cos and sin stay in registers for the whole token);
+//    group g takes heads g, g + groups, ... of q then k. tokens_per_block groups share a block; the grid
+//    covers the tokens once, or is capped at a few waves (Knobs.waves) with blocks walking further tokens.
 // 2. Input traffic: each rotated element read once and written once with 16-byte accesses when the
-//    pointers, strides and rot / 2 (NeoX) or rot (GPT-J) allow; one cache row (rot values) per token, read
-//    by every group of that token from L1; positions once per thread from L1. Lanes of a warp cover
-//    consecutive units of a head, then the next head: a warp's loads are whole 128-byte lines.
+//    pointers, strides and rot / 2 allow; one cache row (rot values) per token, read by every group of
+//    that token from L1 as VEC-wide (NeoX) or VEC/2-wide (GPT-J) vectors; positions once per thread per
+//    token. Lanes of a warp cover consecutive units of a head, then the next head: a warp's loads are
+//    whole 128-byte lines. A token's first q/k loads are issued before its position is checked, so the
+//    position's latency overlaps the data's instead of preceding it.
 // 3. Accumulation: none; each output is two float32 products and one add, independent of the plan.
-// 4. Staging: registers only. ITEMS units (two packs each for NeoX) are loaded before any is rotated, so a
-//    thread keeps up to ITEMS x 32 bytes of loads in flight; ITEMS = 2 stays within 64 registers (half the
-//    SM's threads resident), where 4 needs about 100. No shared memory, no barriers.
+// 4. Staging: registers only. ITEMS units (two packs each) are loaded before any is rotated, so a thread
+//    keeps ITEMS x 32 bytes of loads in flight. cos/sin are kept in the cache's type and widened per
+//    head. MIN_BLOCKS (launch bound) caps registers: 2 -> 64 (half the SM's threads), spill-free for
+//    ITEMS <= 2; ITEMS = 4 needs ~110 (MIN_BLOCKS = 1). No shared memory, no barriers.
 // 5. Tuning: lanes from the head's units, groups from how many heads a thread should take (one while
 //    the launch fits in one wave of resident threads, up to ITEMS as it grows), tokens_per_block to fill
-//    about 256 threads; VEC from alignment. All in `plan`.
+//    Knobs.target_block threads; VEC from alignment. All in `plan`; bench/sweep_rotary.py measures it.
 // 6. Profile: 6 flops per pair against 4 * sizeof(T) bytes: memory-bound; the target is copy bandwidth.
 //
 // rotary_first_bad_position is the host-checked mode's guard: one block finds the first token whose
@@ -35,108 +39,199 @@
 
 namespace cukern {
 
-// One thread's slice of one head. Split units load x and y from two places (NeoX: the two halves;
-// GPT-J scalar: the two elements of one pair); joined units (GPT-J, VEC >= 2) load both in one pack.
-template <typename T, int VEC, bool NEOX> struct RotaryUnit {
-  static constexpr bool kSplit = NEOX || VEC == 1;
-  static constexpr int kPairs = NEOX ? VEC : (VEC > 1 ? VEC / 2 : 1);
-  static constexpr int kWidth = kSplit ? kPairs : 2 * kPairs;
+// VEC floats rounded into a pack of T: 16-bit types two at a time (one cvt a pair), others one by one.
+template <typename T, int VEC>
+__device__ __forceinline__ void round_into(Pack<T, VEC>& p, const float (&f)[VEC]) {
+  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < VEC / 2; ++j) p.u[j] = pack2<T>(f[2 * j], f[2 * j + 1]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) p.v[j] = from_float<T>(f[j]);
+  }
+}
 
-  Pack<T, kWidth> lo, hi;
+template <typename T> struct IsBf16 { static constexpr bool value = false; };
+template <> struct IsBf16<bf16> { static constexpr bool value = true; };
+
+// A pack of T as VEC floats: bfloat16 two at a time from 32-bit words (a shift and a mask), others one by
+// one.
+template <typename T, int VEC>
+__device__ __forceinline__ void widen(float (&f)[VEC], const Pack<T, VEC>& p) {
+  if constexpr (IsBf16<T>::value && VEC % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < VEC / 2; ++j) {
+      f[2 * j] = __uint_as_float(p.u[j] << 16);
+      f[2 * j + 1] = __uint_as_float(p.u[j] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) f[j] = to_float(p.v[j]);
+  }
+}
+
+// One thread's slice of one head: two packs of VEC elements, `lo` at the unit's first element and `hi`
+// dy elements on, rotating VEC pairs with VEC cos/sin values.
+//   NeoX:            lo = v[u VEC ..), hi = v[rot/2 + u VEC ..)  (dy = rot/2); pair j = (lo[j], hi[j]).
+//   GPT-J, VEC = 1:  lo = v[2u], hi = v[2u + 1] (dy = 1); the pair (lo, hi).
+//   GPT-J, VEC >= 2: lo = v[u VEC ..), hi = v[rot/2 + u VEC ..) (dy = rot/2); pairs (lo[2j], lo[2j+1])
+//                    then (hi[2j], hi[2j+1]): pair indices u VEC/2 + j and rot/4 + u VEC/2 + j.
+// Every form moves 2 VEC elements a head with two accesses, and a warp's accesses to lo (and to hi) are
+// consecutive.
+template <typename T, int VEC, bool NEOX> struct RotaryUnit {
+  static constexpr bool kInterleaved = !NEOX && VEC > 1;
+  Pack<T, VEC> lo, hi;
 
   __device__ __forceinline__ void load(const T* at, int dy) {
     cukern::load(lo, at);
-    if constexpr (kSplit) cukern::load(hi, at + dy);
+    cukern::load(hi, at + dy);
   }
 
-  __device__ __forceinline__ void rotate_store(T* at, int dy, const float (&c)[kPairs],
-                                               const float (&s)[kPairs]) const {
-    Pack<T, kWidth> olo, ohi;
+  template <typename CS>
+  __device__ __forceinline__ void rotate_store(T* at, int dy, const CS& cs, unsigned sin_mask) const {
+    float c[VEC], s[VEC];
+    cs.widen(c, s, sin_mask);
+    float a[VEC], b[VEC], l[VEC], h[VEC];
+    widen(l, lo);
+    widen(h, hi);
+    if constexpr (kInterleaved) {
 #pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      float x, y;
-      if constexpr (kSplit) {
-        x = to_float(lo.v[j]);
-        y = to_float(hi.v[j]);
-      } else {
-        x = to_float(lo.v[2 * j]);
-        y = to_float(lo.v[2 * j + 1]);
+      for (int j = 0; j < VEC / 2; ++j) {
+        const float x0 = l[2 * j], y0 = l[2 * j + 1];
+        const float x1 = h[2 * j], y1 = h[2 * j + 1];
+        const float c0 = c[j], s0 = s[j], c1 = c[VEC / 2 + j], s1 = s[VEC / 2 + j];
+        a[2 * j] = x0 * c0 - y0 * s0;
+        a[2 * j + 1] = y0 * c0 + x0 * s0;
+        b[2 * j] = x1 * c1 - y1 * s1;
+        b[2 * j + 1] = y1 * c1 + x1 * s1;
       }
-      const T xo = from_float<T>(x * c[j] - y * s[j]);
-      const T yo = from_float<T>(y * c[j] + x * s[j]);
-      if constexpr (kSplit) {
-        olo.v[j] = xo;
-        ohi.v[j] = yo;
-      } else {
-        olo.v[2 * j] = xo;
-        olo.v[2 * j + 1] = yo;
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float x = l[j], y = h[j];
+        a[j] = x * c[j] - y * s[j];
+        b[j] = y * c[j] + x * s[j];
       }
     }
+    Pack<T, VEC> olo, ohi;
+    round_into(olo, a);
+    round_into(ohi, b);
     cukern::store(at, olo);
-    if constexpr (kSplit) cukern::store(at + dy, ohi);
+    cukern::store(at + dy, ohi);
   }
 };
 
-// Strides are in elements and signed; every offset is 64-bit. `positions` is int32 or int64 (pos64): a
-// uniform branch, cheaper than doubling the instantiations. k may be null when heads == q_heads.
-template <typename T, typename C, int VEC, bool NEOX, int ITEMS, int MAX_BLOCK>
-__global__ void __launch_bounds__(MAX_BLOCK)
+// cos and sin of a unit's VEC pairs from one cache row (cos at row[0 ..), sin at row[sin_offset ..)), kept
+// in the cache's own type (a 16-bit cache takes half the registers) and widened for each head they turn.
+// NeoX and scalar GPT-J: VEC consecutive values; GPT-J: VEC / 2 values for each half of the unit.
+template <typename C, int VEC, bool NEOX> struct CosSin {
+  static constexpr int H = (NEOX || VEC == 1) ? VEC : VEC / 2;
+  static constexpr int N = VEC / H;  // packs of each
+  Pack<C, H> c[N], s[N];
+
+  __device__ __forceinline__ void load(const C* row, int u, long long sin_offset, int quarter) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      cukern::load(c[i], row + i * quarter + u * H);
+      cukern::load(s[i], row + sin_offset + i * quarter + u * H);
+    }
+  }
+
+  // sin_mask: 0x80000000 flips the sign of sin (the inverse rotation), 0 keeps it.
+  __device__ __forceinline__ void widen(float (&cf)[VEC], float (&sf)[VEC], unsigned sin_mask) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float a[H], b[H];
+      cukern::widen(a, c[i]);
+      cukern::widen(b, s[i]);
+#pragma unroll
+      for (int j = 0; j < H; ++j) {
+        cf[i * H + j] = a[j];
+        sf[i * H + j] = __uint_as_float(__float_as_uint(b[j]) ^ sin_mask);
+      }
+    }
+  }
+};
+
+__device__ __forceinline__ long long read_position(const void* positions, int pos64, long long at) {
+  return pos64 ? __ldg(static_cast<const long long*>(positions) + at)
+               : static_cast<long long>(__ldg(static_cast<const int*>(positions) + at));
+}
+
+// ITEMS heads h0, h0 + groups, ... (q's first, then k's) of one token: pointers and loads.
+template <typename Unit, int ITEMS, typename T>
+__device__ __forceinline__ void load_batch(Unit (&w)[ITEMS], T* (&at)[ITEMS], int h0, int groups, int q_heads,
+                                           int heads, T* qt, T* kt, long long q_hs, long long k_hs, int first,
+                                           int dy) {
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int h = h0 + i * groups;
+    at[i] = nullptr;
+    if (h < heads) {
+      at[i] = (h < q_heads ? qt + h * q_hs : kt + (h - q_heads) * k_hs) + first;
+      w[i].load(at[i], dy);
+    }
+  }
+}
+
+template <typename Unit, int ITEMS, typename T, typename CS>
+__device__ __forceinline__ void store_batch(const Unit (&w)[ITEMS], T* const (&at)[ITEMS], int dy, const CS& cs,
+                                            unsigned sin_mask) {
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (at[i] != nullptr) w[i].rotate_store(at[i], dy, cs, sin_mask);
+  }
+}
+
+// Strides are in elements and signed; every offset is 64-bit. `positions` is int32 or int64 (pos64): a uniform branch,
+// cheaper than doubling the instantiations. k may be null when heads == q_heads.
+template <typename T, typename C, int VEC, bool NEOX, int ITEMS, int MAX_BLOCK, int MIN_BLOCKS>
+__global__ void __launch_bounds__(MAX_BLOCK, MIN_BLOCKS)
     rotary_embedding(T* __restrict__ q, T* __restrict__ k, const C* __restrict__ cache,
                      const void* __restrict__ positions, long long tokens, long long q_ts, long long q_hs,
                      long long k_ts, long long k_hs, long long pos_stride, int pos64, long long cache_rows,
                      long long cache_ts, long long sin_offset, int q_heads, int heads, int rot, int lanes,
                      int groups, int tokens_per_block, float sin_sign) {
   using Unit = RotaryUnit<T, VEC, NEOX>;
-  constexpr int P = Unit::kPairs;
   const int tpt = lanes * groups;
   const int slot = static_cast<int>(threadIdx.x) / tpt;
   if (slot >= tokens_per_block) return;
   const int r = static_cast<int>(threadIdx.x) - slot * tpt;
-  const int lane = r % lanes;
   const int group = r / lanes;
+  const int lane = r - group * lanes;
   const int half = rot / 2;
-  const int units = half / P;
-  const int dy = NEOX ? half : 1;
+  const int units = half / VEC;
+  const int dy = (NEOX || VEC > 1) ? half : 1;
+  const int quarter = rot / 4;
+  const long long step = static_cast<long long>(gridDim.x) * tokens_per_block;
+  const unsigned sin_mask = sin_sign < 0.0f ? 0x80000000u : 0u;
 
-  for (long long tok = static_cast<long long>(blockIdx.x) * tokens_per_block + slot; tok < tokens;
-       tok += static_cast<long long>(gridDim.x) * tokens_per_block) {
-    const long long pos = pos64 ? static_cast<const long long*>(positions)[tok * pos_stride]
-                                : static_cast<long long>(static_cast<const int*>(positions)[tok * pos_stride]);
-    if (pos < 0 || pos >= cache_rows) continue;
+  long long tok = static_cast<long long>(blockIdx.x) * tokens_per_block + slot;
+  long long pos = tok < tokens ? read_position(positions, pos64, tok * pos_stride) : 0;
+  for (; tok < tokens; tok += step) {
+    const long long next = tok + step;
+    const bool valid = pos >= 0 && pos < cache_rows;
     const C* row = cache + pos * cache_ts;
     T* qt = q + tok * q_ts;
     T* kt = k + tok * k_ts;
 
     for (int u = lane; u < units; u += lanes) {
-      float c[P], s[P];
-      Pack<C, P> cp, sp;
-      load(cp, row + u * P);
-      load(sp, row + sin_offset + u * P);
-#pragma unroll
-      for (int j = 0; j < P; ++j) {
-        c[j] = to_float(cp.v[j]);
-        s[j] = sin_sign * to_float(sp.v[j]);
-      }
-      const int first = NEOX ? u * P : 2 * u * P;
-
-      for (int h0 = group; h0 < heads; h0 += groups * ITEMS) {
-        Unit w[ITEMS];
-        T* at[ITEMS];
-#pragma unroll
-        for (int i = 0; i < ITEMS; ++i) {
-          const int h = h0 + i * groups;
-          at[i] = nullptr;
-          if (h < heads) {
-            at[i] = (h < q_heads ? qt + h * q_hs : kt + (h - q_heads) * k_hs) + first;
-            w[i].load(at[i], dy);
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < ITEMS; ++i) {
-          if (at[i] != nullptr) w[i].rotate_store(at[i], dy, c, s);
-        }
+      const int first = (NEOX || VEC > 1) ? u * VEC : 2 * u;
+      // The first batch of q/k loads does not depend on the position: it is issued before the check.
+      Unit w[ITEMS];
+      T* at[ITEMS];
+      load_batch<Unit, ITEMS>(w, at, group, groups, q_heads, heads, qt, kt, q_hs, k_hs, first, dy);
+      if (!valid) continue;
+      CosSin<C, VEC, NEOX> cs;
+      cs.load(row, u, sin_offset, quarter);
+      store_batch<Unit, ITEMS>(w, at, dy, cs, sin_mask);
+      for (int h0 = group + groups * ITEMS; h0 < heads; h0 += groups * ITEMS) {
+        load_batch<Unit, ITEMS>(w, at, h0, groups, q_heads, heads, qt, kt, q_hs, k_hs, first, dy);
+        store_batch<Unit, ITEMS>(w, at, dy, cs, sin_mask);
       }
     }
+    // the next token's position (grid capped by waves): read after this token's stores are issued
+    pos = next < tokens ? read_position(positions, pos64, next * pos_stride) : 0;
   }
 }
 

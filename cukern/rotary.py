@@ -24,10 +24,8 @@ from ._dtypes import FLOAT_TYPES, dtype_name
 from ._launch import LaunchConfig, Signature, launch, sm_count
 
 SOURCE = "rotary"
-ITEMS = 2  # heads a thread loads before it rotates any: 64 bytes in flight at <= 64 registers (4 needs ~100)
-MAX_BLOCK = 512  # launch bound: keeps 128 registers a thread available
-TARGET_BLOCK = 256  # threads a block is filled to with whole tokens
-RESIDENT_THREADS = 2048  # per SM on sm_80 and sm_90: one wave of the machine
+MAX_BLOCK = 512  # launch bound and the most threads a block gets
+RESIDENT_THREADS = 2048  # per SM on sm_80 and sm_90: one wave of the machine, as the planner counts it
 CHECK_BLOCK, CHECK_UNROLL = 1024, 8
 MAX_GRID = 2**31 - 1
 
@@ -41,20 +39,42 @@ _ROTARY_SIG = Signature(
 _CHECK_SIG = Signature(("ptr", "ptr", "i64", "i64", "i64"))
 
 
+@dataclass(frozen=True)
+class Knobs:
+    """The tuning space (``bench/sweep_rotary.py`` measures it).
+
+    ``items``: heads a thread loads before it rotates any (2 x 16 bytes each): the loads it keeps in flight.
+    ``target_block``: threads a block is filled to with whole tokens. ``waves``: grid cap in waves of
+    resident blocks (``sm_count x RESIDENT_THREADS / block``), blocks then walking further tokens and
+    reading the next token's position ahead; None: one block per token group. ``min_blocks``: the
+    kernel's ``__launch_bounds__`` minimum of ``MAX_BLOCK``-thread blocks per SM, i.e. a register cap
+    (1: up to 128, 2: 64, 3: 40, 4: 32 a thread) that buys occupancy at the risk of spills."""
+
+    items: int = 2
+    target_block: int = 256
+    waves: int | None = None
+    min_blocks: int = 2
+
+
+DEFAULT_KNOBS = Knobs()
+
+
 def pairs_per_unit(vec: int, is_neox: bool) -> int:
-    """Pairs one thread rotates per head: NeoX takes ``vec`` from each half, GPT-J ``vec`` consecutive
-    elements (``vec / 2`` pairs, or one pair when ``vec == 1``)."""
-    return vec if is_neox else max(vec // 2, 1)
+    """Pairs one thread rotates per head: ``vec`` in both styles. NeoX takes ``vec`` elements from each
+    half; GPT-J takes ``vec`` consecutive elements from each half of the rotated span (``vec / 2`` pairs
+    each), or, with ``vec == 1``, the one pair ``(2u, 2u + 1)``."""
+    return vec
 
 
 @dataclass(frozen=True)
 class Plan:
     """The rotation launch for one call.
 
-    Each token gets ``lanes x groups`` threads: lane ``u`` owns unit ``u`` (``pairs`` pairs, ``vec``
-    elements a load) of every head and keeps its cos/sin in registers; group ``g`` takes heads ``g, g +
+    Each token gets ``lanes x groups`` threads: lane ``u`` owns unit ``u`` (``pairs`` pairs, two accesses
+    of ``vec`` elements) of every head and keeps its cos/sin in registers; group ``g`` takes heads ``g, g +
     groups, ...`` of q then k, ``items`` of them loaded at once. ``tokens_per_block`` tokens share a block of
-    ``block`` threads; ``grid`` blocks cover the tokens (looping only past 2^31 - 1 blocks).
+    ``block`` threads; ``grid`` blocks cover the tokens, looping when ``knobs.waves`` caps the grid (or past
+    2^31 - 1 blocks).
     """
 
     tokens: int
@@ -69,7 +89,8 @@ class Plan:
     tokens_per_block: int
     block: int
     grid: int
-    items: int = ITEMS
+    items: int = 2
+    min_blocks: int = 2
 
     @property
     def threads_per_token(self) -> int:
@@ -84,12 +105,13 @@ class Plan:
         return LaunchConfig(grid=(self.grid,), block=(self.block,))
 
     def instantiation(self, dtype, cache_dtype) -> Instantiation:
-        return rotation_instantiation(dtype, cache_dtype, self.vec, self.is_neox, self.items)
+        return rotation_instantiation(dtype, cache_dtype, self.vec, self.is_neox, self.items, self.min_blocks)
 
 
-def rotation_instantiation(dtype, cache_dtype, vec: int, is_neox: bool, items: int = ITEMS) -> Instantiation:
-    return Instantiation(SOURCE, "rotary_embedding",
-                         (np.dtype(dtype), np.dtype(cache_dtype), vec, bool(is_neox), items, MAX_BLOCK))
+def rotation_instantiation(dtype, cache_dtype, vec: int, is_neox: bool, items: int = DEFAULT_KNOBS.items,
+                           min_blocks: int = DEFAULT_KNOBS.min_blocks) -> Instantiation:
+    return Instantiation(SOURCE, "rotary_embedding", (np.dtype(dtype), np.dtype(cache_dtype), vec, bool(is_neox),
+                                                      items, MAX_BLOCK, min_blocks))
 
 
 def check_instantiation(positions_dtype) -> Instantiation:
@@ -97,61 +119,64 @@ def check_instantiation(positions_dtype) -> Instantiation:
 
 
 def plan(tokens: int, num_heads: int, num_kv_heads: int, rotary_dim: int, vec: int, is_neox: bool = True,
-         sm_count: int = 132, *, items: int = ITEMS, target_block: int = TARGET_BLOCK,
-         resident_threads: int = RESIDENT_THREADS) -> Plan:
+         sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> Plan:
     """Pure launch planning from the token and head counts, ``rotary_dim`` and the usable vector width.
 
-    Units per head: ``rotary_dim / 2 / pairs`` (``pairs_per_unit``); one lane per unit (at most
-    ``MAX_BLOCK``, lanes looping past that). Heads per thread: one while the launch's units fit in one wave
-    of resident threads (``sm_count x resident_threads``, small batches: latency), growing with the work up
-    to ``items`` (large batches: fewer cos/sin loads and index computations per byte, ``items`` heads of
-    loads in flight). ``groups = ceil(heads / heads_per_thread)``, capped so a token fits in ``MAX_BLOCK``
-    threads. Tokens per block: as many whole tokens as fill ``target_block`` threads, but no more than
-    spread the tokens over every SM, and at least a warp's worth. The grid covers the tokens once.
+    Units per head: ``rotary_dim / 2 / vec``; one lane per unit (at most ``MAX_BLOCK``, lanes looping
+    past that). Heads per thread: one while the launch's units fit in one wave of resident threads
+    (``sm_count x RESIDENT_THREADS``, small batches: latency), growing with the work up to
+    ``knobs.items`` (large batches: fewer cos/sin loads and index computations per byte, more loads in
+    flight). ``groups = ceil(heads / heads_per_thread)``, capped so a token fits in ``MAX_BLOCK`` threads.
+    Tokens per block: as many whole tokens as fill ``knobs.target_block`` threads, but no more than spread
+    the tokens over every SM, and at least a warp's worth. The grid covers the tokens once, or at most
+    ``knobs.waves`` waves of resident blocks.
     """
     if rotary_dim < 2 or rotary_dim % 2:
         raise ValueError(f"rotary_dim={rotary_dim} must be a positive even number")
-    pairs = pairs_per_unit(vec, is_neox)
-    if vec < 1 or (rotary_dim // 2) % pairs or (not is_neox and vec > 1 and vec % 2):
+    if vec < 1 or (rotary_dim // 2) % vec or (not is_neox and vec > 1 and vec % 2):
         style = "NeoX" if is_neox else "GPT-J"
         raise ValueError(f"vec={vec} does not divide rotary_dim={rotary_dim} into {style} units")
     if tokens < 0 or num_heads < 0 or num_kv_heads < 0:
         raise ValueError("token and head counts must be non-negative")
+    items = knobs.items
     heads = max(num_heads + num_kv_heads, 1)
-    units = rotary_dim // 2 // pairs
+    units = rotary_dim // 2 // vec
     lanes = min(units, MAX_BLOCK)
-    wave = max(sm_count, 1) * resident_threads
+    wave = max(sm_count, 1) * RESIDENT_THREADS
     per_thread = min(max(math.ceil(tokens * heads * units / wave), 1), items)
     groups = max(1, min(math.ceil(heads / per_thread), MAX_BLOCK // lanes))
     tpt = lanes * groups
-    tokens_per_block = max(1, min(max(target_block // tpt, 1), math.ceil(max(tokens, 1) / max(sm_count, 1))))
+    tokens_per_block = max(1, min(max(knobs.target_block // tpt, 1), math.ceil(max(tokens, 1) / max(sm_count, 1))))
     tokens_per_block = max(tokens_per_block, min(32 // tpt, tokens))  # a block takes whole warps anyway
-    grid = max(1, min(math.ceil(tokens / tokens_per_block), MAX_GRID))
-    return Plan(tokens, heads, rotary_dim, is_neox, vec, pairs, units, lanes, groups, tokens_per_block,
-                tokens_per_block * tpt, grid, items)
+    block = tokens_per_block * tpt
+    grid = math.ceil(tokens / tokens_per_block)
+    if knobs.waves is not None:
+        grid = min(grid, knobs.waves * max(sm_count, 1) * max(RESIDENT_THREADS // block, 1))
+    grid = max(1, min(grid, MAX_GRID))
+    return Plan(tokens, heads, rotary_dim, is_neox, vec, vec, units, lanes, groups, tokens_per_block,
+                block, grid, items, knobs.min_blocks)
 
 
 def vector_width(query, key, cache, rotary_dim: int, is_neox: bool, sin_offset: int) -> int:
     """16 bytes' worth of elements (``16 // itemsize``) when every q/k address a thread touches is aligned to
-    it (base pointers, token and head strides, and rot / 2 for NeoX or rot for GPT-J divisible) and the
-    cache's cos and sin slices are aligned to their own pack; else 1 (element accesses)."""
+    it (base pointers, token and head strides, and rot / 2 divisible) and the cache's cos and sin slices
+    are aligned to their own pack (``vec`` values for NeoX, ``vec / 2`` for GPT-J); else 1 (element
+    accesses)."""
     vec = 16 // query.itemsize
-    span = rotary_dim // 2 if is_neox else rotary_dim
-    if span % vec:
+    if (rotary_dim // 2) % vec:
         return 1
     for a in (query, key):
         if a is None:
             continue
         if a.data.ptr % 16 or any((s // a.itemsize) % vec for s in a.strides[:-1]):
             return 1
-    pairs = pairs_per_unit(vec, is_neox)
-    chunk = min(16, pairs * cache.itemsize)
+    chunk = min(16, (vec if is_neox else vec // 2) * cache.itemsize)
     if cache.data.ptr % chunk or (sin_offset * cache.itemsize) % chunk or (cache.strides[0] % chunk):
         return 1
     return vec
 
 
-def instantiations():
+def instantiations(knobs: Knobs = DEFAULT_KNOBS):
     """Every instantiation the wrapper can launch, generated by planning each (dtype, cache dtype, vector
     width, style) it distinguishes, plus the position check for both position dtypes."""
     out = set()
@@ -159,9 +184,8 @@ def instantiations():
         for c in sorted({t, _F32}, key=str):
             for vec in sorted({16 // t.itemsize, 1}):
                 for neox in (True, False):
-                    rot = 2 * 16 * pairs_per_unit(vec, neox)
                     for tokens in (1, 1 << 20):
-                        out.add(plan(tokens, 32, 8, rot, vec, neox).instantiation(t, c))
+                        out.add(plan(tokens, 32, 8, 2 * 16 * vec, vec, neox, knobs=knobs).instantiation(t, c))
     for p in POSITION_TYPES:
         out.add(check_instantiation(p))
     return sorted(out, key=lambda i: (i.name, i.expression))
@@ -296,30 +320,98 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, is_neox: bool = Tr
     -------
     None
     """
-    arrays = {"positions": positions, "query": query, "key": key, "cos_sin_cache": cos_sin_cache}
-    arrays = {n: (None if a is None else _check.as_array(a, n)) for n, a in arrays.items()}
-    args = _validate(arrays["positions"], arrays["query"], arrays["key"], arrays["cos_sin_cache"], rotary_dim)
+    return _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, check_positions, DEFAULT_KNOBS)
+
+
+class _Call:
+    """A validated, planned launch for one combination of shapes, strides, dtypes, alignments, device and
+    options: everything but the four pointers, with the scalar arguments already typed."""
+
+    __slots__ = ("device", "inst", "grid", "block", "scalars", "has_key", "rotary_dim", "sin_offset", "kernel")
+
+    def __init__(self, device, inst, grid, block, scalars, has_key, rotary_dim, sin_offset):
+        self.device, self.inst, self.grid, self.block = device, inst, grid, block
+        self.scalars, self.has_key, self.kernel = scalars, has_key, None
+        self.rotary_dim, self.sin_offset = rotary_dim, sin_offset
+
+
+_calls: dict = {}
+_MAX_CALLS = 4096
+_NULL = np.uint64(0)
+
+
+def _call_key(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs) -> tuple:
+    """Everything `_prepare` reads from its arguments: shapes, strides, dtypes, the pointers' 16-byte
+    alignment and the device; one flat tuple (cheap to hash)."""
+    qd, cd, pd = query.data, cache.data, positions.data
+    kn = None if knobs is DEFAULT_KNOBS else (knobs.items, knobs.target_block, knobs.waves, knobs.min_blocks)
+    if key is None:
+        kk = kd = ks = kp = kv = None
+    else:
+        kdata = key.data
+        kk, kd, ks, kp, kv = key.shape, key.dtype, key.strides, kdata.ptr & 15, kdata.device_id
+    return (query.shape, query.strides, query.dtype, qd.ptr & 15, qd.device_id, kk, ks, kd, kp, kv, cache.shape,
+            cache.strides, cache.dtype, cd.ptr & 15, cd.device_id, positions.shape, positions.strides,
+            positions.dtype, pd.device_id, is_neox, rotary_dim, inverse, kn)
+
+
+def _prepare(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs=DEFAULT_KNOBS):
+    """Validate and plan (no GPU needed): the :class:`_Call`, or None when there is nothing to rotate.
+    Memoized on :func:`_call_key`; a call that fails validation is never stored."""
+    ck = _call_key(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs)
+    call = _calls.get(ck, False)
+    if call is not False:
+        return call
+    args = _validate(positions, query, key, cache, rotary_dim)
     q, k, cache, pos = args.query, args.key, args.cache, args.positions
     tokens = q.shape[0]
-    if tokens == 0:
-        return
-    with q.device:
-        if check_positions:
-            _check_positions(args)
-        nkv = 0 if k is None else k.shape[1]
-        if q.shape[1] + nkv == 0:
-            return
+    nkv = 0 if k is None else k.shape[1]
+    call = None
+    if tokens and q.shape[1] + nkv:
+        device = q.data.device_id
         vec = vector_width(q, k, cache, args.rotary_dim, is_neox, args.sin_offset)
-        p = plan(tokens, q.shape[1], nkv, args.rotary_dim, vec, is_neox, sm_count(q.device.id))
-        kernel = get_kernel(p.instantiation(q.dtype, cache.dtype))
+        p = plan(tokens, q.shape[1], nkv, args.rotary_dim, vec, is_neox, sm_count(device), knobs)
         qs = _elem_strides(q)
         ks = _elem_strides(k) if k is not None else (0, 0, 1)
-        launch(kernel, p.config, _ROTARY_SIG, [
-            q, k, cache, pos, tokens, qs[0], qs[1], ks[0], ks[1], _elem_strides(pos)[0],
+        scalars = _ROTARY_SIG.convert([
+            None, None, None, None, tokens, qs[0], qs[1], ks[0], ks[1], _elem_strides(pos)[0],
             int(pos.dtype == np.int64), cache.shape[0], _elem_strides(cache)[0], args.sin_offset,
             q.shape[1], q.shape[1] + nkv, args.rotary_dim, p.lanes, p.groups, p.tokens_per_block,
             -1.0 if inverse else 1.0,
-        ])
+        ])[4:]
+        call = _Call(device, p.instantiation(q.dtype, cache.dtype), (p.grid,), (p.block,), scalars, k is not None,
+                     args.rotary_dim, args.sin_offset)
+    if len(_calls) >= _MAX_CALLS:
+        _calls.clear()
+    _calls[ck] = call
+    return call
+
+
+def _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, check_positions, knobs) -> None:
+    import cupy
+
+    nd = cupy.ndarray
+    if not (type(positions) is nd and type(query) is nd and type(cos_sin_cache) is nd
+            and (key is None or type(key) is nd)):
+        positions, query, cos_sin_cache = (_check.as_array(a, n) for a, n in (
+            (positions, "positions"), (query, "query"), (cos_sin_cache, "cos_sin_cache")))
+        key = None if key is None else _check.as_array(key, "key")
+    call = _prepare(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, knobs)
+    if call is None:  # no tokens or no heads
+        return
+    if cupy.cuda.runtime.getDevice() != call.device:
+        with cupy.cuda.Device(call.device):
+            return _launch(call, positions, query, key, cos_sin_cache, check_positions)
+    _launch(call, positions, query, key, cos_sin_cache, check_positions)
+
+
+def _launch(call, positions, query, key, cache, check_positions) -> None:
+    if check_positions:
+        _check_positions(_Args(positions, query, key, cache, call.rotary_dim, call.sin_offset))
+    kernel = call.kernel
+    if kernel is None:
+        kernel = call.kernel = get_kernel(call.inst)
+    kernel(call.grid, call.block, (query, key if call.has_key else _NULL, cache, positions) + call.scalars)
 
 
 # ----------------------------------------------------------------------------------------------- cache
