@@ -133,6 +133,90 @@ template <int OP, typename A> __device__ __forceinline__ A block_reduce(A v, A* 
   return v;
 }
 
+// Shared by the ladder and the production kernels.
+
+// This thread's element of a one-element-per-thread block (v1-v3), or the accumulator's zero past n.
+template <typename T, typename A> __device__ __forceinline__ A load_one(const T* x, long long n) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  return i < n ? to_acc<A>(x[i]) : A(0);
+}
+
+// This thread's two elements, BLOCK apart, of a block covering 2 * BLOCK elements (v4-v6), added.
+template <typename T, typename A, int BLOCK> __device__ __forceinline__ A load_two(const T* x, long long n) {
+  const long long i = static_cast<long long>(blockIdx.x) * (2 * BLOCK) + threadIdx.x;
+  A v = i < n ? to_acc<A>(x[i]) : A(0);
+  if (i + BLOCK < n) v += to_acc<A>(x[i + BLOCK]);
+  return v;
+}
+
+// Elements before the first 16-byte boundary of x (all of them when x is not even element-aligned).
+template <typename T> __device__ __forceinline__ long long aligned_head(const T* x, long long n) {
+  const unsigned long long addr = reinterpret_cast<unsigned long long>(x);
+  if (addr % sizeof(T)) return n;
+  const long long head = static_cast<long long>(((16 - addr % 16) % 16) / sizeof(T));
+  return head < n ? head : n;
+}
+
+// One thread's share of n contiguous elements: elements lane, lane + lanes, ... as a scalar head to the
+// first 16-byte boundary, then UNROLL independent 16-byte loads per iteration (all issued before any is
+// used, each with its own accumulator), then the leftover vectors and a scalar tail. Accumulators are
+// combined in index order, so the result depends only on (n, alignment, lane, lanes). I is the index type:
+// long long for any n, or int (fewer registers) when n + UNROLL * lanes * 16 stays below 2^31.
+template <typename T, typename A, int OP, int UNROLL, typename I = long long>
+__device__ __forceinline__ A thread_span(const T* x, I n, I lane, I lanes) {
+  constexpr int VEC = 16 / sizeof(T);
+  A acc[UNROLL];
+#pragma unroll
+  for (int k = 0; k < UNROLL; ++k) acc[k] = identity<OP, A>();
+  const I head = static_cast<I>(aligned_head(x, static_cast<long long>(n)));
+  const I nvec = (n - head) / VEC;
+  const T* body = x + head;
+  for (I i = lane; i < head; i += lanes) acc[0] = combine<OP>(acc[0], lift<OP>(to_acc<A>(x[i])));
+  I i = lane;
+  for (; i + (UNROLL - 1) * lanes < nvec; i += UNROLL * lanes) {
+    Pack<T, VEC> p[UNROLL];
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) load(p[k], body + (i + k * lanes) * VEC);
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[k] = combine<OP>(acc[k], lift<OP>(to_acc<A>(p[k].v[j])));
+    }
+  }
+  for (; i < nvec; i += lanes) {
+    Pack<T, VEC> p;
+    load(p, body + i * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[0] = combine<OP>(acc[0], lift<OP>(to_acc<A>(p.v[j])));
+  }
+  for (I t = head + nvec * VEC + lane; t < n; t += lanes) acc[0] = combine<OP>(acc[0], lift<OP>(to_acc<A>(x[t])));
+#pragma unroll
+  for (int k = 1; k < UNROLL; ++k) acc[0] = combine<OP>(acc[0], acc[k]);
+  return acc[0];
+}
+
+// Last block done: thread 0 publishes the block's partial v, fences, and bumps the counter; returns (in
+// every thread of the block) whether this block was the last to finish, in which case every partial is
+// visible to it. Callers then combine partials[0 .. gridDim.x) in index order and reset the counter.
+template <typename A> __device__ __forceinline__ bool last_block_done(A* partials, unsigned* counter, A v) {
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = v;
+    __threadfence();
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
+// This thread's share of the partials, in index order (threads stride by the block).
+template <int OP, typename A> __device__ __forceinline__ A thread_partials(const A* partials) {
+  A w = identity<OP, A>();
+  for (unsigned i = threadIdx.x; i < gridDim.x; i += blockDim.x) w = combine<OP>(w, __ldcg(partials + i));
+  return w;
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // The ladder. T is the element type, A the accumulator (float, or double for float64); each multi-pass
 // rung writes one partial per block and cukern/ladder.py launches it again on the partials.
@@ -145,8 +229,7 @@ __global__ void __launch_bounds__(BLOCK) reduce_v1_interleaved_divergent(A* out,
   // the add. Predicted: far below bandwidth (a few % of the copy peak).
   __shared__ A s[BLOCK];
   const unsigned tid = threadIdx.x;
-  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + tid;
-  s[tid] = i < n ? to_acc<A>(x[i]) : A(0);
+  s[tid] = load_one<T, A>(x, n);
   __syncthreads();
   for (unsigned stride = 1; stride < blockDim.x; stride *= 2) {
     if (tid % (2 * stride) == 0) s[tid] += s[tid + stride];
@@ -163,8 +246,7 @@ __global__ void __launch_bounds__(BLOCK) reduce_v2_interleaved_strided_index(A* 
   // replays. Predicted: about 1.5-2x over v1.
   __shared__ A s[BLOCK];
   const unsigned tid = threadIdx.x;
-  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + tid;
-  s[tid] = i < n ? to_acc<A>(x[i]) : A(0);
+  s[tid] = load_one<T, A>(x, n);
   __syncthreads();
   for (unsigned stride = 1; stride < blockDim.x; stride *= 2) {
     const unsigned index = 2 * stride * tid;
@@ -181,8 +263,7 @@ __global__ void __launch_bounds__(BLOCK) reduce_v3_sequential_addressing(A* out,
   // each thread loaded only one element. Predicted: modest gain over v2.
   __shared__ A s[BLOCK];
   const unsigned tid = threadIdx.x;
-  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + tid;
-  s[tid] = i < n ? to_acc<A>(x[i]) : A(0);
+  s[tid] = load_one<T, A>(x, n);
   __syncthreads();
   for (unsigned stride = blockDim.x / 2; stride > 0; stride >>= 1) {
     if (tid < stride) s[tid] += s[tid + stride];
@@ -198,10 +279,7 @@ __global__ void __launch_bounds__(BLOCK) reduce_v4_first_add_during_load(A* out,
   // Predicted: close to 2x over v3.
   __shared__ A s[BLOCK];
   const unsigned tid = threadIdx.x;
-  const long long i = static_cast<long long>(blockIdx.x) * (2 * blockDim.x) + tid;
-  A v = i < n ? to_acc<A>(x[i]) : A(0);
-  if (i + blockDim.x < n) v += to_acc<A>(x[i + blockDim.x]);
-  s[tid] = v;
+  s[tid] = load_two<T, A, BLOCK>(x, n);
   __syncthreads();
   for (unsigned stride = blockDim.x / 2; stride > 0; stride >>= 1) {
     if (tid < stride) s[tid] += s[tid + stride];
@@ -220,9 +298,7 @@ __global__ void __launch_bounds__(BLOCK) reduce_v5_unroll_last_warp(A* out, cons
   static_assert(BLOCK >= 64, "the last-warp stage folds 64 values");
   __shared__ A s[BLOCK];
   const unsigned tid = threadIdx.x;
-  const long long i = static_cast<long long>(blockIdx.x) * (2 * BLOCK) + tid;
-  A v = i < n ? to_acc<A>(x[i]) : A(0);
-  if (i + BLOCK < n) v += to_acc<A>(x[i + BLOCK]);
+  A v = load_two<T, A, BLOCK>(x, n);
   s[tid] = v;
   __syncthreads();
 #pragma unroll
@@ -271,9 +347,7 @@ __global__ void __launch_bounds__(BLOCK) reduce_v6_warp_shuffle(A* out, const T*
   // shared memory holds only one value per warp; one barrier per block instead of log2(BLOCK).
   // Predicted: small gain; the rung is now limited by how little each thread loads (2 elements) and by
   // the 2^n / 512 blocks each paying launch and tail costs.
-  const long long i = static_cast<long long>(blockIdx.x) * (2 * BLOCK) + threadIdx.x;
-  A v = i < n ? to_acc<A>(x[i]) : A(0);
-  if (i + BLOCK < n) v += to_acc<A>(x[i + BLOCK]);
+  A v = load_two<T, A, BLOCK>(x, n);
   v = block_sum_shuffle<BLOCK>(v);
   if (threadIdx.x == 0) out[blockIdx.x] = v;
 }
@@ -292,40 +366,13 @@ __global__ void __launch_bounds__(BLOCK) reduce_v7_grid_stride(A* out, const T* 
   if (threadIdx.x == 0) out[blockIdx.x] = v;
 }
 
-// Elements before the first 16-byte boundary of x (all of them when x is not even element-aligned).
-template <typename T> __device__ __forceinline__ long long aligned_head(const T* x, long long n) {
-  const unsigned long long addr = reinterpret_cast<unsigned long long>(x);
-  if (addr % sizeof(T)) return n;
-  const long long head = static_cast<long long>(((16 - addr % 16) % 16) / sizeof(T));
-  return head < n ? head : n;
-}
-
-// v8's per-thread sum: scalar head up to 16-byte alignment, 16-byte vectors, scalar tail.
-template <typename T, typename A>
-__device__ __forceinline__ A vector_span_sum(const T* x, long long n, long long lane, long long lanes) {
-  constexpr int VEC = 16 / sizeof(T);
-  const long long head = aligned_head(x, n);
-  const long long nvec = (n - head) / VEC;
-  const T* body = x + head;
-  A v = A(0);
-  for (long long i = lane; i < head; i += lanes) v += to_acc<A>(x[i]);
-  for (long long i = lane; i < nvec; i += lanes) {
-    Pack<T, VEC> p;
-    load(p, body + i * VEC);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) v += to_acc<A>(p.v[j]);
-  }
-  for (long long i = head + nvec * VEC + lane; i < n; i += lanes) v += to_acc<A>(x[i]);
-  return v;
-}
-
 template <typename T, typename A, int BLOCK>
 __global__ void __launch_bounds__(BLOCK) reduce_v8_vector_loads(A* out, const T* x, long long n) {
   // Changed from v7: each load moves 16 bytes (4 float32, 8 float16/bfloat16) after a scalar head that
   // reaches the first 16-byte boundary, and a scalar tail. A quarter of the load instructions and the
   // loop overhead for float32. Predicted: 10-30% over v7, mostly from more bytes in flight per thread.
   const long long lanes = static_cast<long long>(gridDim.x) * BLOCK;
-  A v = vector_span_sum<T, A>(x, n, static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x, lanes);
+  A v = thread_span<T, A, OP_SUM, 1>(x, n, static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x, lanes);
   v = block_sum_shuffle<BLOCK>(v);
   if (threadIdx.x == 0) out[blockIdx.x] = v;
 }
@@ -339,19 +386,10 @@ __global__ void __launch_bounds__(BLOCK)
   // replayable in a CUDA graph). Predicted: the two small launches (a few microseconds each) disappear;
   // large at mid sizes, ~1% at 2^28.
   const long long lanes = static_cast<long long>(gridDim.x) * BLOCK;
-  A v = vector_span_sum<T, A>(x, n, static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x, lanes);
+  A v = thread_span<T, A, OP_SUM, 1>(x, n, static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x, lanes);
   v = block_sum_shuffle<BLOCK>(v);
-  __shared__ bool last;
-  if (threadIdx.x == 0) {
-    partials[blockIdx.x] = v;
-    __threadfence();
-    last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  A w = A(0);
-  for (unsigned i = threadIdx.x; i < gridDim.x; i += BLOCK) w += __ldcg(partials + i);
+  if (!last_block_done(partials, counter, v)) return;
+  A w = thread_partials<OP_SUM>(partials);
   __syncthreads();  // block_sum_shuffle's scratch is reused
   w = block_sum_shuffle<BLOCK>(w);
   if (threadIdx.x == 0) {
@@ -362,43 +400,6 @@ __global__ void __launch_bounds__(BLOCK)
 
 // ---------------------------------------------------------------------------------------------------------
 // Production kernels.
-
-// One thread's share of n contiguous elements: elements lane, lane + lanes, ... as a scalar head to the
-// first 16-byte boundary, then UNROLL independent 16-byte loads per iteration (all issued before any is
-// used, each with its own accumulator), then the leftover vectors and a scalar tail. Accumulators are
-// combined in index order, so the result depends only on (n, alignment, lane, lanes).
-template <typename T, typename A, int OP, int UNROLL>
-__device__ __forceinline__ A thread_span(const T* x, long long n, long long lane, long long lanes) {
-  constexpr int VEC = 16 / sizeof(T);
-  A acc[UNROLL];
-#pragma unroll
-  for (int k = 0; k < UNROLL; ++k) acc[k] = identity<OP, A>();
-  const long long head = aligned_head(x, n);
-  const long long nvec = (n - head) / VEC;
-  const T* body = x + head;
-  for (long long i = lane; i < head; i += lanes) acc[0] = combine<OP>(acc[0], lift<OP>(to_acc<A>(x[i])));
-  long long i = lane;
-  for (; i + (UNROLL - 1) * lanes < nvec; i += UNROLL * lanes) {
-    Pack<T, VEC> p[UNROLL];
-#pragma unroll
-    for (int k = 0; k < UNROLL; ++k) load(p[k], body + (i + k * lanes) * VEC);
-#pragma unroll
-    for (int k = 0; k < UNROLL; ++k) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) acc[k] = combine<OP>(acc[k], lift<OP>(to_acc<A>(p[k].v[j])));
-    }
-  }
-  for (; i < nvec; i += lanes) {
-    Pack<T, VEC> p;
-    load(p, body + i * VEC);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) acc[0] = combine<OP>(acc[0], lift<OP>(to_acc<A>(p.v[j])));
-  }
-  for (long long t = head + nvec * VEC + lane; t < n; t += lanes) acc[0] = combine<OP>(acc[0], lift<OP>(to_acc<A>(x[t])));
-#pragma unroll
-  for (int k = 1; k < UNROLL; ++k) acc[0] = combine<OP>(acc[0], acc[k]);
-  return acc[0];
-}
 
 // The same share of n elements `stride` apart (any stride but 1): scalar loads, one accumulator.
 template <typename T, typename A, int OP>
@@ -418,22 +419,13 @@ __device__ __forceinline__ void full_reduce_body(O* out, acc_t<O>* partials, uns
   using A = acc_t<O>;
   constexpr int C = combine_op<OP>();
   __shared__ A scratch[2 * (BLOCK / 32)];
-  __shared__ bool last;
   const long long lanes = static_cast<long long>(gridDim.x) * BLOCK;
   const long long lane = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
   A v = stride == 1 ? thread_span<T, A, OP, UNROLL>(x, n, lane, lanes)
                     : thread_span_strided<T, A, OP>(x, n, stride, lane, lanes);
   v = block_reduce<C>(v, scratch);
-  if (threadIdx.x == 0) {
-    partials[blockIdx.x] = v;
-    __threadfence();
-    last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  A w = identity<C, A>();
-  for (unsigned i = threadIdx.x; i < gridDim.x; i += BLOCK) w = combine<C>(w, __ldcg(partials + i));
+  if (!last_block_done(partials, counter, v)) return;
+  A w = thread_partials<C>(partials);
   w = block_reduce<C>(w, scratch + BLOCK / 32);
   if (threadIdx.x == 0) {
     *out = finish<O, C>(w, finalize, divisor);
@@ -483,9 +475,18 @@ struct RowCursor {
 // Rows of `length` contiguous elements; row i starts at (i / inner) * s0 + (i % inner) * s1. A group of
 // tpr threads owns a row: tpr <= 32 packs blockDim / tpr rows into a block, tpr == blockDim gives a row a
 // block (blockDim a power of two, at most MAX_BLOCK). Out is contiguous, one value per row. Each row's
-// order depends only on its length, alignment and tpr.
-template <typename T, typename O, int OP, int MAX_BLOCK>
-__global__ void __launch_bounds__(MAX_BLOCK)
+// order depends only on its length, alignment, tpr and UNROLL (UNROLL independent 16-byte loads in flight
+// per thread). MIN_BLOCKS caps the registers (__launch_bounds__) so that MIN_BLOCKS blocks of MAX_BLOCK
+// threads stay resident per SM: the planner sizes the grid from it. I indexes within a row: int (fewer
+// registers) for rows shorter than 2^30 elements, long long otherwise. Half-type inputs with 8-byte
+// accumulators (eight doubles or int64 per 16-byte pack, UNROLL of them) get half that occupancy: at 64
+// registers they spill.
+template <typename T, typename O> __host__ __device__ constexpr int row_min_blocks(int min_blocks) {
+  return sizeof(T) == 2 && sizeof(acc_t<O>) == 8 && min_blocks > 1 ? min_blocks / 2 : min_blocks;
+}
+
+template <typename T, typename O, int OP, int MAX_BLOCK, int UNROLL, int MIN_BLOCKS, typename I>
+__global__ void __launch_bounds__(MAX_BLOCK, row_min_blocks<T, O>(MIN_BLOCKS))
     reduce_rows(O* out, const T* x, long long rows, long long length, long long inner, long long s0, long long s1,
                 int tpr, int finalize, double divisor) {
   using A = acc_t<O>;
@@ -501,7 +502,10 @@ __global__ void __launch_bounds__(MAX_BLOCK)
   for (long long base = first; base < rows; base += step, at.advance()) {
     const long long row = base + slot;
     A v = identity<C, A>();
-    if (row < rows) v = thread_span<T, A, OP, 4>(x + at.q * s0 + at.r * s1, length, lane, tpr);
+    if (row < rows) {
+      v = thread_span<T, A, OP, UNROLL, I>(x + at.q * s0 + at.r * s1, static_cast<I>(length), static_cast<I>(lane),
+                                           static_cast<I>(tpr));
+    }
     if (tpr > 32) {
       v = block_reduce<C>(v, scratch + parity * (MAX_BLOCK / 32));
       parity ^= 1;

@@ -15,6 +15,10 @@ collapsed (:func:`classify`, pure). Then:
 * any other layout of at most two kept and two reduced levels: ``reduce_strided``; deeper layouts are
   copied to contiguous first.
 
+Host path: the first call for a given (op, arguments, shape, strides, dtype, 16-byte alignment, device,
+stream) validates, plans and prepares the launch; later such calls skip straight to allocating the result
+and launching (``_fast``). Tuning knobs: :class:`Knobs` (swept by bench/sweep_reduce.py).
+
 Accumulation: float32 for float16/bfloat16/float32 results, float64 for float64, int64 for integer results.
 No float atomics: the same input gives bit-identical results every run. A float32 full sum of n elements
 is one sequential sum per thread over about n / (threads in the grid) elements, in up to 4 interleaved
@@ -48,14 +52,40 @@ I32, I64, BOOL = np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.bool_)
 FLOATS = (F32, F64, F16, BFLOAT16)
 INTS = (I32, I64)
 
-# Full reduction: blocks of FULL_BLOCK threads, FULL_BLOCKS_PER_SM of them per SM at most, FULL_UNROLL
-# 16-byte loads in flight per thread. Two 512-thread blocks fill an SM's 2048 threads by half, which keeps
-# 2 * 512 * 4 * 16 = 64 KiB of loads in flight per SM, about twice the latency-bandwidth product.
-FULL_BLOCK, FULL_BLOCKS_PER_SM, FULL_UNROLL = 512, 2, 4
-ROW_SMALL_BLOCK, ROW_LARGE_BLOCK = 128, 512
-ROW_TPRS = (4, 32, 128, 512)  # threads per row the planner picks from
-ROW_ITEMS = 8  # target 16-byte vectors per thread per row
-ROW_WAVES = 32  # grid cap in waves of resident blocks (blocks then loop over rows)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The tuning space of the full and row kernels (bench/sweep_reduce.py sweeps it).
+
+    Full reduction: blocks of ``full_block`` threads, ``full_blocks_per_sm`` of them per SM at most,
+    ``full_unroll`` 16-byte loads in flight per thread. Two 512-thread blocks fill an SM's 2048 threads by
+    half, which keeps 2 * 512 * 4 * 16 = 64 KiB of loads in flight per SM, about twice the latency-bandwidth
+    product.
+
+    Rows: threads per row from (4, 32, 128, ``row_max_tpr``), the smallest that leaves each thread about
+    ``row_items`` 16-byte vectors; up to 32 threads per row share blocks of ``ROW_SMALL_BLOCK``, more get a
+    block of their own. ``row_unroll`` independent 16-byte loads in flight per thread. ``row_threads_per_sm``
+    caps the registers: ``__launch_bounds__(block, row_threads_per_sm / block)`` (1024: 64 registers).
+    ``row_waves``: grid cap in waves of those resident blocks, the blocks then looping over rows (None: a
+    block per row group).
+    """
+
+    full_block: int = 512
+    full_blocks_per_sm: int = 2
+    full_unroll: int = 4
+    row_items: int = 8
+    row_max_tpr: int = 256
+    row_unroll: int = 4
+    row_threads_per_sm: int = 1024
+    row_waves: int | None = 8
+
+
+DEFAULT_KNOBS = Knobs()
+FULL_BLOCK, FULL_BLOCKS_PER_SM, FULL_UNROLL = (
+    DEFAULT_KNOBS.full_block, DEFAULT_KNOBS.full_blocks_per_sm, DEFAULT_KNOBS.full_unroll)
+ROW_SMALL_BLOCK = 128
+ROW_INDEX32_LIMIT = 2**30  # rows shorter than this index within the row in 32 bits (fewer registers)
 COL_BLOCK = 256
 COL_ACC_BYTES = 32  # column packs: at most this many accumulator bytes a thread (VEC accumulators)
 COL_WAVES = 2  # target blocks for the column pass, in waves of resident blocks
@@ -219,6 +249,14 @@ def classify(shape, strides, axes) -> Layout:
     return Layout("strided", kept, red)
 
 
+def cols_geometry(layout: Layout) -> tuple:
+    """(outer, s_outer, rows, s_row, cols) of a "cols" layout: ``outer`` matrices ``s_outer`` apart, each
+    ``rows`` rows ``s_row`` apart of ``cols`` contiguous columns."""
+    (rows, s_row), = layout.red
+    outer, s_outer = layout.kept[0] if len(layout.kept) == 2 else (1, 0)
+    return outer, s_outer, rows, s_row, layout.kept[-1][0]
+
+
 def two_level(levels) -> tuple:
     """(inner, s0, s1) addressing index i as (i // inner) * s0 + (i % inner) * s1 over one or two levels."""
     if len(levels) == 1:
@@ -235,50 +273,74 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class _OneLaunch:
+    """A plan launching ``grid`` blocks of ``block`` threads (fields of the dataclasses below)."""
+
+    @property
+    def config(self) -> LaunchConfig:
+        return LaunchConfig(grid=(self.grid,), block=(self.block,))
+
+
 @dataclass(frozen=True)
-class FullPlan:
+class FullPlan(_OneLaunch):
     block: int
     grid: int
     unroll: int
 
-    @property
-    def config(self) -> LaunchConfig:
-        return LaunchConfig(grid=(self.grid,), block=(self.block,))
 
-
-def plan_full(n: int, itemsize: int, sm_count: int = 132, *, block: int = FULL_BLOCK,
-              blocks_per_sm: int = FULL_BLOCKS_PER_SM, unroll: int = FULL_UNROLL) -> FullPlan:
+def plan_full(n: int, itemsize: int, sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> FullPlan:
     """Grid for ``reduce_full``: enough blocks that each thread has at least one unrolled iteration
-    (``unroll`` 16-byte vectors), at most ``blocks_per_sm`` per SM. Depends only on ``n``, the item size
-    and the SM count, so the combine order, and the result, never depend on timing."""
+    (``knobs.full_unroll`` 16-byte vectors), at most ``knobs.full_blocks_per_sm`` per SM. Depends only on
+    ``n``, the item size, the SM count and the knobs, so the combine order, and the result, never depend
+    on timing."""
+    block, unroll = knobs.full_block, knobs.full_unroll
     per_block = block * unroll * (16 // itemsize)
-    grid = max(1, min(_cdiv(n, per_block), blocks_per_sm * sm_count))
+    grid = max(1, min(_cdiv(n, per_block), knobs.full_blocks_per_sm * sm_count))
     return FullPlan(block, grid, unroll)
 
 
 @dataclass(frozen=True)
-class RowsPlan:
+class RowsPlan(_OneLaunch):
     tpr: int
     block: int
     grid: int
+    unroll: int = 4
+    min_blocks: int = 8  # __launch_bounds__ minimum resident blocks per SM (the register cap)
+    index32: bool = True  # 32-bit indices within a row (rows shorter than ROW_INDEX32_LIMIT)
 
-    @property
-    def config(self) -> LaunchConfig:
-        return LaunchConfig(grid=(self.grid,), block=(self.block,))
+
+def row_tprs(knobs: Knobs = DEFAULT_KNOBS) -> tuple:
+    """Threads per row the planner picks from."""
+    return tuple(sorted({t for t in (4, 32, 128) if t < knobs.row_max_tpr} | {knobs.row_max_tpr}))
 
 
-def plan_rows(length: int, rows: int, itemsize: int, sm_count: int = 132) -> RowsPlan:
-    """Threads per row: the smallest of ``ROW_TPRS`` that leaves each thread about ``ROW_ITEMS`` 16-byte
-    vectors (so several loads are in flight), 512 at most. Rows of 4 or 32 threads share 128-thread
-    blocks; 128 and 512 give a row a block. The grid covers the rows, capped at ``ROW_WAVES`` waves.
+def row_block(tpr: int) -> int:
+    """Threads per block for rows of ``tpr`` threads: rows of up to 32 share ROW_SMALL_BLOCK, longer ones
+    get a block each."""
+    return ROW_SMALL_BLOCK if tpr <= 32 else tpr
+
+
+def _row_min_blocks(block: int, knobs: Knobs) -> int:
+    return max(1, min(2048 // block, knobs.row_threads_per_sm // block))
+
+
+def plan_rows(length: int, rows: int, itemsize: int, sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> RowsPlan:
+    """Threads per row: the smallest of :func:`row_tprs` that leaves each thread about ``knobs.row_items``
+    16-byte vectors (so several loads are in flight). The grid covers the rows, capped at
+    ``knobs.row_waves`` waves of resident blocks (``min_blocks`` per SM, guaranteed by the register cap).
     ``tpr`` depends only on the row length: a row's result does not depend on the batch."""
     nvec = _cdiv(length, 16 // itemsize)
-    tpr = next((t for t in ROW_TPRS if t * ROW_ITEMS >= nvec), ROW_TPRS[-1])
-    block = ROW_LARGE_BLOCK if tpr == ROW_LARGE_BLOCK else ROW_SMALL_BLOCK
-    block = max(block, tpr)
-    resident = sm_count * (2048 // block)
-    grid = max(1, min(_cdiv(rows, block // tpr), ROW_WAVES * resident))
-    return RowsPlan(tpr, block, grid)
+    tprs = row_tprs(knobs)
+    tpr = next((t for t in tprs if t * knobs.row_items >= nvec), tprs[-1])
+    block = row_block(tpr)
+    min_blocks = _row_min_blocks(block, knobs)
+    per_block = block // tpr
+    grid = _cdiv(rows, per_block)
+    if knobs.row_waves is not None:
+        grid = min(grid, knobs.row_waves * sm_count * min_blocks)
+    # RowCursor splits row indices below 2^31 with 32-bit division.
+    grid = max(1, min(grid, (2**31 - 1) // per_block))
+    return RowsPlan(tpr, block, grid, knobs.row_unroll, min_blocks, length < ROW_INDEX32_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -326,13 +388,9 @@ def plan_cols(outer: int, rows: int, cols: int, vec: int, vector: bool, sm_count
 
 
 @dataclass(frozen=True)
-class StridedPlan:
+class StridedPlan(_OneLaunch):
     block: int
     grid: int
-
-    @property
-    def config(self) -> LaunchConfig:
-        return LaunchConfig(grid=(self.grid,), block=(self.block,))
 
 
 def plan_strided(outputs: int, sm_count: int = 132) -> StridedPlan:
@@ -349,8 +407,20 @@ def _full_inst(t, o, op: int, p: FullPlan) -> Instantiation:
     return Instantiation(SOURCE, "reduce_full", (t, o, op, p.block, p.unroll))
 
 
-def _rows_inst(t, o, op: int) -> Instantiation:
-    return Instantiation(SOURCE, "reduce_rows", (t, o, op, ROW_LARGE_BLOCK))
+def _rows_inst(t, o, op: int, p: RowsPlan) -> Instantiation:
+    index = I32 if p.index32 else I64
+    return Instantiation(SOURCE, "reduce_rows", (t, o, op, p.block, p.unroll, p.min_blocks, index))
+
+
+def _row_plans(knobs: Knobs = DEFAULT_KNOBS) -> list:
+    """A rows plan for each threads-per-row choice and index width (the instantiation depends on the block
+    and the index width only)."""
+    out = []
+    for tpr in row_tprs(knobs):
+        block = row_block(tpr)
+        for index32 in (True, False):
+            out.append(RowsPlan(tpr, block, 1, knobs.row_unroll, _row_min_blocks(block, knobs), index32))
+    return out
 
 
 def _cols_inst(t, p_dtype, op: int, vec: int) -> Instantiation:
@@ -383,7 +453,8 @@ def instantiations() -> list:
     for t, o, op in kernel_combos():
         a = acc_dtype(o)
         out.add(_full_inst(t, o, op, plan_full(1, t.itemsize)))
-        out.add(_rows_inst(t, o, op))
+        for rp in _row_plans():
+            out.add(_rows_inst(t, o, op, rp))
         out.add(_strided_inst(t, o, op))
         vec = col_vector_width(t.itemsize, a.itemsize)
         out.add(_cols_inst(t, o, op, vec))
@@ -452,7 +523,7 @@ class Plan:
 
 
 def plan(shape, dtype, axis=None, *, strides=None, ptr: int = 0, op: str = "sum", out_dtype=None,
-         sm_count: int = 132) -> Plan:
+         sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> Plan:
     """The launches for reducing ``axis`` of an array of ``shape`` and ``dtype`` with ``strides`` (in
     elements; default contiguous) at address ``ptr`` (only its alignment matters), for ``op`` producing
     ``out_dtype`` (default: ``op``'s NumPy result dtype). Pure: depends on nothing else."""
@@ -472,14 +543,12 @@ def plan(shape, dtype, axis=None, *, strides=None, ptr: int = 0, op: str = "sum"
     if kind == "none":
         return Plan(layout, copy, None)
     if kind == "full":
-        return Plan(layout, copy, plan_full(layout.count, t.itemsize, sm_count))
+        return Plan(layout, copy, plan_full(layout.count, t.itemsize, sm_count, knobs))
     if kind == "rows":
-        return Plan(layout, copy, plan_rows(layout.count, layout.outputs, t.itemsize, sm_count))
+        return Plan(layout, copy, plan_rows(layout.count, layout.outputs, t.itemsize, sm_count, knobs))
     if kind == "strided":
         return Plan(layout, copy, plan_strided(layout.outputs, sm_count))
-    (rows, s_row), = layout.red
-    cols = layout.kept[-1][0]
-    outer, s_outer = layout.kept[0] if len(layout.kept) == 2 else (1, 0)
+    outer, s_outer, rows, s_row, cols = cols_geometry(layout)
     a = acc_dtype(o)
     vec = col_vector_width(t.itemsize, a.itemsize)
     first = plan_cols(outer, rows, cols, vec, _cols_aligned(ptr, vec, t.itemsize, (s_row, s_outer)), sm_count)
@@ -492,9 +561,9 @@ def plan(shape, dtype, axis=None, *, strides=None, ptr: int = 0, op: str = "sum"
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan_cached(shape, dtype, axes, strides, ptr_mod16, out_dtype, sm):
+def _plan_cached(shape, dtype, axes, strides, ptr_mod16, out_dtype, sm, knobs=DEFAULT_KNOBS):
     """:func:`plan`, memoized: host time per call matters at mid sizes, where the kernel takes microseconds."""
-    return plan(shape, dtype, axes, strides=strides, ptr=ptr_mod16, out_dtype=out_dtype, sm_count=sm)
+    return plan(shape, dtype, axes, strides=strides, ptr=ptr_mod16, out_dtype=out_dtype, sm_count=sm, knobs=knobs)
 
 
 def plan_instantiations(pl: Plan, t, o, op: int) -> list:
@@ -505,7 +574,7 @@ def plan_instantiations(pl: Plan, t, o, op: int) -> list:
     if kind == "full":
         return [_full_inst(t, o, op, p)]
     if kind == "rows":
-        return [_rows_inst(t, o, op)]
+        return [_rows_inst(t, o, op, p)]
     if kind == "strided":
         return [_strided_inst(t, o, op)]
     if kind == "cols":
@@ -516,48 +585,115 @@ def plan_instantiations(pl: Plan, t, o, op: int) -> list:
     return []
 
 
+class _Launcher:
+    """One single-kernel reduction, prepared: the kernel, its launch shape and every argument but the output
+    and the input address, converted once. ``run(out, x)`` launches into ``out``; calling it on ``x``
+    allocates the result of ``shape`` and ``dtype`` first. Valid for arrays of the shape, strides, dtype,
+    16-byte alignment, device and stream it was built for (the fast-path cache key)."""
+
+    __slots__ = ("kernel", "grid", "block", "head", "offset", "tail", "shape", "dtype", "new", "keep")
+
+    def __init__(self, kernel, config: LaunchConfig, signature: Signature, head, offset: int, tail, shape, dtype,
+                 keep=None):
+        import cupy
+
+        args = signature.convert((None, *head, 0, *tail))
+        self.kernel, self.grid, self.block = kernel, config.grid, config.block
+        self.head, self.tail = args[1:1 + len(head)], args[2 + len(head):]
+        self.offset, self.shape, self.dtype = offset, shape, np.dtype(dtype)
+        self.new, self.keep = cupy.ndarray, keep
+
+    def run(self, out, x) -> None:
+        # The array itself is passed as the pointer when no offset applies: cheaper than a NumPy scalar.
+        src = np.uint64(x.data.ptr + self.offset) if self.offset else x
+        self.kernel(self.grid, self.block, (out, *self.head, src, *self.tail))
+
+    def __call__(self, x):
+        out = self.new(self.shape, self.dtype)
+        src = np.uint64(x.data.ptr + self.offset) if self.offset else x
+        self.kernel(self.grid, self.block, (out, *self.head, src, *self.tail))
+        return out
+
+
+def _launcher(pl: Plan, x, t, o, op: int, finalize: int, divisor: float, shape) -> _Launcher | None:
+    """The prepared launch of plan ``pl`` for arrays like ``x`` (None for the two-pass column plan)."""
+    layout, p = pl.layout, pl.kernel
+    if pl.cols2 is not None:
+        return None
+    kernel = get_kernel(plan_instantiations(pl, t, o, op)[0])
+    tail = (finalize, divisor)
+    if layout.kind == "full":
+        (n, stride), = layout.red
+        offset = 0
+        if stride < 0:
+            offset, stride = (n - 1) * stride * x.itemsize, -stride
+        if p.grid > _WORK_ELEMENTS:
+            raise ValueError(f"full-reduction grid {p.grid} exceeds the workspace ({_WORK_ELEMENTS} partials)")
+        ws = workspace()
+        return _Launcher(kernel, p.config, _FULL_SIG, (ws.partials.data.ptr, ws.counter.data.ptr), offset,
+                         (n, stride) + tail, shape, o, keep=ws)
+    if layout.kind == "rows":
+        inner, s0, s1 = two_level(layout.kept)
+        return _Launcher(kernel, p.config, _ROWS_SIG, (), 0,
+                         (layout.outputs, layout.count, inner, s0, s1, p.tpr) + tail, shape, o)
+    if layout.kind == "strided":
+        o_inner, o_s0, o_s1 = two_level(layout.kept)
+        r_inner, r_s0, r_s1 = two_level(layout.red)
+        return _Launcher(kernel, p.config, _STRIDED_SIG, (), 0,
+                         (layout.outputs, o_inner, o_s0, o_s1, layout.count, r_inner, r_s0, r_s1) + tail, shape, o)
+    outer, s_outer, rows, s_row, cols = cols_geometry(layout)
+    return _Launcher(kernel, p.config, _COLS_SIG, (), 0,
+                     (outer, rows, cols, s_outer, s_row, p.rows_per_slice, 1, p.strips, p.cw, p.vector) + tail,
+                     shape, o)
+
+
 def _launch(pl: Plan, out, x, t, o, op: int, finalize: int, divisor: float) -> None:
     """Run plan ``pl`` for the validated array ``x`` into the contiguous ``out``."""
     import cupy
 
-    layout, p = pl.layout, pl.kernel
+    one = _launcher(pl, x, t, o, op, finalize, divisor, out.shape)
+    if one is not None:
+        one.run(out, x)
+        return
+    # Columns with the rows split: per-slice partials, then a second pass over them.
+    layout, p, q = pl.layout, pl.kernel, pl.cols2
     kernels = [get_kernel(i) for i in plan_instantiations(pl, t, o, op)]
-    ptr = x.data.ptr
-    if layout.kind == "full":
-        (n, stride), = layout.red
-        if stride < 0:
-            ptr, stride = ptr + (n - 1) * stride * x.itemsize, -stride
-        if p.grid > _WORK_ELEMENTS:
-            raise ValueError(f"full-reduction grid {p.grid} exceeds the workspace ({_WORK_ELEMENTS} partials)")
-        ws = workspace()
-        launch(kernels[0], p.config, _FULL_SIG, (out, ws.partials, ws.counter, ptr, n, stride, finalize, divisor))
-    elif layout.kind == "rows":
-        inner, s0, s1 = two_level(layout.kept)
-        launch(kernels[0], p.config, _ROWS_SIG,
-               (out, ptr, layout.outputs, layout.count, inner, s0, s1, p.tpr, finalize, divisor))
-    elif layout.kind == "strided":
-        o_inner, o_s0, o_s1 = two_level(layout.kept)
-        r_inner, r_s0, r_s1 = two_level(layout.red)
-        launch(kernels[0], p.config, _STRIDED_SIG,
-               (out, ptr, layout.outputs, o_inner, o_s0, o_s1, layout.count, r_inner, r_s0, r_s1, finalize, divisor))
-    else:
-        (rows, s_row), = layout.red
-        cols = layout.kept[-1][0]
-        outer, s_outer = layout.kept[0] if len(layout.kept) == 2 else (1, 0)
-        if pl.cols2 is None:
-            launch(kernels[0], p.config, _COLS_SIG,
-                   (out, ptr, outer, rows, cols, s_outer, s_row, p.rows_per_slice, 1, p.strips, p.cw, p.vector, finalize,
-                    divisor))
-            return
-        a = acc_dtype(o)
-        partials = cupy.empty((outer, p.slices, cols), dtype=a)
-        launch(kernels[0], p.config, _COLS_SIG,
-               (partials, ptr, outer, rows, cols, s_outer, s_row, p.rows_per_slice, p.slices, p.strips, p.cw,
-                p.vector, FINISH_NONE, 1.0))
-        q = pl.cols2
-        launch(kernels[1], q.config, _COLS_SIG,
-               (out, partials, outer, p.slices, cols, p.slices * cols, cols, q.rows_per_slice, 1, q.strips, q.cw,
-                q.vector, finalize, divisor))
+    outer, s_outer, rows, s_row, cols = cols_geometry(layout)
+    partials = cupy.empty((outer, p.slices, cols), dtype=acc_dtype(o))
+    launch(kernels[0], p.config, _COLS_SIG,
+           (partials, x.data.ptr, outer, rows, cols, s_outer, s_row, p.rows_per_slice, p.slices, p.strips, p.cw,
+            p.vector, FINISH_NONE, 1.0))
+    launch(kernels[1], q.config, _COLS_SIG,
+           (out, partials, outer, p.slices, cols, p.slices * cols, cols, q.rows_per_slice, 1, q.strips, q.cw,
+            q.vector, finalize, divisor))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The host fast path. A call that has been seen before (same op, arguments, shape, strides, dtype, 16-byte
+# alignment, device and stream) skips validation and planning: one dict lookup, the result allocation and
+# the launch. Entries are made only after the general path validated and planned such a call.
+
+_fast: dict = {}
+_FAST_MAX = 4096
+_cp = None
+
+
+def _fast_key(name: str, x, axis, dtype, keepdims):
+    """The cache key of a call, or None for arguments the fast path does not take (axis and dtype values
+    that compare equal to valid ones without being valid, such as axis=True, go the general path)."""
+    ta = type(axis)
+    if not (axis is None or ta is int or (ta is tuple and all(type(a) is int for a in axis))):
+        return None
+    if not (dtype is None or type(dtype) in (str, type) or isinstance(dtype, np.dtype)):
+        return None
+    if type(keepdims) is not bool:
+        return None
+    mem = x.data
+    dev = mem.device_id
+    if dev != _cp.cuda.runtime.getDevice():
+        return None
+    return (name, x.shape, x.strides, x.dtype, mem.ptr % 16, axis, dtype, keepdims, dev,
+            _cp.cuda.get_current_stream().ptr)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -591,7 +727,25 @@ def _elementwise(op: Op, x, o):
     return v * v if op.kernel_op == OP_SUMSQ else v
 
 
-def _reduce(name: str, x, axis, dtype, keepdims: bool, out):
+def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None = None):
+    """The public ops' body; ``knobs`` (default :data:`DEFAULT_KNOBS`) picks the tuning (for sweeps)."""
+    global _cp
+    if _cp is None:
+        import cupy
+
+        _cp = cupy
+    key = None
+    if out is None and type(x) is _cp.ndarray:
+        try:
+            key = _fast_key(name, x, axis, dtype, keepdims)
+            if key is not None and knobs is not None and knobs != DEFAULT_KNOBS:
+                key += (knobs,)
+            fast = _fast.get(key)
+        except TypeError:  # unhashable arguments: the general path reports them
+            key = fast = None
+        if fast is not None:
+            return fast(x)
+    knobs = DEFAULT_KNOBS if knobs is None else knobs
     op = OPS[name]
     x = _check.as_array(x, "x")
     _check.check_dtype(x, "x", op.inputs)
@@ -606,7 +760,14 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out):
         raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
 
     with x.device:
-        result = _compute(op, x, axes, o, count).reshape(shape)
+        if key is not None and o == final and count > 0:
+            fast = _fast_launcher(op, x, axes, o, count, shape, knobs)
+            if fast is not None:
+                if len(_fast) >= _FAST_MAX:
+                    _fast.clear()
+                _fast[key] = fast
+                return fast(x)
+        result = _compute(op, x, axes, o, count, knobs).reshape(shape)
         if result.dtype != final:
             result = result.astype(final)
         if out is None:
@@ -615,7 +776,19 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out):
         return out
 
 
-def _compute(op: Op, x, axes, o, count: int):
+def _fast_launcher(op: Op, x, axes, o, count: int, shape, knobs: Knobs = DEFAULT_KNOBS) -> _Launcher | None:
+    """The prepared single launch producing the result of ``shape`` directly, when the plan is one kernel
+    on ``x`` as it is (no copy, not the two-pass column plan, a non-empty result)."""
+    if x.data.ptr % x.itemsize or math.prod(shape) == 0:
+        return None
+    strides = tuple(s // x.itemsize for s in x.strides)
+    pl = _plan_cached(x.shape, x.dtype, axes, strides, x.data.ptr % 16, o, sm_count(x.device.id), knobs)
+    if pl.copy or pl.layout.kind == "none" or pl.cols2 is not None:
+        return None
+    return _launcher(pl, x, x.dtype, o, op.kernel_op, op.finalize, float(count), shape)
+
+
+def _compute(op: Op, x, axes, o, count: int, knobs: Knobs = DEFAULT_KNOBS):
     """The reduction as a fresh contiguous array in the kept axes' order."""
     import cupy
 
@@ -626,7 +799,7 @@ def _compute(op: Op, x, axes, o, count: int):
     if x.data.ptr % x.itemsize:
         x = x.copy()
     strides = tuple(s // x.itemsize for s in x.strides)
-    pl = _plan_cached(x.shape, x.dtype, axes, strides, x.data.ptr % 16, o, sm_count(x.device.id))
+    pl = _plan_cached(x.shape, x.dtype, axes, strides, x.data.ptr % 16, o, sm_count(x.device.id), knobs)
     if pl.layout.kind == "none":
         return _elementwise(op, x, o).reshape(kept_shape)
     if pl.copy:

@@ -137,14 +137,41 @@ def test_full_plan_fixed_grid():
 
 
 def test_rows_plan():
-    assert R.plan_rows(16384, 32768, 4).tpr == 512
+    k = R.DEFAULT_KNOBS
+    big = R.plan_rows(16384, 32768, 4)
+    assert big.tpr == big.block == k.row_max_tpr and big.unroll == k.row_unroll
+    assert big.min_blocks * big.block == k.row_threads_per_sm
+    assert big.grid == min(32768, k.row_waves * 132 * big.min_blocks)
     assert R.plan_rows(3, 4097, 4).tpr == 4
+    assert big.index32 and not R.plan_rows(R.ROW_INDEX32_LIMIT, 2, 2).index32
+    assert R.plan_rows(R.ROW_INDEX32_LIMIT - 1, 2, 2).index32
     small = R.plan_rows(100, 10**6, 4)
     assert small.block == R.ROW_SMALL_BLOCK and small.block % small.tpr == 0
     for length in (1, 31, 1000, 4096, 10**6):
         p = R.plan_rows(length, 10, 2)
-        assert p.tpr in R.ROW_TPRS and p.block in (R.ROW_SMALL_BLOCK, R.ROW_LARGE_BLOCK)
+        assert p.tpr in R.row_tprs() and p.block == R.row_block(p.tpr)
         assert R.plan_rows(length, 10**7, 2).tpr == p.tpr  # a row's order does not depend on the batch
+
+
+@pytest.mark.parametrize("knobs", [
+    R.Knobs(row_max_tpr=512, row_threads_per_sm=1024, row_waves=32),
+    R.Knobs(row_max_tpr=32, row_items=128, row_waves=None),
+    R.Knobs(row_max_tpr=128, row_unroll=2, row_threads_per_sm=1536, row_waves=4),
+    R.Knobs(full_block=256, full_blocks_per_sm=4, full_unroll=8),
+])
+def test_knobs_give_consistent_plans(knobs):
+    for length, rows in ((16384, 32768), (100, 10**6), (1, 5), (4096, 2**31 - 5)):
+        p = R.plan_rows(length, rows, 4, 132, knobs)
+        assert p.tpr in R.row_tprs(knobs) and p.block == R.row_block(p.tpr) and p.block % p.tpr == 0
+        assert p.min_blocks * p.block <= 2048 and 1 <= p.grid < 2**31
+        assert p.grid * (p.block // p.tpr) < 2**31
+        if knobs.row_waves is not None:
+            assert p.grid <= knobs.row_waves * 132 * p.min_blocks
+    f = R.plan_full(2**29, 4, 132, knobs)
+    assert f.block == knobs.full_block and f.unroll == knobs.full_unroll
+    assert f.grid == knobs.full_blocks_per_sm * 132 <= R._WORK_ELEMENTS
+    pl = R.plan((32768, 16384), np.float32, -1, knobs=knobs)
+    assert pl.kernel == R.plan_rows(16384, 32768, 4, 132, knobs)
 
 
 def test_cols_plan_benchmark_shape():
@@ -422,6 +449,66 @@ def test_empty_and_out(rng):
 
 
 @pytest.mark.gpu
+def test_fast_path_matches_the_general_path(rng):
+    import cupy
+
+    xh = _data(rng, (513, 1031), np.float32, signed=True)
+    x = cupy.asarray(xh)
+    cases = [dict(), dict(axis=1), dict(axis=0), dict(axis=(0, 1)), dict(axis=1, keepdims=True),
+             dict(dtype=np.float64), dict(axis=-1, dtype="float64")]
+    for name in ("sum", "norm", "amax"):
+        for kw in cases:
+            if name == "amax" and "dtype" in kw:
+                continue
+            first = getattr(R, name)(x, **kw)  # general path, then cached
+            second = getattr(R, name)(x, **kw)  # fast path
+            assert second.shape == first.shape and second.dtype == first.dtype
+            assert cupy.asnumpy(second).tobytes() == cupy.asnumpy(first).tobytes(), (name, kw)
+            assert second.data.ptr != first.data.ptr  # a fresh result every call
+    y = cupy.asarray(xh[:, 1:])  # other strides and alignment: its own entry
+    _check_result("sum", R.sum(y, axis=1), xh[:, 1:], 1)
+    _check_result("sum", R.sum(x[:, 1:], axis=1), xh[:, 1:], 1)
+    _check_result("sum", R.sum(x[::-1, 0]), xh[::-1, 0], None)
+    _check_result("sum", R.sum(x[::-1, 0]), xh[::-1, 0], None)
+    # values that compare equal to cached valid arguments are still rejected
+    R.sum(x, axis=1)
+    with pytest.raises(TypeError):
+        R.sum(x, axis=True)
+    with pytest.raises(TypeError):
+        R.sum(x, axis=(True,))
+    with pytest.raises(TypeError):
+        R.sum(x, axis=1.0)
+    with cupy.cuda.Stream():  # another stream: its own workspace and entry
+        _check_result("sum", R.sum(x), xh, None)
+    _check_result("sum", R.sum(x), xh, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs", [
+    R.Knobs(),
+    R.Knobs(row_max_tpr=512, row_threads_per_sm=1024, row_waves=32),
+    R.Knobs(row_max_tpr=32, row_items=128, row_waves=None),
+    R.Knobs(row_max_tpr=128, row_unroll=8, row_threads_per_sm=1024, row_waves=4),
+    R.Knobs(full_block=256, full_blocks_per_sm=4, full_unroll=8),
+    R.Knobs(full_block=1024, full_blocks_per_sm=1, full_unroll=2),
+])
+def test_knob_settings_are_correct(rng, knobs):
+    import cupy
+
+    xh = _data(rng, (257, 16411), np.float32, signed=True)
+    x = cupy.asarray(xh)
+    _check_result("sum", R._reduce("sum", x, -1, None, False, None, knobs=knobs), xh, -1)
+    _check_result("sum", R._reduce("sum", x, -1, None, False, None, knobs=knobs), xh, -1)  # cached
+    _check_result("sum", R._reduce("sum", x, None, None, False, None, knobs=knobs), xh, None)
+    for axis, view, ref in ((-1, x, xh), (None, x, xh), (-1, x[:, 3:], xh[:, 3:])):
+        pl = R.plan(view.shape, view.dtype, axis, strides=tuple(s // 4 for s in view.strides),
+                    ptr=view.data.ptr % 16, knobs=knobs)
+        out = cupy.empty(() if axis is None else view.shape[0], np.float32)
+        R._launch(pl, out, view, view.dtype, np.dtype(np.float32), R.OP_SUM, R.FINISH_NONE, 1.0)
+        _check_result("sum", out, ref, axis)
+
+
+@pytest.mark.gpu
 def test_bad_input_raises_before_launch():
     import cupy
 
@@ -458,4 +545,9 @@ def test_more_than_2_31_elements():
         rows = x[:-7].reshape(2**15, 2**16)
         got = R.sum(rows, axis=1, dtype=np.float64)
         assert float(got[-1]) == 0.5 * rows.shape[1] and float(got[0]) == 0.5 * rows.shape[1]
+        two = x[:2**31].reshape(2, 2**30)  # rows of 2^30 elements: 64-bit indices within the row
+        assert not R.plan(two.shape, two.dtype, 1).kernel.index32
+        got = R.sum(two, axis=1, dtype=np.float64)
+        assert float(got[0]) == float(got[1]) == 0.5 * 2**30
+        del two
         del x, rows, got
