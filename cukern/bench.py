@@ -224,41 +224,77 @@ def gpu_present() -> bool:
         return False
 
 
-def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, progress=None) -> dict:
-    """Run every case of ``ops`` (all when None) for cukern and every peer; return the results document."""
+def _tuned_impl(case: Case, repeat: int, warmup: int):
+    """``("cukern-tuned", fn)`` for a case whose op has a tuning space: the case is tuned first (the winner
+    goes to the user's tuning cache), ``fn`` launches with the winning knobs on the tunable's own inputs.
+    None for ops without one."""
+    from . import tuning
+
+    found = tuning.tunable_for_case(case)
+    if found is None:
+        return None
+    tunable, shape = found
+    result = tuning.tune(tunable.op, shape, case.dtype, repeat=max(repeat // 2, 10), warmup=warmup, progress=False)
+    return "cukern-tuned", tunable.run(tunable.setup(shape, parse_dtype(case.dtype)), result.knobs)
+
+
+def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, progress=None,
+        tune: bool = True) -> dict:
+    """Run every case of ``ops`` (all when None) for cukern and every peer; return the results document.
+
+    ``cukern`` is the heuristic plan (the tuning cache is ignored while it is timed); with ``tune``, ops
+    that have a tuning space are tuned for each case and also timed as ``cukern-tuned``. A progress bar
+    runs on stderr when it is a terminal; ``progress(record)`` is called after each record."""
+    import contextlib
+
     import cupy
+
+    from . import tuning
+    from .progress import Progress
 
     peak = timing.peak_bandwidth()
     extra = load_peers() if peers else None
     records = []
-    for op, b in OPS.items():
-        if ops and op not in ops:
-            continue
-        for case in b.cases:
-            state = b.setup(case)
-            nbytes = b.bytes(case)
-            impls = [("cukern", lambda s=state: b.run(s)), ("cupy", lambda s=state: b.cupy(s))]
-            if extra is not None:
-                impls += [(name, fn) for name, fn in extra.peers(case)]
-            for impl, fn in impls:
-                try:
+    cases = [(b, case) for op, b in OPS.items() if not ops or op in ops for case in b.cases]
+    with_ladder = not ops or "reduce_ladder" in ops
+    bar = Progress(len(cases) + with_ladder, "bench")
+    for b, case in cases:
+        bar.step(f"{case.op} {'x'.join(map(str, case.shape))} {case.dtype}", n=0)
+        state = b.setup(case)
+        nbytes = b.bytes(case)
+        impls = [("cukern", lambda s=state: b.run(s)), ("cupy", lambda s=state: b.cupy(s))]
+        tuned = _tuned_impl(case, repeat, warmup) if tune else None
+        if tuned is not None:
+            impls.insert(1, tuned)
+        if extra is not None:
+            impls += [(name, fn) for name, fn in extra.peers(case)]
+        for impl, fn in impls:
+            heuristic = tuning.heuristic_only() if impl == "cukern" else contextlib.nullcontext()
+            try:
+                with heuristic:
                     t = timing.benchmark(fn, warmup=warmup, repeat=repeat, bytes_moved=nbytes)
-                except Exception as err:  # a peer that cannot run this case is reported, not fatal
-                    if impl == "cukern":
-                        raise
-                    print(f"  {impl} skipped for {case.op} {case.shape}: {type(err).__name__}: {err}")
-                    continue
-                records.append({
-                    "op": case.op, "impl": impl, "shape": list(case.shape), "dtype": case.dtype,
-                    "median_us": round(t.median_us, 3), "gbps": round(t.gbps, 1),
-                    "pct_of_peak": round(100 * t.gbps / peak, 1),
-                })
-                if progress:
-                    progress(records[-1])
-            del state
-            cupy.get_default_memory_pool().free_all_blocks()
-    if not ops or "reduce_ladder" in ops:
+            except Exception as err:  # a peer that cannot run this case is reported, not fatal
+                if impl.startswith("cukern"):
+                    raise
+                bar.clear()
+                print(f"  {impl} skipped for {case.op} {case.shape}: {type(err).__name__}: {err}")
+                continue
+            records.append({
+                "op": case.op, "impl": impl, "shape": list(case.shape), "dtype": case.dtype,
+                "median_us": round(t.median_us, 3), "gbps": round(t.gbps, 1),
+                "pct_of_peak": round(100 * t.gbps / peak, 1),
+            })
+            if progress:
+                bar.clear()
+                progress(records[-1])
+        del state, impls, tuned
+        cupy.get_default_memory_pool().free_all_blocks()
+        bar.step(f"{case.op} {'x'.join(map(str, case.shape))} {case.dtype}")
+    if with_ladder:
+        bar.step("reduce_ladder", n=0)
         records += ladder_records(peak)
+        bar.step("reduce_ladder")
+    bar.close()
     dev = cupy.cuda.Device()
     return {
         "device": cupy.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(),

@@ -1,0 +1,144 @@
+"""Bandwidth and roofline reports (rendered with matplotlib's Agg backend) and the progress bar."""
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cukern import bench, card, report
+from cukern.progress import Progress
+
+RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "h200.json"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def synthetic_results() -> dict:
+    """A results document shaped like ``bench.run``'s, for every benchmark case (two impls each)."""
+    records = []
+    for b in bench.OPS.values():
+        for c in b.cases:
+            nbytes = b.bytes(c)
+            for impl, gbps in (("cukern", 3500.0), ("cupy", 400.0)):
+                us = nbytes / (gbps * 1e3)
+                records.append({"op": c.op, "impl": impl, "shape": list(c.shape), "dtype": c.dtype,
+                                "median_us": us, "gbps": gbps, "pct_of_peak": 100 * gbps / 4200})
+    records.append({"op": "reduce_ladder", "impl": "reduce_v3_sequential_addressing", "shape": [bench.LADDER_N],
+                    "dtype": "float32", "median_us": 1200.0, "gbps": 900.0, "pct_of_peak": 21.0})
+    return {"device": "NVIDIA H200", "cupy_version": "14", "source_sha256": "0", "peak_copy_gbps": 4200.0,
+            "records": records}
+
+
+def test_bandwidth_series_use_the_benchmarks_bytes():
+    doc = synthetic_results()
+    series = report.bandwidth_series(doc)
+    assert set(series) == set(bench.OPS)
+    counts = report._case_bytes()
+    for panel in series.values():
+        for (op, impl, dtype), points in panel.items():
+            assert impl in ("cukern", "cupy")
+            sizes = {n for (o, _, d), n in counts.items() if o == op and d == dtype}
+            assert {x for x, _ in points} <= sizes
+
+
+def test_bandwidth_plot_renders(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "bandwidth.png"
+    report.plot_bandwidth(synthetic_results(), path)
+    assert path.read_bytes()[:8] == PNG
+
+
+def test_bandwidth_plot_of_the_committed_results(tmp_path):
+    pytest.importorskip("matplotlib")
+    if not RESULTS.exists():
+        pytest.skip("no results file yet")
+    path = tmp_path / "h200.png"
+    report.plot_bandwidth(json.loads(RESULTS.read_text()), path)
+    assert path.read_bytes()[:8] == PNG
+
+
+def test_roofline_points_without_a_gpu_are_predicted_on_the_bandwidth_roof():
+    points = report.roofline_points(device=card.H200, measure=False)
+    assert {p["op"] for p in points} == set(card.CARDS)
+    for p in points:
+        assert p["achieved_gflops"] is None and p["source"].startswith("predicted")
+        assert p["intensity"] < card.H200.ridge
+        assert p["attainable_gflops"] == pytest.approx(p["intensity"] * card.H200.peak_gbps)
+
+
+def test_roofline_points_take_achieved_times_from_a_results_file():
+    doc = synthetic_results()
+    points = report.roofline_points(["rms_norm", "reduce_ladder.v3"], results=doc, device=card.H200, measure=False)
+    by_key = {(p["op"], tuple(p["shape"]), p["dtype"]): p for p in points}
+    rms = by_key[("rms_norm", (16384, 4096), "bfloat16")]
+    assert rms["source"] == "results file"
+    assert rms["achieved_gflops"] == pytest.approx(rms["flops"] / (rms["bytes"] / 3500.0))
+    assert by_key[("reduce_ladder.v3", (bench.LADDER_N,), "float32")]["measured_us"] == 1200.0
+    assert len(by_key) == len(points)  # no shape listed twice
+
+
+def test_roofline_plot_renders(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "roofline.png"
+    points = report.roofline_points(results=synthetic_results(), device=card.H200, measure=False)
+    report.plot_roofline(points, card.H200, path)
+    assert path.read_bytes()[:8] == PNG
+    assert "ridge" in report.format_roofline(points, card.H200)
+
+
+def test_cli_roofline_and_bench_plot_from_a_results_file(tmp_path):
+    pytest.importorskip("matplotlib")
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps(synthetic_results()))
+    roof, bw = tmp_path / "roofline.png", tmp_path / "bandwidth.png"
+    r = subprocess.run([sys.executable, "-m", "cukern", "roofline", "--no-measure", "--results", str(results),
+                        "--plot", str(roof)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert roof.read_bytes()[:8] == PNG and "rms_norm" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "cukern", "bench", "--results", str(results), "--plot", str(bw)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert bw.read_bytes()[:8] == PNG
+
+
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_is_quiet_off_a_terminal():
+    stream = io.StringIO()
+    with Progress(3, "bench", stream=stream) as bar:
+        bar.step("a")
+        bar.step("b")
+    assert stream.getvalue() == ""
+
+
+def test_progress_draws_and_clears_on_a_terminal():
+    stream = Tty()
+    with Progress(4, "tune", stream=stream) as bar:
+        bar.step("first")
+        assert "tune [#######.....................] 1/4" in stream.getvalue()
+        bar.step("x", n=0)
+        assert bar.done == 1
+    assert stream.getvalue().endswith("\r")
+    quiet = Tty()
+    Progress(2, "q", stream=quiet, quiet=True).step("x")
+    assert quiet.getvalue() == ""
+
+
+@pytest.mark.gpu
+def test_bench_records_the_heuristic_and_the_tuned_plan():
+    doc = bench.run(["fused_add_rms_norm"], repeat=10, peers=False)
+    impls = {(r["op"], r["impl"]) for r in doc["records"]}
+    assert ("fused_add_rms_norm", "cukern") in impls and ("fused_add_rms_norm", "cukern-tuned") in impls
+    for r in doc["records"]:
+        assert set(r) == {"op", "impl", "shape", "dtype", "median_us", "gbps", "pct_of_peak"}
+
+
+@pytest.mark.gpu
+def test_roofline_measures_on_a_gpu():
+    points = report.roofline_points(["rms_norm", "sum"], measure=True)
+    assert all(p["source"] == "measured" and p["achieved_gflops"] > 0 for p in points)
