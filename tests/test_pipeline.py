@@ -1,0 +1,292 @@
+"""Ops in real pipelines: host overhead, streams, no hidden synchronization, CUDA-graph capture and replay,
+thread-safe first compilation. The measurement helpers are checked on the CPU with stand-ins."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import cukern
+from cukern import _compile, pipeline
+from cukern.timing import Timing
+
+
+def test_host_overhead_times_each_call_and_drains_the_queue():
+    calls, syncs = [], []
+
+    def fn(a, b=0):
+        calls.append((a, b))
+        time.sleep(0.0002)
+
+    us = pipeline.host_overhead(fn, 1, b=2, n=50, warmup=5, sync_every=20, sync=lambda: syncs.append(len(calls)))
+    assert len(calls) == 55 and calls[0] == (1, 2)
+    assert syncs == [5, 25, 45, 55]
+    assert 150 < us < 20000
+
+
+def test_host_overhead_needs_calls():
+    with pytest.raises(ValueError):
+        pipeline.host_overhead(lambda: None, n=0, sync=lambda: None)
+
+
+def test_per_call_divides_every_time():
+    t = Timing(median_us=8.0, min_us=4.0, max_us=16.0, p20_us=6.0, p80_us=10.0, repeat=100)
+    p = pipeline.per_call(t, 4, bytes_moved=1000)
+    assert (p.median_us, p.min_us, p.max_us, p.p20_us, p.p80_us, p.repeat) == (2.0, 1.0, 4.0, 1.5, 2.5, 100)
+    assert p.gbps == 1000 / (2.0 * 1e3)
+
+
+def test_graph_replay_time_needs_calls():
+    with pytest.raises(ValueError):
+        pipeline.graph_replay_time(lambda: None, calls=0)
+
+
+# ------------------------------------------------------------------------------------------------- GPU
+
+
+def bits(a):
+    import cupy
+
+    return cupy.ascontiguousarray(a).view(np.dtype(f"u{a.itemsize}"))
+
+
+def same(a, b) -> bool:
+    import cupy
+
+    return a.shape == b.shape and bool(cupy.array_equal(bits(a), bits(b)))
+
+
+def _inputs(tokens=8, hidden=4096, dtype="bfloat16"):
+    import cupy
+
+    from cukern._dtypes import parse_dtype
+
+    t = parse_dtype(dtype)
+    rng = cupy.random.default_rng(7)
+    x = rng.standard_normal((tokens, hidden), dtype=cupy.float32).astype(t)
+    r = rng.standard_normal((tokens, hidden), dtype=cupy.float32).astype(t)
+    w = rng.standard_normal(hidden, dtype=cupy.float32).astype(t)
+    q = rng.standard_normal((tokens, 32, 128), dtype=cupy.float32).astype(t)
+    k = rng.standard_normal((tokens, 8, 128), dtype=cupy.float32).astype(t)
+    pos = cupy.arange(100, 100 + tokens, dtype=cupy.int64)
+    cache = cukern.rope_cache(4096, 128)
+    cupy.cuda.Device().synchronize()  # non-blocking streams do not wait for the null stream
+    return dict(x=x, r=r, w=w, q=q, k=k, pos=pos, cache=cache)
+
+
+def _all_ops(a):
+    """One call of every op on the inputs ``a``, results as a list (in-place ops: the arrays they change)."""
+    out = [cukern.rms_norm(a["x"], a["w"])]
+    res = a["r"].copy()
+    out += [cukern.fused_add_rms_norm(a["x"], res, a["w"]), res]
+    q, k = a["q"].copy(), a["k"].copy()
+    cukern.rotary_embedding(a["pos"], q, k, a["cache"], check_positions=False)
+    out += [q, k]
+    for name in ("sum", "mean", "amax", "amin", "norm", "sum_of_squares"):
+        fn = getattr(cukern, name)
+        out += [fn(a["x"]), fn(a["x"], axis=-1), fn(a["x"], axis=0)]
+    return out
+
+
+@pytest.mark.gpu
+def test_every_op_on_a_non_blocking_stream_matches_the_null_stream():
+    import cupy
+
+    a = _inputs(tokens=300)
+    ref = _all_ops(a)
+    cupy.cuda.Device().synchronize()
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        got = _all_ops(a)
+        s.synchronize()
+    assert all(same(g, r) for g, r in zip(got, ref))
+
+
+@pytest.mark.gpu
+def test_two_streams_at_once():
+    import cupy
+
+    rng = cupy.random.default_rng(3)
+    xs = [rng.standard_normal(1 << 22, dtype=cupy.float32) for _ in range(2)]
+    rows = [rng.standard_normal((512, 4096), dtype=cupy.float32) for _ in range(2)]
+    ref = [(cukern.sum(x), cukern.amax(x), cukern.rms_norm(r)) for x, r in zip(xs, rows)]
+    cupy.cuda.Device().synchronize()
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+    got = [[], []]
+    for _ in range(10):  # interleaved, so both streams have kernels in flight together
+        for i, s in enumerate(streams):
+            with s:
+                got[i].append((cukern.sum(xs[i]), cukern.amax(xs[i]), cukern.rms_norm(rows[i])))
+    for s in streams:
+        s.synchronize()
+    for i in range(2):
+        for triple in got[i]:
+            assert all(same(g, r) for g, r in zip(triple, ref[i]))
+
+
+def _busy(stream):
+    """Queue tens of milliseconds of GPU work on ``stream``."""
+    import cupy
+
+    with stream:
+        buf = cupy.ones(64 * 2**20, dtype=cupy.float32)
+        for _ in range(300):
+            buf *= 1.0
+    return buf
+
+
+@pytest.mark.gpu
+def test_no_hidden_host_synchronization():
+    import cupy
+
+    a = _inputs()
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        _all_ops(a)  # compile and plan first
+        s.synchronize()
+        keep = _busy(s)
+        busy_done = s.record()
+        _all_ops(a)
+        assert not busy_done.done, "an op waited for the GPU"
+        cukern.rotary_embedding(a["pos"], a["q"], a["k"], a["cache"])  # check_positions=True syncs, by design
+        assert busy_done.done
+        s.synchronize()
+    del keep
+
+
+@pytest.mark.gpu
+def test_graph_capture_and_replay_match_eager():
+    import cupy
+
+    a = _inputs()
+    x, w, r0, q0, k0 = a["x"], a["w"], a["r"], a["q"], a["k"]
+    out, res, q, k = cupy.empty_like(x), r0.copy(), q0.copy(), k0.copy()
+    reductions = [(getattr(cukern, n), axis) for n in ("sum", "mean", "amax", "amin", "norm", "sum_of_squares")
+                  for axis in (None, -1, 0)]
+    fused_out = cupy.empty_like(x)
+
+    def step():
+        results = [cukern.rms_norm(x, w, out=out)]
+        cukern.fused_add_rms_norm(x, res, w, out=fused_out)
+        cukern.rotary_embedding(a["pos"], q, k, a["cache"], check_positions=False)
+        return results + [fn(x, axis=axis) for fn, axis in reductions]
+
+    captured = pipeline.capture(step)
+    results = captured.results[0]
+    rng = cupy.random.default_rng(11)
+    for _ in range(2):  # new inputs each replay: the graph reads the arrays' current contents
+        with captured.stream:
+            x[...] = rng.standard_normal(x.shape, dtype=cupy.float32).astype(x.dtype)
+            res[...] = r0
+            q[...], k[...] = q0, k0
+            captured.replay()
+            captured.stream.synchronize()
+        ref_res, ref_q, ref_k = r0.copy(), q0.copy(), k0.copy()
+        assert same(out, cukern.rms_norm(x, w))
+        assert same(fused_out, cukern.fused_add_rms_norm(x, ref_res, w)) and same(res, ref_res)
+        cukern.rotary_embedding(a["pos"], ref_q, ref_k, a["cache"])
+        assert same(q, ref_q) and same(k, ref_k)
+        for got, (fn, axis) in zip(results[1:], reductions):
+            assert same(got, fn(x, axis=axis))
+
+
+@pytest.mark.gpu
+def test_graph_replay_time_for_decode_shapes():
+    a = _inputs(tokens=1)
+    out = a["x"].copy()
+    t = pipeline.graph_replay_time(cukern.rms_norm, a["x"], a["w"], out=out, calls=4, repeat=20, warmup=3)
+    assert 0 < t.median_us < 1000 and t.repeat == 20
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["rms_norm", "rotary"])
+def test_host_overhead(op):
+    a = _inputs(tokens=1)
+    if op == "rms_norm":
+        us = pipeline.host_overhead(cukern.rms_norm, a["x"], a["w"])
+    else:
+        us = pipeline.host_overhead(cukern.rotary_embedding, a["pos"], a["q"], a["k"], a["cache"],
+                                    check_positions=False)
+    print(f"host overhead {op}: {us:.2f} us")
+    assert us < 50
+
+
+@pytest.mark.gpu
+def test_hot_calls_allocate_nothing_but_their_output_and_never_compile(monkeypatch):
+    import cupy
+
+    a = _inputs(tokens=1)
+    out = cupy.empty_like(a["x"])
+    pool = cupy.get_default_memory_pool()
+    allocations = []
+
+    def counting(nbytes):
+        allocations.append(nbytes)
+        return pool.malloc(nbytes)
+
+    def calls():
+        cukern.rms_norm(a["x"], a["w"], out=out)
+        cukern.rotary_embedding(a["pos"], a["q"], a["k"], a["cache"], check_positions=False)
+
+    calls()
+    compiles = []
+    monkeypatch.setattr(cupy, "RawModule", lambda *args, **kw: compiles.append(kw) or pytest.fail("compiled"))
+    with cupy.cuda.using_allocator(counting):
+        for _ in range(20):
+            calls()
+        assert allocations == []
+        for _ in range(20):
+            cukern.rms_norm(a["x"], a["w"])
+        assert len(allocations) == 20  # the output, nothing else
+    assert compiles == []
+
+
+@pytest.mark.gpu
+def test_eight_threads_first_call_compile_once(monkeypatch):
+    import cupy
+
+    hidden = 1000  # an unusual row length, so its kernel is new to this process
+    monkeypatch.setattr(_compile, "_kernels", {})
+    built = []
+    real = cupy.RawModule
+
+    def counting(*args, **kwargs):
+        built.append(kwargs["name_expressions"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cupy, "RawModule", counting)
+    rng = cupy.random.default_rng(5)
+    xs = [rng.standard_normal((3, hidden), dtype=cupy.float32).astype(cupy.float16) for _ in range(8)]
+    barrier = threading.Barrier(8)
+    results, errors = [None] * 8, []
+
+    def work(i):
+        try:
+            barrier.wait()
+            results[i] = cukern.rms_norm(xs[i])
+            cupy.cuda.get_current_stream().synchronize()
+        except Exception as err:  # reported below, with the thread's index
+            errors.append((i, err))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(built) == 1
+    for x, y in zip(xs, results):
+        assert same(y, cukern.rms_norm(x))
+
+
+@pytest.mark.gpu
+def test_pipeline_records_have_the_results_file_form():
+    recs = pipeline.records(4000.0, repeat=5, warmup=1, n=50)
+    assert recs[0]["op"] == "host_overhead" and recs[0]["shape"] == [1, 4096] and recs[0]["dtype"] == "bfloat16"
+    assert recs[1]["op"] == "host_overhead_rotary" and recs[0]["impl"] == recs[1]["impl"] == "cukern"
+    assert all(r["median_us"] > 0 for r in recs)
+    graphs = [(r["op"], r["shape"][0]) for r in recs[2:]]
+    assert graphs == [(op, t) for t in pipeline.DECODE_TOKENS
+                      for op in ("rms_norm", "fused_add_rms_norm", "rotary_embedding")]
+    assert all(r["impl"] == "cukern-graph" and r["gbps"] > 0 for r in recs[2:])
