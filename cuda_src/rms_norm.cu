@@ -117,15 +117,6 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
         }
       }
     }
-    Pack<W, VEC> w[ITEMS];
-#ifdef CUKERN_EARLY_WEIGHT
-    if (weight != nullptr) {
-#pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        if (in[k]) load(w[k], weight + (lane + k * TPR) * VEC);
-      }
-    }
-#endif
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
@@ -145,12 +136,11 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
 
     T* orow = out + out_at(at);
     if (weight != nullptr) {
-#ifndef CUKERN_EARLY_WEIGHT
+      Pack<W, VEC> w[ITEMS];
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         if (in[k]) load(w[k], weight + (lane + k * TPR) * VEC);
       }
-#endif
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         if (in[k]) {

@@ -40,7 +40,8 @@ class Signature:
             if kind == "ptr":
                 out.append(np.uint64(0 if a is None else a) if a is None or isinstance(a, int) else a)
             else:
-                out.append(_SCALARS[kind](a))
+                t = _SCALARS[kind]
+                out.append(a if type(a) is t else t(a))  # arguments typed once (cached) pass through
         return tuple(out)
 
 

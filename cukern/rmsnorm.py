@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _check
+from . import tuning as _tuning
 from ._compile import Instantiation, get_kernel
 from ._dtypes import FLOAT_TYPES
 from ._launch import LaunchConfig, Signature, launch, sm_count
@@ -79,9 +80,9 @@ class Knobs:
     block when several rows share one; ``waves``: grid cap in waves of resident blocks (None: a block per
     row group). Defaults measured on the H200 (bench/NOTES.md)."""
 
-    items_target: int = 2
+    items_target: int = 4
     small_block: int = 128
-    waves: int | None = 4
+    waves: int | None = None
 
 
 DEFAULT_KNOBS = Knobs()
@@ -155,7 +156,7 @@ def bytes_moved(shape, dtype, weight_dtype=None, *, fused: bool = False) -> int:
 
 def _validate(x, weight, out, residual=None):
     names = {"x": x, "weight": weight, "out": out, "residual": residual}
-    arrays = {n: _check.as_array(a, n) for n, a in names.items() if a is not None}
+    arrays = {n: _check.as_array(a, n, writable=n in ("out", "residual")) for n, a in names.items() if a is not None}
     x = arrays["x"]
     if x.ndim < 1:
         raise ValueError("x must have at least one dimension (the normalized one)")
@@ -182,59 +183,106 @@ def _validate(x, weight, out, residual=None):
     return arrays
 
 
-def _run(fused: bool, x, residual, weight, eps, offset, out, knobs: Knobs = DEFAULT_KNOBS):
-    arrays = _validate(x, weight, out, residual)
+@dataclass(frozen=True)
+class _Call:
+    """Everything about a call that depends only on the arguments' shapes, strides, dtypes, alignment and
+    device: validated once, then reused by every call that matches (the host path of a hot loop)."""
+
+    kernel: object
+    config: LaunchConfig
+    outer: tuple  # per launch, per rowed array: element offset
+    tail: tuple  # typed scalars after the pointers: rows, inner, strides, hidden
+
+
+_calls: dict = {}
+
+
+def _desc(a):
+    return None if a is None else (a.shape, a.strides, a.dtype, a.data.ptr & 15, a.data.device_id)
+
+
+def _run(fused: bool, x, residual, weight, eps, offset, out, knobs: Knobs | None = None):
     import cupy
 
-    x, w, out, residual = (arrays.get(n) for n in ("x", "weight", "out", "residual"))
+    nd = cupy.ndarray
+    key = None
+    if type(x) is nd and all(a is None or type(a) is nd for a in (residual, weight, out)):
+        if knobs is None:  # the tuning cache's winner for this device, dtype and shape, else the heuristic
+            knobs = _tuning.lookup("fused_add_rms_norm" if fused else "rms_norm", x.data.device_id, x.dtype,
+                                   x.shape) or DEFAULT_KNOBS
+        key = (fused, _desc(x), _desc(residual), _desc(weight), _desc(out), knobs)
+    call = _calls.get(key) if key is not None else None
+    if call is None:
+        arrays = _validate(x, weight, out, residual)
+        x, weight, out, residual = (arrays.get(n) for n in ("x", "weight", "out", "residual"))
+        if knobs is None:
+            knobs = _tuning.lookup("fused_add_rms_norm" if fused else "rms_norm", x.data.device_id, x.dtype,
+                                   x.shape) or DEFAULT_KNOBS
+        call = _plan_call(fused, x, residual, weight, out, knobs)
+        if key is not None:
+            if len(_calls) > 4096:
+                _calls.clear()
+            _calls[key] = call
+    # What depends on the addresses themselves is checked on every call.
     if fused:
-        _check.check_writable(residual, "residual")
         _check.check_no_overlap(residual, "residual", x, "x", identical_ok=False)
-    if w is not None and out is not None:
-        _check.check_no_overlap(out, "out", w, "weight", identical_ok=False)
     if out is None:
-        out = cupy.empty(x.shape, dtype=x.dtype)
+        with x.device:
+            out = cupy.empty(x.shape, dtype=x.dtype)
     else:
-        _check.check_writable(out, "out")
         _check.check_no_overlap(out, "out", x, "x", identical_ok=True)
+        if weight is not None:
+            _check.check_no_overlap(out, "out", weight, "weight", identical_ok=False)
         if fused:
             _check.check_no_overlap(out, "out", residual, "residual", identical_ok=False)
-    if x.size == 0:
+    if call.kernel is None:
         return out
-
-    rowed = [out, residual, x] if fused else [out, x]
-    kernel, config, layout = _prepare(fused, rowed, w, knobs)
-    itemsize = x.itemsize
-    strides = [s for pair in layout.strides for s in pair]
+    rowed = (out, residual, x) if fused else (out, x)
+    sig = _FUSED_SIG if fused else _ROWS_SIG
+    scalars = call.tail + (np.float32(eps), np.float32(offset))
     with x.device:
-        for offs in layout.outer:
-            ptrs = [a.data.ptr + o * itemsize for a, o in zip(rowed, offs)]
-            args = ptrs + [w, layout.rows, layout.inner] + strides + [x.shape[-1], eps, offset]
-            launch(kernel, config, _FUSED_SIG if fused else _ROWS_SIG, args)
+        for offs in call.outer:
+            ptrs = rowed if not any(offs) else tuple(a.data.ptr + o * x.itemsize for a, o in zip(rowed, offs))
+            launch(call.kernel, call.config, sig, ptrs + (weight,) + scalars)
     return out
 
 
-_prepared: dict = {}
+class _FreshArray:
+    """What planning needs to know of an output not allocated yet: C-contiguous, allocation-aligned."""
+
+    class data:
+        ptr = 0
+
+    def __init__(self, shape, itemsize):
+        self.shape, self.itemsize = shape, itemsize
+        strides, step = [], itemsize
+        for n in reversed(shape):
+            strides.append(step)
+            step *= n
+        self.strides = tuple(reversed(strides))
 
 
-def _prepare(fused: bool, rowed, w, knobs: Knobs):
-    """Kernel, launch configuration and row layout for a call, cached by everything they depend on
-    (shapes, strides, dtypes, 16-byte alignment, device, knobs), so a repeated call skips the planning."""
-    x = rowed[-1]
-    key = (fused, x.shape, tuple(a.strides for a in rowed), x.dtype, tuple(a.data.ptr % 16 for a in rowed),
-           None if w is None else (w.dtype, w.data.ptr % 16), x.device.id, knobs)
-    hit = _prepared.get(key)
-    if hit is None:
-        hidden = x.shape[-1]
-        layout = rows_layout(rowed)
-        p = plan(hidden, layout.rows, vector_width(hidden, rowed, w), x.itemsize, sm_count(x.device.id), knobs,
-                 fused=fused)
-        with x.device:
-            kernel = get_kernel(p.instantiation(x.dtype, w.dtype if w is not None else x.dtype, fused))
-        if len(_prepared) > 4096:
-            _prepared.clear()
-        hit = _prepared[key] = (kernel, p.config, layout)
-    return hit
+def _plan_call(fused: bool, x, residual, weight, out, knobs: Knobs) -> _Call:
+    """Validate what the shapes and strides decide, plan the launch and fetch the kernel."""
+    if fused:
+        _check.check_writable(residual, "residual")
+    if out is not None:
+        _check.check_writable(out, "out")
+    if x.size == 0:
+        return _Call(None, None, (), ())
+    planned_out = out if out is not None else _FreshArray(x.shape, x.itemsize)
+    rowed = [planned_out, residual, x] if fused else [planned_out, x]
+    hidden = x.shape[-1]
+    layout = rows_layout(rowed)
+    p = plan(hidden, layout.rows, vector_width(hidden, rowed, weight), x.itemsize, sm_count(x.device.id), knobs,
+             fused=fused)
+    with x.device:
+        kernel = get_kernel(p.instantiation(x.dtype, weight.dtype if weight is not None else x.dtype, fused))
+    sig = _FUSED_SIG if fused else _ROWS_SIG
+    strides = [s for pair in layout.strides for s in pair]
+    nptr = 4 if fused else 3
+    tail = sig.convert([None] * nptr + [layout.rows, layout.inner] + strides + [hidden, 0.0, 0.0])[nptr:-2]
+    return _Call(kernel, p.config, layout.outer, tail)
 
 
 def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None):

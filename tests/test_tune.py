@@ -175,12 +175,12 @@ def test_benchmark_cases_map_to_tunables():
 
 def test_result_entry_and_format():
     r = tuning.TuneResult("rms_norm", (16384, 4096), "bfloat16", DEVICE, "hidden=4096,rows<=16384",
-                          rmsnorm.Knobs(4, 128, None), 70.0, rmsnorm.DEFAULT_KNOBS, 72.0,
-                          [({"items_target": 2, "small_block": 128, "waves": 4}, 72.0, None),
-                           ({"items_target": 4, "small_block": 128, "waves": None}, 70.0, None),
+                          rmsnorm.Knobs(2, 128, 8), 70.0, rmsnorm.DEFAULT_KNOBS, 72.0,
+                          [(tuning.knobs_dict(rmsnorm.DEFAULT_KNOBS), 72.0, None),
+                           ({"items_target": 2, "small_block": 128, "waves": 8}, 70.0, None),
                            ({"items_target": 8, "small_block": 128, "waves": None}, None, "ValueError: no")])
     e = r.entry("hidden=4096")
-    assert e["knobs"] == {"items_target": 4, "small_block": 128, "waves": None} and e["family"] == "hidden=4096"
+    assert e["knobs"] == {"items_target": 2, "small_block": 128, "waves": 8} and e["family"] == "hidden=4096"
     text = tuning.format_result(r)
     assert "(heuristic)" in text and "skipped" in text and "1.029x" in text
 
@@ -232,8 +232,7 @@ def test_ops_use_the_tuning_cache_once_hooked(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(rmsnorm, "plan", spy)
-    if hasattr(rmsnorm, "_prepared"):  # plans memoized by an earlier test would not reach the spy
-        monkeypatch.setattr(rmsnorm, "_prepared", {})
+    monkeypatch.setattr(rmsnorm, "_calls", {})  # calls memoized by an earlier test would not reach the spy
     x = cupy.ones((16384, 4096), dtype=BFLOAT16)
     rmsnorm.rms_norm(x)
     with tuning.heuristic_only():
