@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _check
+from . import tuning as _tuning
 from ._compile import Instantiation, get_kernel
 from ._dtypes import FLOAT_TYPES, dtype_name
 from ._launch import LaunchConfig, Signature, launch, sm_count
@@ -320,7 +321,7 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, is_neox: bool = Tr
     -------
     None
     """
-    return _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, check_positions, DEFAULT_KNOBS)
+    return _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, check_positions, None)
 
 
 class _Call:
@@ -393,9 +394,17 @@ def _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, che
     nd = cupy.ndarray
     if not (type(positions) is nd and type(query) is nd and type(cos_sin_cache) is nd
             and (key is None or type(key) is nd)):
-        positions, query, cos_sin_cache = (_check.as_array(a, n) for a, n in (
-            (positions, "positions"), (query, "query"), (cos_sin_cache, "cos_sin_cache")))
-        key = None if key is None else _check.as_array(key, "key")
+        positions, cos_sin_cache = (_check.as_array(a, n) for a, n in (
+            (positions, "positions"), (cos_sin_cache, "cos_sin_cache")))
+        query = _check.as_array(query, "query", writable=True)
+        key = None if key is None else _check.as_array(key, "key", writable=True)
+    if knobs is None:  # the tuning cache's winner for this device, dtype and shape, else the heuristic
+        knobs = DEFAULT_KNOBS
+        if query.ndim == 3:
+            shape = (query.shape[0], query.shape[1], 0 if key is None or key.ndim != 3 else key.shape[1],
+                     query.shape[2])
+            knobs = _tuning.lookup("rotary_embedding" if is_neox else "rotary_embedding_gptj",
+                                   query.data.device_id, query.dtype, shape) or DEFAULT_KNOBS
     call = _prepare(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, knobs)
     if call is None:  # no tokens or no heads
         return
