@@ -165,13 +165,16 @@ def reference_sum(x) -> float:
 
 
 def run_ladder(n: int = 1 << 28, dtype="float32", *, repeat: int = 20, warmup: int = 3, seed: int = 0,
-               include_references: bool = True) -> list:
+               include_references: bool = True, progress=None) -> list:
     """Run every rung on the same ``n`` random ``dtype`` values and return one dict per row:
 
     ``rung`` ("v1".."v10", or "cub" / "cukern.sum" for the reference rows), ``name``, ``change``, ``us``
     (median), ``gbps``, ``pct_peak`` (of the device-to-device copy), ``pct_cub`` (``cupy.sum`` time / this
     time, in %), ``speedup`` (over the previous rung), ``value``, ``rel_error`` (against the float64
     reference) and ``ok`` (within :func:`cukern.reference.reduction_tolerance`).
+
+    ``progress``: called as ``progress(label)`` after each row is measured (each rung, then the reference
+    rows), for a progress bar (``cukern ladder`` passes its bar's ``step``).
     """
     from . import reference, timing
 
@@ -208,15 +211,21 @@ def run_ladder(n: int = 1 << 28, dtype="float32", *, repeat: int = 20, warmup: i
         }
 
     rows, previous = [], None
+
+    def add(r) -> None:
+        rows.append(r)
+        if progress is not None:
+            progress(r["rung"])
+
     for rung in RUNGS:
         tm = time_it(rung)
-        rows.append(row(rung.label, rung.name, rung.change, rung, tm, previous))
+        add(row(rung.label, rung.name, rung.change, rung, tm, previous))
         previous = tm.median_us
     if include_references:
         tm = time_it(_reduce.sum)
-        rows.append(row("cukern.sum", "reduce_full", "production op", _reduce.sum, tm, None))
+        add(row("cukern.sum", "reduce_full", "production op", _reduce.sum, tm, None))
         if cub is not None:
-            rows.append(row("cub", "cupy.sum", "CUB device reduce (two launches)", cupy.sum, cub, None))
+            add(row("cub", "cupy.sum", "CUB device reduce (two launches)", cupy.sum, cub, None))
     return rows
 
 

@@ -16,8 +16,11 @@ collapsed (:func:`classify`, pure). Then:
   copied to contiguous first.
 
 Host path: the first call for a given (op, arguments, shape, strides, dtype, 16-byte alignment, device,
-stream) validates, plans and prepares the launch; later such calls skip straight to allocating the result
-and launching (``_fast``). Tuning knobs: :class:`Knobs` (swept by bench/sweep_reduce.py).
+stream, tuning knobs, and ``out``'s shape, strides, dtype and device) validates, plans and prepares the
+launch; later such calls skip straight to allocating the result (or checking ``out`` against ``x``) and
+launching (``_fast``). A C-contiguous ``out`` of the result's dtype is written by the kernel directly (no
+temporary, no copy: capturable in a CUDA graph). Tuning knobs: :class:`Knobs` (swept by
+bench/sweep_reduce.py); the tuning cache's winner is used where there is one (:func:`_tuned_knobs`).
 
 Accumulation: float32 for float16/bfloat16/float32 results, float64 for float64, int64 for integer results.
 No float atomics: the same input gives bit-identical results every run. A float32 full sum of n elements
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _check
+from . import tuning as _tuning
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, dtype_name, parse_dtype
 from ._launch import LaunchConfig, Signature, launch, sm_count
@@ -69,6 +73,11 @@ class Knobs:
     caps the registers: ``__launch_bounds__(block, row_threads_per_sm / block)`` (1024: 64 registers).
     ``row_waves``: grid cap in waves of those resident blocks, the blocks then looping over rows (None: a
     block per row group).
+
+    Defaults from the H200 sweep (bench/results/sweeps/reduce_h200.log): rows [32768, 16384] float32 with
+    tpr 256, unroll 4, 4 blocks per SM took 475.0 µs at 8 waves and 470.5 µs at 32 waves (cupy: 470.7 µs),
+    so ``row_waves`` is 32. The full-sum defaults match or beat cupy.sum there (2^20: 7.76 vs 8.22 µs,
+    2^24: 22.74 vs 22.83 µs, 2^29: 478.8 vs 477.6 µs).
     """
 
     full_block: int = 512
@@ -78,7 +87,7 @@ class Knobs:
     row_max_tpr: int = 256
     row_unroll: int = 4
     row_threads_per_sm: int = 1024
-    row_waves: int | None = 8
+    row_waves: int | None = 32
 
 
 DEFAULT_KNOBS = Knobs()
@@ -466,8 +475,20 @@ def instantiations() -> list:
 # ---------------------------------------------------------------------------------------------------------
 # Workspace: a partials buffer and a zeroed counter per (device, stream), allocated once. Kernels on one
 # stream run in order, so they share it safely; the last block resets the counter, so no memset per call.
+#
+# Bounded: at most _WORKSPACE_MAX entries (32 KiB + 4 bytes each); a new stream beyond that evicts the
+# oldest entry (insertion order). Eviction only drops this dict's reference; the buffers are freed once
+# nothing else holds them (fast-path launchers keep theirs, ``_Launcher.keep``). Freeing while a kernel on
+# that stream may still be using the buffers is safe because they were allocated on that very stream (the
+# current stream at ``workspace()`` time) and CuPy's memory pool returns a freed block to the arena of the
+# stream that allocated it: only later allocations on the same stream reuse it, and those run after the
+# in-flight kernel in stream order; another stream never gets it (the pool gives cached blocks back to the
+# driver only through cudaFree, which waits for the device). An evicted stream that reduces again simply
+# gets a fresh workspace. (With an allocator that is not stream-ordered this way, 64 concurrently active
+# streams per process is the assumption; CuPy's own pool has the same stream-pointer-reuse caveat.)
 
 _WORK_ELEMENTS = 4096  # partials (8 bytes each) room; plans use at most blocks_per_sm * sm_count
+_WORKSPACE_MAX = 64  # (device, stream) entries kept
 _workspaces: dict = {}
 _work_lock = threading.Lock()
 
@@ -488,6 +509,8 @@ def workspace():
         with _work_lock:
             ws = _workspaces.get(key)
             if ws is None:
+                while len(_workspaces) >= _WORKSPACE_MAX:  # the oldest first (see the note above)
+                    del _workspaces[next(iter(_workspaces))]
                 ws = Workspace(cupy.empty(_WORK_ELEMENTS * 8, dtype=np.uint8), cupy.zeros(1, dtype=np.uint32))
                 _workspaces[key] = ws
     return ws
@@ -670,8 +693,10 @@ def _launch(pl: Plan, out, x, t, o, op: int, finalize: int, divisor: float) -> N
 
 # ---------------------------------------------------------------------------------------------------------
 # The host fast path. A call that has been seen before (same op, arguments, shape, strides, dtype, 16-byte
-# alignment, device and stream) skips validation and planning: one dict lookup, the result allocation and
-# the launch. Entries are made only after the general path validated and planned such a call.
+# alignment, device, stream and knobs; with ``out``, also its shape, strides, dtype, device and item
+# alignment) skips validation and planning: one dict lookup, the result allocation (or, with ``out``, the
+# overlap check) and the launch. Entries are made only after the general path validated and planned such a
+# call.
 
 _fast: dict = {}
 _FAST_MAX = 4096
@@ -696,6 +721,36 @@ def _fast_key(name: str, x, axis, dtype, keepdims):
             _cp.cuda.get_current_stream().ptr)
 
 
+def _out_key(out) -> tuple:
+    """What a cached launch into ``out`` depends on: its shape, strides, dtype, device and item alignment
+    (whether it overlaps ``x`` is checked on every call)."""
+    mem = out.data
+    return (out.shape, out.strides, out.dtype, mem.device_id, mem.ptr % out.itemsize)
+
+
+def _tuned_knobs(x, axis) -> Knobs:
+    """The tuning cache's knobs for reducing ``axis`` of ``x`` (a cupy array), else :data:`DEFAULT_KNOBS`:
+    ``axis=None`` looks up ``sum`` for ``(x.size,)``; only the last axis of an array of 2 or more dimensions
+    (``-1``, ``ndim - 1`` or a 1-tuple of either) looks up ``sum_rows`` for ``(rows, length)``; anything
+    else uses the defaults. Every op uses the sum's knobs (same kernels). Never raises for odd ``axis``."""
+    if axis is None:
+        return _tuning.lookup("sum", x.data.device_id, x.dtype, (x.size,)) or DEFAULT_KNOBS
+    nd = x.ndim
+    if nd < 2:
+        return DEFAULT_KNOBS
+    a = axis
+    if type(a) is tuple:
+        if len(a) != 1:
+            return DEFAULT_KNOBS
+        a = a[0]
+    if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)) or (a != -1 and a != nd - 1):
+        return DEFAULT_KNOBS
+    length = x.shape[-1]
+    if length == 0:
+        return DEFAULT_KNOBS
+    return _tuning.lookup("sum_rows", x.data.device_id, x.dtype, (x.size // length, length)) or DEFAULT_KNOBS
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Validation and the public ops.
 
@@ -707,13 +762,14 @@ def _result_shape(shape, axes, keepdims: bool) -> tuple:
 
 
 def _validate_out(out, shape, dtype, x):
-    out = _check.as_array(out, "out")
+    out = _check.as_array(out, "out", writable=True)
     if out.shape != shape:
         raise ValueError(f"out has shape {out.shape}; the result has shape {shape}")
     if out.dtype != dtype:
         raise TypeError(f"out has dtype {dtype_name(out.dtype)}; the result has dtype {dtype_name(dtype)}")
     _check.check_same_device({"x": x, "out": out})
     _check.check_writable(out, "out")
+    _check.check_no_overlap(out, "out", x, "x", identical_ok=False)
     return out
 
 
@@ -728,27 +784,36 @@ def _elementwise(op: Op, x, o):
 
 
 def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None = None):
-    """The public ops' body; ``knobs`` (default :data:`DEFAULT_KNOBS`) picks the tuning (for sweeps)."""
+    """The public ops' body. ``knobs`` picks the tuning (for sweeps); None: the tuning cache's winner for
+    this call (:func:`_tuned_knobs`), else :data:`DEFAULT_KNOBS`."""
     global _cp
     if _cp is None:
         import cupy
 
         _cp = cupy
     key = None
-    if out is None and type(x) is _cp.ndarray:
+    nd = _cp.ndarray
+    if type(x) is nd and (out is None or type(out) is nd):
+        if knobs is None:
+            knobs = _tuned_knobs(x, axis)
         try:
             key = _fast_key(name, x, axis, dtype, keepdims)
-            if key is not None and knobs is not None and knobs != DEFAULT_KNOBS:
-                key += (knobs,)
+            if key is not None:
+                key += (knobs,) if out is None else (knobs, *_out_key(out))
             fast = _fast.get(key)
         except TypeError:  # unhashable arguments: the general path reports them
             key = fast = None
         if fast is not None:
-            return fast(x)
-    knobs = DEFAULT_KNOBS if knobs is None else knobs
+            if out is None:
+                return fast(x)
+            _check.check_no_overlap(out, "out", x, "x", identical_ok=False)
+            fast.run(out, x)
+            return out
     op = OPS[name]
     x = _check.as_array(x, "x")
     _check.check_dtype(x, "x", op.inputs)
+    if knobs is None:
+        knobs = _tuned_knobs(x, axis)
     axes = normalize_axis(axis, x.ndim)
     final = result_dtype(name, x.dtype, dtype)
     o = x.dtype if op.kernel_op in (OP_MAX, OP_MIN) else final
@@ -758,15 +823,25 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
     count = math.prod(x.shape[i] for i in axes)
     if count == 0 and op.kernel_op in (OP_MAX, OP_MIN):
         raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
+    # The kernels write a C-contiguous out of the final dtype directly: no temporary, no copy.
+    direct = (out is not None and o == final and count > 0 and out.flags.c_contiguous
+              and out.data.ptr % out.itemsize == 0)
 
     with x.device:
-        if key is not None and o == final and count > 0:
+        if key is not None and o == final and count > 0 and (out is None or direct):
             fast = _fast_launcher(op, x, axes, o, count, shape, knobs)
             if fast is not None:
                 if len(_fast) >= _FAST_MAX:
                     _fast.clear()
                 _fast[key] = fast
-                return fast(x)
+                if out is None:
+                    return fast(x)
+                fast.run(out, x)
+                return out
+        if direct:
+            kept_shape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
+            _compute(op, x, axes, o, count, knobs, into=out.reshape(kept_shape))
+            return out
         result = _compute(op, x, axes, o, count, knobs).reshape(shape)
         if result.dtype != final:
             result = result.astype(final)
@@ -788,12 +863,13 @@ def _fast_launcher(op: Op, x, axes, o, count: int, shape, knobs: Knobs = DEFAULT
     return _launcher(pl, x, x.dtype, o, op.kernel_op, op.finalize, float(count), shape)
 
 
-def _compute(op: Op, x, axes, o, count: int, knobs: Knobs = DEFAULT_KNOBS):
-    """The reduction as a fresh contiguous array in the kept axes' order."""
+def _compute(op: Op, x, axes, o, count: int, knobs: Knobs = DEFAULT_KNOBS, into=None):
+    """The reduction as a contiguous array in the kept axes' order: a fresh one, or ``into`` (C-contiguous,
+    of the kept shape and dtype ``o``) filled in place and returned."""
     import cupy
 
     kept_shape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
-    result = cupy.empty(kept_shape, dtype=o)
+    result = cupy.empty(kept_shape, dtype=o) if into is None else into
     if result.size == 0:
         return result
     if x.data.ptr % x.itemsize:
@@ -801,7 +877,10 @@ def _compute(op: Op, x, axes, o, count: int, knobs: Knobs = DEFAULT_KNOBS):
     strides = tuple(s // x.itemsize for s in x.strides)
     pl = _plan_cached(x.shape, x.dtype, axes, strides, x.data.ptr % 16, o, sm_count(x.device.id), knobs)
     if pl.layout.kind == "none":
-        return _elementwise(op, x, o).reshape(kept_shape)
+        if into is None:
+            return _elementwise(op, x, o).reshape(kept_shape)
+        into[...] = _elementwise(op, x, o).reshape(kept_shape)
+        return into
     if pl.copy:
         order = [i for i in range(x.ndim) if i not in axes] + list(axes)
         x = cupy.ascontiguousarray(x.transpose(order))
@@ -827,7 +906,8 @@ def sum(x, axis=None, *, dtype=None, keepdims=False, out=None):  # noqa: A001 - 
     dtype : result dtype. Default as NumPy: int32 and bool give int64, floats keep theirs. Half types
         always accumulate in float32, float32 in float32, float64 in float64, integers in int64.
     keepdims : keep reduced axes as size 1.
-    out : cupy.ndarray with the result's shape and dtype, optional.
+    out : cupy.ndarray with the result's shape and dtype, optional, not overlapping ``x``; written by the
+        kernel directly when C-contiguous (CUDA-graph capturable), else through a temporary.
 
     Deterministic: the same input gives bit-identical results on every run.
     """

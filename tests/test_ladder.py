@@ -144,6 +144,45 @@ def test_format_table():
     assert "2.00" in lines[3] and " N " in lines[3] and "-" in lines[3]
 
 
+def test_run_ladder_reports_progress_after_each_row(monkeypatch):
+    """``progress(label)`` after every row, rungs then references, with the measuring replaced by fakes."""
+    import inspect
+    from types import SimpleNamespace
+
+    from cukern import timing
+
+    assert "progress" in inspect.signature(L.run_ladder).parameters  # cukern ladder passes its bar then
+    events = []
+
+    class Fake:
+        def __init__(self, label):
+            self.label, self.name, self.change = label, f"fake_{label}", "fake"
+
+        def __call__(self, x):
+            events.append(("call", self.label))
+            return np.float64(x.sum())
+
+    def benchmark(fn, x, **kw):
+        if getattr(fn, "__module__", "").startswith("cupy") or fn is np.sum:
+            raise RuntimeError("no CUB here")
+        events.append(("time", getattr(fn, "label", "sum")))
+        return timing.Timing(10.0, 10.0, 10.0, 10.0, 10.0, 1, kw.get("bytes_moved"))
+
+    monkeypatch.setattr(L, "RUNGS", tuple(Fake(f"v{i}") for i in (1, 2, 3)))
+    monkeypatch.setattr(L, "make_data", lambda n, t, seed=0: np.ones(n))
+    monkeypatch.setattr(L, "reference_sum", lambda x: float(x.sum()))
+    monkeypatch.setattr(R, "sum", Fake("sum"))
+    monkeypatch.setattr(timing, "benchmark", benchmark)
+    monkeypatch.setattr(timing, "peak_bandwidth", lambda: 1000.0)
+    pytest.importorskip("cupy")
+    seen = []
+    rows = L.run_ladder(64, "float32", progress=lambda label: (seen.append(label), events.append(("done", label))))
+    assert seen == [r["rung"] for r in rows] == ["v1", "v2", "v3", "cukern.sum"]  # no CUB: no cub row
+    assert events.index(("done", "v1")) < events.index(("time", "v2"))  # after each row, not at the end
+    assert all(r["ok"] for r in rows)
+    assert L.run_ladder(64, "float32") and len(seen) == 4  # progress is optional
+
+
 def test_run_ladder_rejects_bad_arguments():
     with pytest.raises(TypeError, match="ladder dtype"):
         L.run_ladder(16, "int32")
@@ -188,8 +227,10 @@ def test_every_rung_other_dtypes_and_misaligned(dtype):
 
 @pytest.mark.gpu
 def test_run_ladder_rows():
-    rows = L.run_ladder(1 << 22, "float32", repeat=3, warmup=1)
+    seen = []
+    rows = L.run_ladder(1 << 22, "float32", repeat=3, warmup=1, progress=seen.append)
     labels = [r["rung"] for r in rows]
+    assert seen == labels and labels[len(L.RUNGS)] == "cukern.sum"  # one progress call a row, in order
     assert labels[: len(L.RUNGS)] == [r.label for r in L.RUNGS]
     assert all(r["ok"] for r in rows)
     assert all(r["us"] > 0 and math.isfinite(r["gbps"]) for r in rows)

@@ -1,6 +1,7 @@
 """Production reductions: references, compilation of every instantiation, PTX, planning, validation (CPU);
 results against float64 references, determinism, NaN, layouts and 64-bit sizes (GPU)."""
 
+import contextlib
 import math
 import re
 
@@ -153,10 +154,65 @@ def test_rows_plan():
         assert R.plan_rows(length, 10**7, 2).tpr == p.tpr  # a row's order does not depend on the batch
 
 
+def test_defaults_from_the_h200_sweep():
+    # bench/results/sweeps/reduce_h200.log: rows [32768, 16384] float32, tpr 256 / unroll 4 / 4 blocks per
+    # SM: 475.0 us at 8 waves, 470.5 us at 32 (cupy 470.7); the full-sum defaults stay.
+    k = R.DEFAULT_KNOBS
+    assert k.row_waves == 32 and (k.row_max_tpr, k.row_unroll, k.row_threads_per_sm) == (256, 4, 1024)
+    assert (k.full_block, k.full_blocks_per_sm, k.full_unroll) == (512, 2, 4)
+    p = R.plan_rows(16384, 32768, 4, 132)
+    assert (p.tpr, p.unroll, p.min_blocks, p.grid) == (256, 4, 4, 32 * 132 * 4)
+
+
+def _fake_array(shape, dtype=np.float32, device_id=0):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(shape=tuple(shape), ndim=len(shape), size=math.prod(shape), dtype=np.dtype(dtype),
+                           data=SimpleNamespace(device_id=device_id))
+
+
+def test_tuned_knobs_lookup_rule(monkeypatch):
+    calls = []
+    tuned = {"sum": R.Knobs(full_block=256), "sum_rows": R.Knobs(row_waves=4)}
+
+    def lookup(op, device_id, dtype, shape):
+        calls.append((op, device_id, dtype, shape))
+        return tuned.get(op)
+
+    monkeypatch.setattr(R._tuning, "lookup", lookup)
+    x = _fake_array((6, 5, 7), np.float16, device_id=1)
+    assert R._tuned_knobs(x, None) == tuned["sum"]
+    assert calls[-1] == ("sum", 1, np.dtype(np.float16), (210,))
+    for axis in (-1, 2, (2,), (-1,), np.int64(-1)):
+        calls.clear()
+        assert R._tuned_knobs(x, axis) == tuned["sum_rows"], axis
+        assert calls == [("sum_rows", 1, np.dtype(np.float16), (30, 7))]
+    calls.clear()
+    for axis in (0, 1, (1, 2), (0, 1, 2), True, (True,), 1.0, [2], "x", ()):
+        assert R._tuned_knobs(x, axis) is R.DEFAULT_KNOBS, axis
+    assert R._tuned_knobs(_fake_array((7,)), -1) is R.DEFAULT_KNOBS  # rows need 2 or more dimensions
+    assert R._tuned_knobs(_fake_array((3, 0)), -1) is R.DEFAULT_KNOBS  # empty rows: nothing to look up
+    assert calls == []
+    monkeypatch.setattr(R._tuning, "lookup", lambda *a: None)  # nothing tuned: the defaults
+    assert R._tuned_knobs(x, None) is R.DEFAULT_KNOBS and R._tuned_knobs(x, -1) is R.DEFAULT_KNOBS
+
+
+def test_tuning_adapter_is_on():
+    import inspect
+
+    from cukern import tuning
+
+    assert inspect.signature(R._reduce).parameters["knobs"].default is None
+    for op in ("sum", "sum_rows"):
+        t = tuning._reduce_tunable(op)
+        assert t is not None and t.default == R.DEFAULT_KNOBS
+
+
 @pytest.mark.parametrize("knobs", [
     R.Knobs(row_max_tpr=512, row_threads_per_sm=1024, row_waves=32),
     R.Knobs(row_max_tpr=32, row_items=128, row_waves=None),
     R.Knobs(row_max_tpr=128, row_unroll=2, row_threads_per_sm=1536, row_waves=4),
+    R.Knobs(row_waves=8),
     R.Knobs(full_block=256, full_blocks_per_sm=4, full_unroll=8),
 ])
 def test_knobs_give_consistent_plans(knobs):
@@ -506,6 +562,145 @@ def test_knob_settings_are_correct(rng, knobs):
         out = cupy.empty(() if axis is None else view.shape[0], np.float32)
         R._launch(pl, out, view, view.dtype, np.dtype(np.float32), R.OP_SUM, R.FINISH_NONE, 1.0)
         _check_result("sum", out, ref, axis)
+
+
+def _failing_allocator(size):
+    raise MemoryError(f"unexpected device allocation of {size} bytes")
+
+
+@pytest.mark.gpu
+def test_out_is_written_directly_without_allocations(rng):
+    import cupy
+
+    xh = _data(rng, (257, 1031), np.float32, signed=True)
+    x = cupy.asarray(xh)
+    cases = [dict(), dict(axis=1), dict(axis=-1, keepdims=True), dict(axis=0), dict(axis=(0, 1)),
+             dict(axis=1, dtype=np.float64)]
+    for name in ("sum", "norm", "amax"):
+        for kw in cases:
+            if name == "amax" and "dtype" in kw:
+                continue
+            want = getattr(R, name)(x, **kw)
+            outs = [cupy.full(want.shape, np.nan, want.dtype) for _ in range(3)]
+            assert getattr(R, name)(x, **kw, out=outs[0]) is outs[0]  # general path, then cached
+            pl = R.plan(x.shape, x.dtype, kw.get("axis"), out_dtype=want.dtype)
+            # The two-pass column plan (axis=0 here) still allocates its partials; nothing else allocates.
+            single = not pl.copy and pl.cols2 is None
+            with cupy.cuda.using_allocator(_failing_allocator) if single else contextlib.nullcontext():
+                assert getattr(R, name)(x, **kw, out=outs[1]) is outs[1]  # fast path: no temporary
+                R._fast.clear()
+                assert getattr(R, name)(x, **kw, out=outs[2]) is outs[2]  # general path: no temporary
+            for o in outs:
+                assert cupy.asnumpy(o).tobytes() == cupy.asnumpy(want).tobytes(), (name, kw)
+    # A strided out, and amax with a converted dtype, go through a temporary and still land in out.
+    strided = cupy.zeros(2 * 1031, np.float32)[::2]
+    assert R.sum(x, axis=0, out=strided) is strided
+    _check_result("sum", strided, xh, 0)
+    conv = cupy.zeros(257, np.float64)
+    assert R.amax(x, axis=1, dtype=np.float64, out=conv) is conv
+    assert np.array_equal(cupy.asnumpy(conv), xh.max(1).astype(np.float64))
+
+
+@pytest.mark.gpu
+def test_out_overlapping_x_raises():
+    import cupy
+
+    y = cupy.ones((5, 4), np.float32)
+    with pytest.raises(ValueError, match="out overlaps x"):
+        R.sum(y, axis=0, out=y[0])
+    with pytest.raises(ValueError, match="out overlaps x"):
+        R.sum(y, axis=1, out=y[:, 0])  # strided: the temporary path checks too
+    out = cupy.empty(4, np.float32)
+    R.sum(y, axis=0, out=out)  # cached for out's shape, strides, dtype and alignment
+    R.sum(y, axis=0, out=out)
+    with pytest.raises(ValueError, match="out overlaps x"):
+        R.sum(y, axis=0, out=y[1])  # same description as out: the fast path still checks
+    assert float(y.sum()) == 20.0  # nothing was written into x
+    assert out.tolist() == [5.0] * 4
+
+
+@pytest.mark.gpu
+def test_out_in_a_cuda_graph(rng):
+    import cupy
+
+    from cukern import pipeline
+
+    x = cupy.asarray(_data(rng, (64, 4096), np.float32, signed=True))
+    calls = [(name, axis) for name in ("sum", "amax", "norm") for axis in (None, -1, 0)]
+    for _, axis in calls:  # single-launch plans: the graph holds no temporary
+        pl = R.plan(x.shape, x.dtype, axis)
+        assert not pl.copy and pl.cols2 is None
+    shapes = {None: (), -1: (64,), 0: (4096,)}
+    outs = [cupy.empty(shapes[axis], np.float32) for _, axis in calls]
+
+    def step():
+        return [getattr(R, name)(x, axis=axis, out=o) for (name, axis), o in zip(calls, outs)]
+
+    captured = pipeline.capture(step)
+    assert all(r is o for r, o in zip(captured.results[0], outs))
+    for _ in range(2):  # new inputs each replay: the graph writes into out again
+        with captured.stream:
+            x[...] = cupy.asarray(_data(rng, x.shape, np.float32, signed=True))
+            for o in outs:
+                o.fill(np.nan)
+            captured.replay()
+            captured.stream.synchronize()
+        for (name, axis), o in zip(calls, outs):
+            want = getattr(R, name)(x, axis=axis)
+            assert cupy.asnumpy(o).tobytes() == cupy.asnumpy(want).tobytes(), (name, axis)
+
+
+@pytest.mark.gpu
+def test_workspaces_are_bounded(rng, monkeypatch):
+    import cupy
+
+    monkeypatch.setattr(R, "_WORKSPACE_MAX", 3)
+    xh = _data(rng, (1 << 20,), np.float32)
+    x = cupy.asarray(xh)
+    cupy.cuda.Device().synchronize()
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(6)]
+    got = []
+    for _ in range(3):  # interleaved: kernels of several streams in flight while entries are evicted
+        for s in streams:
+            with s:
+                got.append(R.sum(x))
+                R._fast.clear()  # the general path, so each call asks for its stream's workspace
+                got.append(R.sum(x))
+            assert len(R._workspaces) <= 3
+    for s in streams:
+        s.synchronize()
+    first = cupy.asnumpy(got[0]).tobytes()
+    assert all(cupy.asnumpy(g).tobytes() == first for g in got)  # bit-identical on every stream
+    _check_result("sum", got[0], xh, None)
+
+
+@pytest.mark.gpu
+def test_tuned_knobs_are_used_and_keyed(rng, monkeypatch):
+    import cupy
+
+    tuned = {"sum": R.Knobs(full_block=256, full_blocks_per_sm=4, full_unroll=8),
+             "sum_rows": R.Knobs(row_max_tpr=128, row_unroll=2, row_waves=4)}
+    seen = []
+
+    def lookup(op, device_id, dtype, shape):
+        seen.append((op, shape))
+        return tuned.get(op)
+
+    xh = _data(rng, (33, 4099), np.float32, signed=True)
+    x = cupy.asarray(xh)
+    R._fast.clear()
+    monkeypatch.setattr(R._tuning, "lookup", lookup)
+    for _ in range(2):  # general path, then the fast path
+        _check_result("sum", R.sum(x), xh, None)
+        _check_result("sum", R.sum(x, axis=-1), xh, -1)
+        _check_result("sum", R.sum(x, axis=1, out=cupy.empty(33, np.float32)), xh, 1)
+    assert ("sum", (x.size,)) in seen and ("sum_rows", (33, 4099)) in seen
+    keyed = {e for k in R._fast for e in k if isinstance(e, R.Knobs)}
+    assert keyed == set(tuned.values())  # each call's entry carries the knobs it was planned with
+    monkeypatch.setattr(R._tuning, "lookup", lambda *a: None)  # untuned: the defaults, their own entries
+    _check_result("sum", R.sum(x), xh, None)
+    _check_result("sum", R.sum(x, axis=-1), xh, -1)
+    assert any(k[-1] is R.DEFAULT_KNOBS for k in R._fast)
 
 
 @pytest.mark.gpu
