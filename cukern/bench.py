@@ -257,7 +257,8 @@ def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, pr
     records = []
     cases = [(b, case) for op, b in OPS.items() if not ops or op in ops for case in b.cases]
     with_ladder = not ops or "reduce_ladder" in ops
-    bar = Progress(len(cases) + with_ladder, "bench")
+    with_pipeline = not ops or "pipeline" in ops  # host overhead and graph-replayed decode sizes
+    bar = Progress(len(cases) + with_ladder + with_pipeline, "bench")
     for b, case in cases:
         bar.step(f"{case.op} {'x'.join(map(str, case.shape))} {case.dtype}", n=0)
         state = b.setup(case)
@@ -294,6 +295,12 @@ def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, pr
         bar.step("reduce_ladder", n=0)
         records += ladder_records(peak)
         bar.step("reduce_ladder")
+    if with_pipeline:
+        from . import pipeline
+
+        bar.step("pipeline", n=0)
+        records += pipeline.records(peak, repeat=repeat, warmup=warmup)
+        bar.step("pipeline")
     bar.close()
     dev = cupy.cuda.Device()
     return {
@@ -308,7 +315,8 @@ def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, pr
 def format_table(records) -> str:
     rows = [("op", "impl", "shape", "dtype", "µs", "GB/s", "% peak")]
     rows += [(r["op"], r["impl"], "x".join(map(str, r["shape"])), r["dtype"], f"{r['median_us']:.2f}",
-              f"{r['gbps']:.0f}", f"{r['pct_of_peak']:.1f}") for r in records]
+              f"{r['gbps']:.0f}" if "gbps" in r else "-", f"{r['pct_of_peak']:.1f}" if "pct_of_peak" in r else "-")
+             for r in records]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                      for r in rows)

@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="cukern", description="hand-written CUDA kernels for CuPy arrays")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("bench", help="time every op against its peers and the copy peak")
-    p.add_argument("--op", action="append", choices=sorted(bench.OPS) + ["reduce_ladder"],
+    p.add_argument("--op", action="append", choices=sorted(bench.OPS) + ["reduce_ladder", "pipeline"],
                    help="only this op (repeatable)")
     p.add_argument("--json", metavar="PATH", help="write the results file")
     p.add_argument("--repeat", type=int, default=100)
