@@ -51,19 +51,6 @@ struct RowAddress {
   __device__ __forceinline__ long long operator()(RowSplit r) const { return r.outer * s0 + r.inner * s1; }
 };
 
-// The output rounding: 16-bit types convert two values per instruction.
-template <typename T, int VEC> __device__ __forceinline__ Pack<T, VEC> round_pack(const float (&f)[VEC]) {
-  Pack<T, VEC> y;
-  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
-#pragma unroll
-    for (int j = 0; j < VEC / 2; ++j) y.u[j] = pack2<T>(f[2 * j], f[2 * j + 1]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(f[j]);
-  }
-  return y;
-}
-
 template <typename T, typename W, int VEC, int TPR, int ITEMS, int BLOCK, bool FUSED>
 __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T* x, const W* weight,
                                                    long long rows, RowAddress out_at, RowAddress res_at,
@@ -147,7 +134,9 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
           float f[VEC];
 #pragma unroll
           for (int j = 0; j < VEC; ++j) f[j] = to_float(a[k].v[j]) * rstd * (offset + to_float(w[k].v[j]));
-          store(orow + (lane + k * TPR) * VEC, round_pack<T, VEC>(f));
+          Pack<T, VEC> y;
+          round_into(y, f);
+          store(orow + (lane + k * TPR) * VEC, y);
         }
       }
     } else {
@@ -157,7 +146,9 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
           float f[VEC];
 #pragma unroll
           for (int j = 0; j < VEC; ++j) f[j] = to_float(a[k].v[j]) * rstd * (offset + 1.f);
-          store(orow + (lane + k * TPR) * VEC, round_pack<T, VEC>(f));
+          Pack<T, VEC> y;
+          round_into(y, f);
+          store(orow + (lane + k * TPR) * VEC, y);
         }
       }
     }

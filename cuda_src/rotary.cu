@@ -39,18 +39,6 @@
 
 namespace cukern {
 
-// VEC floats rounded into a pack of T: 16-bit types two at a time (one cvt a pair), others one by one.
-template <typename T, int VEC>
-__device__ __forceinline__ void round_into(Pack<T, VEC>& p, const float (&f)[VEC]) {
-  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
-#pragma unroll
-    for (int j = 0; j < VEC / 2; ++j) p.u[j] = pack2<T>(f[2 * j], f[2 * j + 1]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) p.v[j] = from_float<T>(f[j]);
-  }
-}
-
 template <typename T> struct IsBf16 { static constexpr bool value = false; };
 template <> struct IsBf16<bf16> { static constexpr bool value = true; };
 

@@ -3,6 +3,8 @@
 // chunk size; the Python planner checks that before it picks N > 1.
 #pragma once
 
+#include "dtype.cuh"
+
 namespace cukern {
 
 template <int BYTES> struct Word;
@@ -33,6 +35,18 @@ template <typename T, int N> __device__ __forceinline__ void store(T* dst, const
   auto* d = reinterpret_cast<typename Pack<T, N>::W*>(dst);
 #pragma unroll
   for (int i = 0; i < Pack<T, N>::kWords; ++i) d[i] = p.w[i];
+}
+
+// VEC floats rounded into a pack of T: 16-bit types two at a time (one cvt a pair), others one by one.
+template <typename T, int VEC>
+__device__ __forceinline__ void round_into(Pack<T, VEC>& p, const float (&f)[VEC]) {
+  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < VEC / 2; ++j) p.u[j] = pack2<T>(f[2 * j], f[2 * j + 1]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) p.v[j] = from_float<T>(f[j]);
+  }
 }
 
 }  // namespace cukern
