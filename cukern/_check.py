@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,17 @@ def _cupy():
 
         _cp = cupy
     return _cp
+
+
+_NO_SWITCH = nullcontext()
+
+
+def on_device_of(a):
+    """A context making ``a``'s device current: a no-op when it already is (the common case, and a hot
+    loop's: it saves making a Device and two runtime calls)."""
+    cp = _cp or _cupy()
+    dev = a.data.device_id
+    return _NO_SWITCH if dev == cp.cuda.runtime.getDevice() else cp.cuda.Device(dev)
 
 
 @dataclass(frozen=True)

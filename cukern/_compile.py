@@ -53,7 +53,8 @@ def ctype(dtype) -> str:
 
 @dataclass(frozen=True)
 class Instantiation:
-    """One template instantiation: ``source`` file stem, template ``name``, template ``args``."""
+    """One kernel instantiation: ``source`` file stem, template ``name``, template ``args`` (none for a plain
+    kernel)."""
 
     source: str
     name: str
@@ -61,6 +62,8 @@ class Instantiation:
 
     @property
     def expression(self) -> str:
+        if not self.args:  # a plain (non-template) kernel
+            return f"cukern::{self.name}"
         parts = []
         for a in self.args:
             if isinstance(a, bool):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+NULL = np.uint64(0)  # a null pointer argument
 _SCALARS = {"i32": np.int32, "i64": np.int64, "u64": np.uint64, "f32": np.float32, "f64": np.float64}
 
 
@@ -38,7 +39,7 @@ class Signature:
         out = []
         for kind, a in zip(self.params, args):
             if kind == "ptr":
-                out.append(np.uint64(0 if a is None else a) if a is None or isinstance(a, int) else a)
+                out.append(NULL if a is None else np.uint64(a) if isinstance(a, int) else a)
             else:
                 t = _SCALARS[kind]
                 out.append(a if type(a) is t else t(a))  # arguments typed once (cached) pass through
@@ -47,6 +48,12 @@ class Signature:
 
 def launch(kernel, config: LaunchConfig, signature: Signature, args) -> None:
     kernel(config.grid, config.block, signature.convert(args), shared_mem=config.shared_mem)
+
+
+def launch_typed(kernel, config: LaunchConfig, args) -> None:
+    """:func:`launch` for arguments already typed: arrays, :data:`NULL` or ``numpy.uint64`` addresses, and
+    scalars converted by the kernel's :class:`Signature` once and cached (a hot loop's host path)."""
+    kernel(config.grid, config.block, args, shared_mem=config.shared_mem)
 
 
 _sm_counts: dict = {}

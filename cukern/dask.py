@@ -196,13 +196,33 @@ _CHUNK_OP = {"sum": "sum", "mean": "sum", "sum_of_squares": "sum_of_squares", "n
 
 def _join(parts, axes):
     """Dask's nested lists of partial results (one nesting level per reduced axis, in ``axes`` order) as one
-    array, concatenated here rather than by Dask so that it happens on the partials' device."""
+    array, concatenated here rather than by Dask so that it happens on the partials' device (that of the
+    first; partials from other GPUs of the same process are copied over first)."""
     import numpy as np
 
     if not isinstance(parts, (list, tuple)):
         return parts
     parts = [_join(p, axes[1:]) for p in parts]
-    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axes[0])
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate([_to_device_of(p, parts[0]) for p in parts], axis=axes[0])
+
+
+def _to_device_of(a, ref):
+    """``a`` on ``ref``'s CuPy device: itself when already there (or not a CuPy array), else a copy made after
+    ``a``'s device has finished the work queued on its current stream (the one host sync of this path)."""
+    dev, here = getattr(ref, "device", None), getattr(a, "device", None)
+    if not hasattr(dev, "__enter__") or not hasattr(here, "__enter__") or here.id == dev.id:
+        return a
+    import cupy
+
+    with here:
+        a = cupy.ascontiguousarray(a)
+        cupy.cuda.get_current_stream().synchronize()
+    with dev:
+        out = cupy.empty(a.shape, dtype=a.dtype)
+        out.data.copy_from_device_async(a.data, a.nbytes)
+    return out
 
 
 def _chunk(x, axis, keepdims, *, op, partial_dtype, computing_meta=False):

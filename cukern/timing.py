@@ -1,13 +1,15 @@
 """GPU timing with CUDA events: warm-up, many repeats, L2 flushed between them, robust statistics.
 
-Nothing here imports torch. ``benchmark`` records an event pair around every repeat on the current stream
-and synchronizes once at the end; ``peak_bandwidth`` measures a large device-to-device copy (bytes read
+Nothing here imports torch. ``benchmark`` records an event pair around every repeat on the current stream,
+with the stream held busy while the host queues them (so the events time the GPU, not the launch), and
+synchronizes once at the end; ``peak_bandwidth`` measures a large device-to-device copy (bytes read
 plus bytes written) once per device, the figure every percentage in cukern is against.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -71,28 +73,61 @@ def l2_flush() -> L2Flush:
     return _flushes[dev.id]
 
 
-def benchmark(fn, *args, warmup: int = 10, repeat: int = 100, flush_l2: bool = True, bytes_moved=None) -> Timing:
+HOLD_MIN_US = 20.0
+HOLD_MAX_US = 2000.0
+
+
+def hold_stream(us: float) -> None:
+    """Keep the current stream busy for ``us`` microseconds (``cuda_src/timing.cu``), touching no memory."""
+    from ._compile import Instantiation, get_kernel
+
+    kernel = get_kernel(Instantiation("timing", "hold_stream", ()))
+    kernel((1,), (1,), (np.uint64(int(us * 1e3)),))
+
+
+def hold_time_us(host_us: float) -> float:
+    """How long to hold the stream before a timed call whose launch costs the host ``host_us``: four
+    times that, plus :data:`HOLD_MIN_US` for the two event records, within :data:`HOLD_MAX_US`."""
+    return min(HOLD_MAX_US, HOLD_MIN_US + 4.0 * host_us)
+
+
+def benchmark(fn, *args, warmup: int = 10, repeat: int = 100, flush_l2: bool = True, bytes_moved=None,
+              hold: bool | None = None) -> Timing:
     """Time ``fn(*args)`` on the current stream with CUDA events.
 
-    ``warmup`` untimed calls first (compilation, caches), then ``repeat`` timed calls, each with its own
-    event pair; with ``flush_l2`` a buffer larger than L2 is overwritten before each one, and a second
-    one read so that no dirty line is left for the timed call to write back (:class:`L2Flush`), outside
-    the events. Returns microseconds (median, min, max, 20th and 80th percentile) and, given ``bytes_moved``,
-    GB/s at the median.
+    ``warmup`` untimed calls first (compilation, caches; the fastest gives the host's cost of one call),
+    then ``repeat`` timed calls, each with its own event pair; with ``flush_l2`` a buffer larger than L2
+    is overwritten before each one, and a second one read so that no dirty line is left for the timed
+    call to write back (:class:`L2Flush`), outside the events. With ``hold`` the stream is then kept busy
+    (:func:`hold_stream`) while the host records the start event and launches the call, so the interval
+    holds the call's GPU work and not the host's launch cost. ``hold=None`` holds only without the flush:
+    back to back, a call of a few microseconds is launch-bound (a one-element kernel measured 14.9 µs
+    bare, 3.7 µs held on the H200), while the flush's own GPU time already lets the host queue the call
+    ahead (4.2 µs flushed; holding as well measured 4.6 µs, so it is not added). ``bench/sweep_timing.py``
+    measures all four. Returns microseconds (median, min, max, 20th and 80th percentile) and, given
+    ``bytes_moved``, GB/s at the median.
     """
     import cupy
 
     if repeat < 1:
         raise ValueError("repeat must be at least 1")
+    if hold is None:
+        hold = not flush_l2
     stream = cupy.cuda.get_current_stream()
-    for _ in range(warmup):
+    host_us = HOLD_MAX_US
+    for _ in range(max(warmup, 1 if hold else 0)):
+        t0 = time.perf_counter()
         fn(*args)
+        host_us = min(host_us, (time.perf_counter() - t0) * 1e6)
     flush = l2_flush() if flush_l2 else None
+    hold_us = hold_time_us(host_us) if hold else 0.0
     starts = [cupy.cuda.Event() for _ in range(repeat)]
     ends = [cupy.cuda.Event() for _ in range(repeat)]
     for start, end in zip(starts, ends):
         if flush is not None:
             flush()
+        if hold:
+            hold_stream(hold_us)
         start.record(stream)
         fn(*args)
         end.record(stream)

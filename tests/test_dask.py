@@ -248,24 +248,37 @@ def test_dask_reductions_match_eager_on_one_gpu(gpu_data, name):
 
 @pytest.mark.gpu
 def test_dask_chunks_on_two_gpus():
+    """Chunks made on devices 0 and 1 (by the graph itself, as a worker per GPU makes them) are normed and
+    summed on their own device. (Built from CuPy arrays with ``from_array`` and ``concatenate`` instead,
+    Dask 2026.8 handed every chunk over on device 0, so that form cannot place chunks.)"""
     import cupy
 
     if cupy.cuda.runtime.getDeviceCount() < 2:
         pytest.skip("needs two GPUs")
-    parts, weights = [], []
-    for dev in (0, 1):
-        with cupy.cuda.Device(dev):
-            parts.append(cupy.random.default_rng(dev).standard_normal((256, 1024), dtype=cupy.float32))
-            weights.append(cupy.ones(1024, dtype=cupy.float32))
-    x = da.concatenate([da.from_array(p, chunks=(128, 1024), asarray=False) for p in parts])
+
+    def make(block_info=None):
+        i = block_info[None]["chunk-location"][0]
+        with cupy.cuda.Device(i // 2):
+            return cupy.random.default_rng(i).standard_normal((128, 1024), dtype=cupy.float32)
+
+    x = da.map_blocks(make, chunks=((128,) * 4, (1024,)), dtype=np.float32,
+                      meta=cupy.empty((0, 0), dtype=cupy.float32))
     with cupy.cuda.Device(0):
+        with dask.config.set(scheduler="sync"):
+            parts = dask.compute(*x.to_delayed().ravel())
+        assert [p.device.id for p in parts] == [0, 0, 1, 1]
         y = ckd.rms_norm(x)
         sums = ckd.sum(x, axis=1)
         with dask.config.set(scheduler="threads"):
             blocks = dask.compute(*y.to_delayed().ravel(), *sums.to_delayed().ravel())
+            total, largest = dask.compute(ckd.sum(x, split_every=4), ckd.amax(x, axis=0, split_every=4))
+        whole = cupy.concatenate([cupy.asarray(p.get()) for p in parts])
+        assert total.device.id == 0 and largest.device.id == 0
+        cupy.testing.assert_allclose(total, whole.astype(cupy.float64).sum(), rtol=1e-5, atol=1e-2)
+        assert same(largest, whole.max(axis=0))
     normed, row_sums = blocks[:4], blocks[4:]
-    for i, (b, s) in enumerate(zip(normed, row_sums)):
-        dev, part = i // 2, parts[i // 2][(i % 2) * 128:(i % 2 + 1) * 128]
+    for i, (b, s, part) in enumerate(zip(normed, row_sums, parts)):
+        dev = i // 2
         assert b.device.id == dev and s.device.id == dev
         with cupy.cuda.Device(dev):
             assert same(b, cukern.rms_norm(part))

@@ -67,3 +67,37 @@ def test_timing_bandwidth():
     t = Timing(median_us=100.0, min_us=90, max_us=120, p20_us=95, p80_us=110, repeat=10, bytes_moved=4 * 10**8)
     assert t.gbps == pytest.approx(4000.0)
     assert Timing(1, 1, 1, 1, 1, 1).gbps is None
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_stream_hold_kernel_compiles_and_sleeps_on_the_global_timer(arch):
+    from cukern._compile import compile_program
+
+    hold = Instantiation("timing", "hold_stream", ())
+    assert hold.expression == "cukern::hold_stream"
+    ptx = compile_program("timing", [hold], arch).kernel_ptx(hold)
+    assert "%globaltimer" in ptx and "nanosleep" in ptx and "ld.global" not in ptx
+
+
+def test_hold_covers_the_host_launch_cost_within_bounds():
+    from cukern import timing
+
+    assert timing.hold_time_us(0.0) == timing.HOLD_MIN_US
+    assert timing.hold_time_us(15.0) >= 4 * 15.0
+    assert timing.hold_time_us(1e9) == timing.HOLD_MAX_US
+
+
+@pytest.mark.gpu
+def test_benchmark_times_gpu_work_not_the_launch():
+    """A 50 µs hold measures about 50 µs; back to back (no flush), a tiny call timed with the stream held
+    is faster than timed bare, where the host's launch cost is inside the events."""
+    import cupy
+
+    from cukern import timing
+
+    held = timing.benchmark(timing.hold_stream, 50.0, repeat=20)
+    assert 49.0 <= held.median_us <= 60.0
+    x = cupy.ones(1, dtype=cupy.float32)
+    held = timing.benchmark(cupy.negative, x, repeat=50, flush_l2=False)
+    bare = timing.benchmark(cupy.negative, x, repeat=50, flush_l2=False, hold=False)
+    assert held.median_us < bare.median_us
