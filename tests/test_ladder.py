@@ -95,21 +95,6 @@ def compiled(request):
     return compile_program(L.SOURCE, L.instantiations(), request.param)
 
 
-def _entries(ptx: str) -> dict:
-    out, name, lines = {}, None, []
-    for line in ptx.splitlines():
-        m = re.match(r"\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+(\S+?)\(", line)
-        if m:
-            if name:
-                out[name] = "\n".join(lines)
-            name, lines = m.group(1), []
-        if name:
-            lines.append(line)
-    if name:
-        out[name] = "\n".join(lines)
-    return out
-
-
 def test_every_rung_compiles_without_local_memory(compiled):
     res = compiled.resources()
     for inst in L.instantiations():
@@ -119,12 +104,11 @@ def test_every_rung_compiles_without_local_memory(compiled):
 
 
 def test_vector_rungs_use_16_byte_loads(compiled):
-    entries = _entries(compiled.ptx)
     vector = re.compile(r"ld\.global\S*\.v(4\.(u32|b32|f32|s32)|2\.(u64|b64|f64|s64))")
     for r in L.RUNGS:
         for t in (np.dtype(np.float32), BFLOAT16):
             inst = r.instantiations(t)[0]
-            body = entries[compiled.lowered[inst.expression]]
+            body = compiled.kernel_ptx(inst)
             if r.number >= 8:
                 assert vector.search(body), (r.name, dtype_name(t))
             else:

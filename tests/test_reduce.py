@@ -57,22 +57,6 @@ def compiled(request):
     return compile_program(R.SOURCE, R.instantiations(), request.param)
 
 
-def _entries(ptx: str) -> dict:
-    """PTX text per kernel entry."""
-    out, name, lines = {}, None, []
-    for line in ptx.splitlines():
-        m = re.match(r"\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+(\S+?)\(", line)
-        if m:
-            if name:
-                out[name] = "\n".join(lines)
-            name, lines = m.group(1), []
-        if name:
-            lines.append(line)
-    if name:
-        out[name] = "\n".join(lines)
-    return out
-
-
 def test_every_instantiation_compiles_without_spills(compiled):
     res = compiled.resources()
     insts = R.instantiations()
@@ -85,7 +69,6 @@ def test_every_instantiation_compiles_without_spills(compiled):
 
 
 def test_vector_kernels_use_16_byte_loads(compiled):
-    entries = _entries(compiled.ptx)
     checked = 0
     for inst in R.instantiations():
         t = np.dtype(inst.args[0])
@@ -95,7 +78,7 @@ def test_vector_kernels_use_16_byte_loads(compiled):
             wide = inst.args[3] * t.itemsize == 16
         else:
             continue
-        body = entries[compiled.lowered[inst.expression]]
+        body = compiled.kernel_ptx(inst)
         if wide:
             assert re.search(r"ld\.global\S*\.v(4\.(u32|b32|f32|s32)|2\.(u64|b64|f64|s64))", body), inst.expression
             checked += 1
