@@ -3,7 +3,7 @@
 //   out = x / sqrt(mean(x^2) + eps) * (offset + weight)           (offset = 1 is the Gemma form)
 //   fused: residual = round(residual + x); out = rmsnorm(residual)
 //
-// The six questions (cukern/rms_norm.py keeps the same answers as data, for `explain` and the bench):
+// The six questions (cukern/rmsnorm.py keeps the same answers as data, for `explain` and the bench):
 // 1. Output tile: one row per group of TPR threads. TPR <= 32 packs BLOCK / TPR rows into a block
 //    (per-head norms over 64..256 elements); TPR = BLOCK gives one row per block. The grid covers the
 //    rows once; a block walks further rows with a grid-stride loop when the grid is capped.
@@ -19,7 +19,7 @@
 //    (2 * BLOCK / 32 floats). rms_norm_wide, for rows longer than the registers of a block can hold,
 //    reads the row twice (the second read mostly from L2).
 // 5. Tuning: TPR and ITEMS come from the hidden size (target ITEMS vectors in flight per thread), VEC from
-//    alignment; cukern/rms_norm.py `plan` picks them.
+//    alignment; cukern/rmsnorm.py `plan` picks them.
 // 6. Profile: about 3 flops an element against 2 * sizeof(T) bytes: far under the ridge point, so
 //    memory-bound; the target is the device-to-device copy bandwidth.
 #include "common/dtype.cuh"
@@ -49,6 +49,17 @@ struct RowAddress {
   long long inner;
   long long s0, s1;
   __device__ __forceinline__ long long operator()(RowSplit r) const { return r.outer * s0 + r.inner * s1; }
+};
+
+// Every scalar of a launch, passed by value as one struct (cukern/rmsnorm.py `PARAMS` packs it once per plan:
+// one kernel argument where separate scalars would cost the host a conversion each). Strides are in
+// elements; res_* are unused without the residual. Kernels take it `const __grid_constant__` so its fields
+// are read from the constant bank where they are used, like separate parameters (see rotary.cu).
+struct RmsNormParams {
+  long long rows, inner;
+  long long out_s0, out_s1, res_s0, res_s1, x_s0, x_s1;
+  int hidden;
+  float eps, offset;
 };
 
 template <typename T, typename W, int VEC, int TPR, int ITEMS, int BLOCK, bool FUSED>
@@ -157,23 +168,21 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
 
 template <typename T, typename W, int VEC, int TPR, int ITEMS, int BLOCK>
 __global__ void __launch_bounds__(BLOCK)
-    rms_norm_rows(T* out, const T* x, const W* weight, long long rows, long long inner, long long out_s0,
-                  long long out_s1, long long x_s0, long long x_s1, int hidden, float eps, float offset) {
-  const RowAddress out_at{inner, out_s0, out_s1};
-  const RowAddress x_at{inner, x_s0, x_s1};
-  rms_norm_rows_impl<T, W, VEC, TPR, ITEMS, BLOCK, false>(out, nullptr, x, weight, rows, out_at, out_at, x_at,
-                                                          hidden, eps, offset);
+    rms_norm_rows(T* out, const T* x, const W* weight, const __grid_constant__ RmsNormParams p) {
+  const RowAddress out_at{p.inner, p.out_s0, p.out_s1};
+  rms_norm_rows_impl<T, W, VEC, TPR, ITEMS, BLOCK, false>(out, nullptr, x, weight, p.rows, out_at, out_at,
+                                                          RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
+                                                          p.offset);
 }
 
 template <typename T, typename W, int VEC, int TPR, int ITEMS, int BLOCK>
 __global__ void __launch_bounds__(BLOCK)
-    fused_add_rms_norm_rows(T* out, T* residual, const T* x, const W* weight, long long rows, long long inner,
-                            long long out_s0, long long out_s1, long long res_s0, long long res_s1,
-                            long long x_s0, long long x_s1, int hidden, float eps, float offset) {
-  rms_norm_rows_impl<T, W, VEC, TPR, ITEMS, BLOCK, true>(out, residual, x, weight, rows,
-                                                         RowAddress{inner, out_s0, out_s1},
-                                                         RowAddress{inner, res_s0, res_s1},
-                                                         RowAddress{inner, x_s0, x_s1}, hidden, eps, offset);
+    fused_add_rms_norm_rows(T* out, T* residual, const T* x, const W* weight, const __grid_constant__ RmsNormParams p) {
+  rms_norm_rows_impl<T, W, VEC, TPR, ITEMS, BLOCK, true>(out, residual, x, weight, p.rows,
+                                                         RowAddress{p.inner, p.out_s0, p.out_s1},
+                                                         RowAddress{p.inner, p.res_s0, p.res_s1},
+                                                         RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
+                                                         p.offset);
 }
 
 // Rows too long for registers: a block owns a row and streams it twice in chunks of BLOCK * ITEMS * VEC.
@@ -244,22 +253,20 @@ __device__ __forceinline__ void rms_norm_wide_impl(T* out, T* residual, const T*
 
 template <typename T, typename W, int VEC, int ITEMS, int BLOCK>
 __global__ void __launch_bounds__(BLOCK)
-    rms_norm_wide(T* out, const T* x, const W* weight, long long rows, long long inner, long long out_s0,
-                  long long out_s1, long long x_s0, long long x_s1, int hidden, float eps, float offset) {
-  const RowAddress out_at{inner, out_s0, out_s1};
-  const RowAddress x_at{inner, x_s0, x_s1};
-  rms_norm_wide_impl<T, W, VEC, ITEMS, BLOCK, false>(out, nullptr, x, weight, rows, out_at, out_at, x_at, hidden,
-                                                     eps, offset);
+    rms_norm_wide(T* out, const T* x, const W* weight, const __grid_constant__ RmsNormParams p) {
+  const RowAddress out_at{p.inner, p.out_s0, p.out_s1};
+  rms_norm_wide_impl<T, W, VEC, ITEMS, BLOCK, false>(out, nullptr, x, weight, p.rows, out_at, out_at,
+                                                     RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
+                                                     p.offset);
 }
 
 template <typename T, typename W, int VEC, int ITEMS, int BLOCK>
 __global__ void __launch_bounds__(BLOCK)
-    fused_add_rms_norm_wide(T* out, T* residual, const T* x, const W* weight, long long rows, long long inner,
-                            long long out_s0, long long out_s1, long long res_s0, long long res_s1,
-                            long long x_s0, long long x_s1, int hidden, float eps, float offset) {
-  rms_norm_wide_impl<T, W, VEC, ITEMS, BLOCK, true>(out, residual, x, weight, rows, RowAddress{inner, out_s0, out_s1},
-                                                    RowAddress{inner, res_s0, res_s1}, RowAddress{inner, x_s0, x_s1},
-                                                    hidden, eps, offset);
+    fused_add_rms_norm_wide(T* out, T* residual, const T* x, const W* weight, const __grid_constant__ RmsNormParams p) {
+  rms_norm_wide_impl<T, W, VEC, ITEMS, BLOCK, true>(out, residual, x, weight, p.rows,
+                                                    RowAddress{p.inner, p.out_s0, p.out_s1},
+                                                    RowAddress{p.inner, p.res_s0, p.res_s1},
+                                                    RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps, p.offset);
 }
 
 }  // namespace cukern

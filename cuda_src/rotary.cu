@@ -171,16 +171,30 @@ __device__ __forceinline__ void store_batch(const Unit (&w)[ITEMS], T* const (&a
   }
 }
 
-// Strides are in elements and signed; every offset is 64-bit. `positions` is int32 or int64 (pos64): a uniform branch,
-// cheaper than doubling the instantiations. k may be null when heads == q_heads.
+// Every scalar of a launch, passed by value as one struct (cukern/rotary.py `PARAMS` packs it once per plan:
+// one kernel argument where separate scalars would cost the host a conversion each). Strides are in
+// elements and signed; every offset is 64-bit. `positions` is int32 or int64 (pos64): a uniform branch,
+// cheaper than doubling the instantiations. The kernel takes it `const __grid_constant__`: its fields are
+// then read from the constant bank where they are used, as separate parameters are. A plain by-value
+// struct is a private copy the compiler loads into registers up front (+2 to +5 registers here, and a
+// spill at the 64-register launch bound).
+struct RotaryParams {
+  long long tokens, q_ts, q_hs, k_ts, k_hs, pos_stride, cache_rows, cache_ts, sin_offset;
+  int pos64, q_heads, heads, rot, lanes, groups, tokens_per_block;
+  float sin_sign;
+};
+
+// k may be null when heads == q_heads.
 template <typename T, typename C, int VEC, bool NEOX, int ITEMS, int MAX_BLOCK, int MIN_BLOCKS>
 __global__ void __launch_bounds__(MAX_BLOCK, MIN_BLOCKS)
     rotary_embedding(T* __restrict__ q, T* __restrict__ k, const C* __restrict__ cache,
-                     const void* __restrict__ positions, long long tokens, long long q_ts, long long q_hs,
-                     long long k_ts, long long k_hs, long long pos_stride, int pos64, long long cache_rows,
-                     long long cache_ts, long long sin_offset, int q_heads, int heads, int rot, int lanes,
-                     int groups, int tokens_per_block, float sin_sign) {
+                     const void* __restrict__ positions, const __grid_constant__ RotaryParams p) {
   using Unit = RotaryUnit<T, VEC, NEOX>;
+  const long long tokens = p.tokens, q_ts = p.q_ts, q_hs = p.q_hs, k_ts = p.k_ts, k_hs = p.k_hs;
+  const long long pos_stride = p.pos_stride, cache_rows = p.cache_rows, cache_ts = p.cache_ts;
+  const long long sin_offset = p.sin_offset;
+  const int pos64 = p.pos64, q_heads = p.q_heads, heads = p.heads, rot = p.rot, lanes = p.lanes;
+  const int groups = p.groups, tokens_per_block = p.tokens_per_block;
   const int tpt = lanes * groups;
   const int slot = static_cast<int>(threadIdx.x) / tpt;
   if (slot >= tokens_per_block) return;
@@ -192,7 +206,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, MIN_BLOCKS)
   const int dy = (NEOX || VEC > 1) ? half : 1;
   const int quarter = rot / 4;
   const long long step = static_cast<long long>(gridDim.x) * tokens_per_block;
-  const unsigned sin_mask = sin_sign < 0.0f ? 0x80000000u : 0u;
+  const unsigned sin_mask = p.sin_sign < 0.0f ? 0x80000000u : 0u;
 
   long long tok = static_cast<long long>(blockIdx.x) * tokens_per_block + slot;
   long long pos = tok < tokens ? read_position(positions, pos64, tok * pos_stride) : 0;

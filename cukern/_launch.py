@@ -3,6 +3,11 @@
 Each kernel family declares its parameter list as a :class:`Signature`; :func:`launch` checks the count,
 converts scalars to the exact C type (so an int never lands in a float slot) and launches on CuPy's current
 stream, on the device of the arrays.
+
+Kernels on a hot host path (RMSNorm, rotary) take their scalars as one struct passed by value instead,
+declared by :class:`Params`: CuPy converts every NumPy scalar argument on every call (about 0.5 µs each
+on the H200's host, measured in bench/NOTES.md), while a struct packed once per plan is passed as one
+pointer to its bytes.
 """
 
 from __future__ import annotations
@@ -44,6 +49,36 @@ class Signature:
                 t = _SCALARS[kind]
                 out.append(a if type(a) is t else t(a))  # arguments typed once (cached) pass through
         return tuple(out)
+
+
+@dataclass(frozen=True)
+class Params:
+    """A C struct of scalars passed by value, ``fields`` ``(name, kind)`` in the struct's order, kinds from
+    ``_SCALARS``. The layout is NumPy's aligned one, which is the C one; the ``.cu`` file declares the same
+    fields in the same order (a test compares the two)."""
+
+    fields: tuple
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype([(n, _SCALARS[k]) for n, k in self.fields], align=True)
+
+    def struct(self, **values) -> np.ndarray:
+        """The struct as a 0-d NumPy array, every field given by name."""
+        names = [n for n, _ in self.fields]
+        if sorted(values) != sorted(names):
+            raise TypeError(f"struct fields are {names}, got {sorted(values)}")
+        out = np.zeros((), self.dtype)
+        for n in names:
+            out[n] = values[n]
+        return out
+
+
+def struct_argument(struct: np.ndarray):
+    """A :meth:`Params.struct` as a kernel argument, passed by value (it keeps the array alive)."""
+    from cupy.cuda.function import CNumpyArray
+
+    return CNumpyArray(struct)
 
 
 def launch(kernel, config: LaunchConfig, signature: Signature, args) -> None:

@@ -20,7 +20,7 @@ from . import tuning as _tuning
 from ._compile import Instantiation, get_kernel
 from ._dtypes import FLOAT_TYPES
 from ._launch import NULL as _NULL
-from ._launch import LaunchConfig, Signature, launch_typed, sm_count
+from ._launch import LaunchConfig, Params, launch_typed, sm_count, struct_argument
 from ._layout import rows_layout
 
 SOURCE = "rms_norm"
@@ -30,10 +30,10 @@ MAX_BYTES = 64  # of the row a thread holds in registers (see plan)
 WIDE_BLOCK, WIDE_ITEMS = 512, 4
 MAX_HIDDEN = 2**31 - 2**20
 
-_ROWS_SIG = Signature(("ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64", "i32", "f32", "f32"))
-_FUSED_SIG = Signature(
-    ("ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i32", "f32", "f32")
-)
+# The kernels' scalars, one struct (``RmsNormParams`` in cuda_src/rms_norm.cu): strides in elements.
+PARAMS = Params((("rows", "i64"), ("inner", "i64"), ("out_s0", "i64"), ("out_s1", "i64"), ("res_s0", "i64"),
+                 ("res_s1", "i64"), ("x_s0", "i64"), ("x_s1", "i64"), ("hidden", "i32"), ("eps", "f32"),
+                 ("offset", "f32")))
 
 
 def _pow2_at_least(n: int) -> int:
@@ -190,18 +190,27 @@ class _Call:
     """Everything about a call that depends only on the arguments' shapes, strides, dtypes, alignment and
     device: validated once, then reused by every call that matches (the host path of a hot loop)."""
 
-    kernel: object
+    kernel: object  # cupy.cuda.Function on the arrays' device
     config: LaunchConfig
-    outer: tuple  # per launch, per rowed array: element offset
-    tail: tuple  # typed scalars after the pointers: rows, inner, strides, hidden
+    outer: tuple | None  # per launch, per rowed array: element offset; None: one launch at offset 0
+    layout: dict  # PARAMS' fields but eps and offset
+    packed: dict  # (eps, offset) as given -> PARAMS as the kernel argument
+
+    def pack(self, eps, offset):
+        if len(self.packed) >= 64:
+            self.packed.clear()
+        p = self.packed[eps, offset] = struct_argument(PARAMS.struct(**self.layout, eps=eps, offset=offset))
+        return p
 
 
 _calls: dict = {}
-_scalars: dict = {}  # (eps, offset) as given -> as float32, so a hot loop converts nothing
 
 
 def _desc(a):
-    return None if a is None else (a.shape, a.strides, a.dtype, a.data.ptr & 15, a.data.device_id)
+    if a is None:
+        return None
+    d = a.data
+    return a.shape, a.strides, a.dtype, d.ptr & 15, d.device_id
 
 
 def _run(fused: bool, x, residual, weight, eps, offset, out, knobs: Knobs | None = None):
@@ -209,11 +218,14 @@ def _run(fused: bool, x, residual, weight, eps, offset, out, knobs: Knobs | None
 
     nd = cupy.ndarray
     key = None
-    if type(x) is nd and x.ndim and all(a is None or type(a) is nd for a in (residual, weight, out)):
+    if (type(x) is nd and (weight is None or type(weight) is nd) and (out is None or type(out) is nd)
+            and (residual is None or type(residual) is nd) and x.ndim):
+        xd, shape, dtype = x.data, x.shape, x.dtype
         if knobs is None:  # the tuning cache's winner for this device, dtype and shape, else the heuristic
-            knobs = _tuning.lookup("fused_add_rms_norm" if fused else "rms_norm", x.data.device_id, x.dtype,
-                                   x.shape) or DEFAULT_KNOBS
-        key = (fused, _desc(x), _desc(residual), _desc(weight), _desc(out), knobs)
+            knobs = _tuning.lookup("fused_add_rms_norm" if fused else "rms_norm", xd.device_id, dtype,
+                                   shape) or DEFAULT_KNOBS
+        key = (fused, shape, x.strides, dtype, xd.ptr & 15, xd.device_id, _desc(weight), _desc(out),
+               _desc(residual), None if knobs is DEFAULT_KNOBS else knobs)
     call = _calls.get(key) if key is not None else None
     if call is None:
         arrays = _validate(x, weight, out, residual)
@@ -235,24 +247,23 @@ def _run(fused: bool, x, residual, weight, eps, offset, out, knobs: Knobs | None
             _check.check_no_overlap(out, "out", weight, "weight", identical_ok=False)
         if fused:
             _check.check_no_overlap(out, "out", residual, "residual", identical_ok=False)
-    scalars = _scalars.get((eps, offset))
-    if scalars is None:
-        if len(_scalars) > 64:
-            _scalars.clear()
-        scalars = _scalars[eps, offset] = (np.float32(eps), np.float32(offset))
-    scalars = call.tail + scalars
-    w = _NULL if weight is None else weight
+    params = None
+    if call.kernel is not None:
+        params = call.packed.get((eps, offset)) or call.pack(eps, offset)
     # One device switch for the allocation and the launches, none when x's device is already current.
     with _check.on_device_of(x):
         if out is None:
-            out = cupy.ndarray(x.shape, dtype=x.dtype)
-        if call.kernel is None:
+            out = nd(x.shape, dtype=x.dtype)
+        if params is None:
             return out
+        w = _NULL if weight is None else weight
         rowed = (out, residual, x) if fused else (out, x)
-        for offs in call.outer:
-            ptrs = rowed if not any(offs) else tuple(np.uint64(a.data.ptr + o * x.itemsize)
-                                                     for a, o in zip(rowed, offs))
-            launch_typed(call.kernel, call.config, ptrs + (w,) + scalars)
+        if call.outer is None:
+            launch_typed(call.kernel, call.config, rowed + (w, params))
+        else:
+            for offs in call.outer:
+                ptrs = tuple(np.uint64(a.data.ptr + o * x.itemsize) for a, o in zip(rowed, offs))
+                launch_typed(call.kernel, call.config, ptrs + (w, params))
     return out
 
 
@@ -278,20 +289,21 @@ def _plan_call(fused: bool, x, residual, weight, out, knobs: Knobs) -> _Call:
     if out is not None:
         _check.check_writable(out, "out")
     if x.size == 0:
-        return _Call(None, None, (), ())
+        return _Call(None, None, None, {}, {})
     planned_out = out if out is not None else _FreshArray(x.shape, x.itemsize)
     rowed = [planned_out, residual, x] if fused else [planned_out, x]
     hidden = x.shape[-1]
     layout = rows_layout(rowed)
     p = plan(hidden, layout.rows, vector_width(hidden, rowed, weight), x.itemsize, sm_count(x.device.id), knobs,
              fused=fused)
-    with x.device:
-        kernel = get_kernel(p.instantiation(x.dtype, weight.dtype if weight is not None else x.dtype, fused))
-    sig = _FUSED_SIG if fused else _ROWS_SIG
-    strides = [s for pair in layout.strides for s in pair]
-    nptr = 4 if fused else 3
-    tail = sig.convert([None] * nptr + [layout.rows, layout.inner] + strides + [hidden, 0.0, 0.0])[nptr:-2]
-    return _Call(kernel, p.config, layout.outer, tail)
+    with x.device:  # the compiled function on x's device (the call is cached per device)
+        kernel = get_kernel(p.instantiation(x.dtype, weight.dtype if weight is not None else x.dtype, fused)).kernel
+    (out_s0, out_s1), (x_s0, x_s1) = layout.strides[0], layout.strides[-1]
+    res_s0, res_s1 = layout.strides[1] if fused else (0, 0)
+    fields = dict(rows=layout.rows, inner=layout.inner, out_s0=out_s0, out_s1=out_s1, res_s0=res_s0, res_s1=res_s1,
+                  x_s0=x_s0, x_s1=x_s1, hidden=hidden)
+    outer = None if layout.outer == (tuple(0 for _ in rowed),) else layout.outer
+    return _Call(kernel, p.config, outer, fields, {})
 
 
 def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None):

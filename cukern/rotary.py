@@ -22,7 +22,7 @@ from . import _check
 from . import tuning as _tuning
 from ._compile import Instantiation, get_kernel
 from ._dtypes import FLOAT_TYPES, dtype_name
-from ._launch import LaunchConfig, Signature, launch, sm_count
+from ._launch import LaunchConfig, Params, Signature, launch, sm_count, struct_argument
 
 SOURCE = "rotary"
 MAX_BLOCK = 512  # launch bound and the most threads a block gets
@@ -33,10 +33,11 @@ MAX_GRID = 2**31 - 1
 POSITION_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
 _F32 = np.dtype(np.float32)
 
-_ROTARY_SIG = Signature(
-    ("ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64", "i32", "i64", "i64", "i64",
-     "i32", "i32", "i32", "i32", "i32", "i32", "f32")
-)
+# The rotation kernel's scalars, one struct (``RotaryParams`` in cuda_src/rotary.cu): strides in elements.
+PARAMS = Params((("tokens", "i64"), ("q_ts", "i64"), ("q_hs", "i64"), ("k_ts", "i64"), ("k_hs", "i64"),
+                 ("pos_stride", "i64"), ("cache_rows", "i64"), ("cache_ts", "i64"), ("sin_offset", "i64"),
+                 ("pos64", "i32"), ("q_heads", "i32"), ("heads", "i32"), ("rot", "i32"), ("lanes", "i32"),
+                 ("groups", "i32"), ("tokens_per_block", "i32"), ("sin_sign", "f32")))
 _CHECK_SIG = Signature(("ptr", "ptr", "i64", "i64", "i64"))
 
 
@@ -326,13 +327,15 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, is_neox: bool = Tr
 
 class _Call:
     """A validated, planned launch for one combination of shapes, strides, dtypes, alignments, device and
-    options: everything but the four pointers, with the scalar arguments already typed."""
+    options: everything but the four pointers, with the scalar arguments already packed."""
 
-    __slots__ = ("device", "inst", "grid", "block", "scalars", "has_key", "rotary_dim", "sin_offset", "kernel")
+    __slots__ = ("device", "inst", "grid", "block", "struct", "params", "has_key", "rotary_dim", "sin_offset",
+                 "kernel")
 
-    def __init__(self, device, inst, grid, block, scalars, has_key, rotary_dim, sin_offset):
+    def __init__(self, device, inst, grid, block, struct, has_key, rotary_dim, sin_offset):
         self.device, self.inst, self.grid, self.block = device, inst, grid, block
-        self.scalars, self.has_key, self.kernel = scalars, has_key, None
+        self.struct, self.params = struct, struct_argument(struct)  # PARAMS: as NumPy, as the kernel argument
+        self.has_key, self.kernel = has_key, None
         self.rotary_dim, self.sin_offset = rotary_dim, sin_offset
 
 
@@ -374,13 +377,12 @@ def _prepare(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs=D
         p = plan(tokens, q.shape[1], nkv, args.rotary_dim, vec, is_neox, sm_count(device), knobs)
         qs = _elem_strides(q)
         ks = _elem_strides(k) if k is not None else (0, 0, 1)
-        scalars = _ROTARY_SIG.convert([
-            None, None, None, None, tokens, qs[0], qs[1], ks[0], ks[1], _elem_strides(pos)[0],
-            int(pos.dtype == np.int64), cache.shape[0], _elem_strides(cache)[0], args.sin_offset,
-            q.shape[1], q.shape[1] + nkv, args.rotary_dim, p.lanes, p.groups, p.tokens_per_block,
-            -1.0 if inverse else 1.0,
-        ])[4:]
-        call = _Call(device, p.instantiation(q.dtype, cache.dtype), (p.grid,), (p.block,), scalars, k is not None,
+        struct = PARAMS.struct(
+            tokens=tokens, q_ts=qs[0], q_hs=qs[1], k_ts=ks[0], k_hs=ks[1], pos_stride=_elem_strides(pos)[0],
+            cache_rows=cache.shape[0], cache_ts=_elem_strides(cache)[0], sin_offset=args.sin_offset,
+            pos64=int(pos.dtype == np.int64), q_heads=q.shape[1], heads=q.shape[1] + nkv, rot=args.rotary_dim,
+            lanes=p.lanes, groups=p.groups, tokens_per_block=p.tokens_per_block, sin_sign=-1.0 if inverse else 1.0)
+        call = _Call(device, p.instantiation(q.dtype, cache.dtype), (p.grid,), (p.block,), struct, k is not None,
                      args.rotary_dim, args.sin_offset)
     if len(_calls) >= _MAX_CALLS:
         _calls.clear()
@@ -418,9 +420,9 @@ def _launch(call, positions, query, key, cache, check_positions) -> None:
     if check_positions:
         _check_positions(_Args(positions, query, key, cache, call.rotary_dim, call.sin_offset))
     kernel = call.kernel
-    if kernel is None:
-        kernel = call.kernel = get_kernel(call.inst)
-    kernel(call.grid, call.block, (query, key if call.has_key else _NULL, cache, positions) + call.scalars)
+    if kernel is None:  # the compiled function on the current device, which is the call's
+        kernel = call.kernel = get_kernel(call.inst).kernel
+    kernel(call.grid, call.block, (query, key if call.has_key else _NULL, cache, positions, call.params))
 
 
 # ----------------------------------------------------------------------------------------------- cache

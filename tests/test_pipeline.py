@@ -19,15 +19,24 @@ def test_host_overhead_times_each_call_and_drains_the_queue():
         calls.append((a, b))
         time.sleep(0.0002)
 
-    us = pipeline.host_overhead(fn, 1, b=2, n=50, warmup=5, sync_every=20, sync=lambda: syncs.append(len(calls)))
-    assert len(calls) == 55 and calls[0] == (1, 2)
-    assert syncs == [5, 25, 45, 55]
-    assert 150 < us < 20000
+    medians = pipeline.host_overhead_rounds(fn, 1, b=2, n=50, rounds=2, warmup=5, sync_every=20,
+                                            sync=lambda: syncs.append(len(calls)))
+    assert len(calls) == 105 and calls[0] == (1, 2)
+    assert syncs == [5, 25, 45, 55, 75, 95, 105]  # after the warm-up, every 20 calls and after each round
+    assert len(medians) == 2 and all(150 < us < 20000 for us in medians)
+
+
+def test_host_overhead_is_the_quietest_round():
+    delays = iter([0.002] * 3 + [0.0002] * 3)  # a slow round, then a quiet one
+    us = pipeline.host_overhead(lambda: time.sleep(next(delays)), n=3, rounds=2, warmup=0, sync=lambda: None)
+    assert 150 < us < 1500
 
 
 def test_host_overhead_needs_calls():
     with pytest.raises(ValueError):
         pipeline.host_overhead(lambda: None, n=0, sync=lambda: None)
+    with pytest.raises(ValueError):
+        pipeline.host_overhead(lambda: None, rounds=0, sync=lambda: None)
 
 
 def test_per_call_divides_every_time():

@@ -1,12 +1,14 @@
 """Launch plumbing, row layouts and argument checks that need no GPU."""
 
+import re
+
 import numpy as np
 import pytest
 
-from cukern import _layout
-from cukern._compile import Instantiation
+from cukern import _layout, rmsnorm, rotary
+from cukern._compile import Instantiation, read_source
 from cukern._dtypes import BFLOAT16
-from cukern._launch import LaunchConfig, Signature
+from cukern._launch import LaunchConfig, Params, Signature
 from cukern.timing import Timing
 
 
@@ -23,6 +25,36 @@ def test_signature_types_scalars_and_counts_arguments():
     assert type(args[3]) is np.int32
     with pytest.raises(TypeError, match="takes 4 arguments, got 3"):
         sig.convert((None, 1, 2.0))
+
+
+_C_KINDS = {"long long": "i64", "int": "i32", "float": "f32", "double": "f64"}
+
+
+@pytest.mark.parametrize("params, source, struct", [(rmsnorm.PARAMS, rmsnorm.SOURCE, "RmsNormParams"),
+                                                    (rotary.PARAMS, rotary.SOURCE, "RotaryParams")])
+def test_params_match_the_struct_the_kernel_declares(params, source, struct):
+    body = re.search(r"struct " + struct + r" \{(.*?)\};", read_source(source), re.S).group(1)
+    fields = []
+    for decl in body.split(";")[:-1]:
+        kind, names = re.fullmatch(r"\s*(long long|int|float|double) (.*)", decl, re.S).groups()
+        fields += [(n.strip(), _C_KINDS[kind]) for n in names.split(",")]
+    assert tuple(fields) == params.fields
+    # NumPy's aligned layout is C's: every field at a multiple of its size, the whole padded to the largest
+    offset = 0
+    for name, kind in fields:
+        size = int(kind[1:]) // 8
+        offset = -(-offset // size) * size
+        assert params.dtype.fields[name][1] == offset, name
+        offset += size
+    assert params.dtype.itemsize == -(-offset // 8) * 8
+
+
+def test_params_struct_takes_every_field_by_name():
+    p = Params((("n", "i64"), ("scale", "f32")))
+    s = p.struct(scale=0.5, n=3)
+    assert s["n"] == 3 and s["scale"] == np.float32(0.5) and p.dtype.itemsize == 16
+    with pytest.raises(TypeError, match="struct fields"):
+        p.struct(n=3)
 
 
 def test_launch_config_rejects_swapped_or_empty_sizes():

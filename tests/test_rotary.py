@@ -337,7 +337,7 @@ def test_prepare_memoizes_on_layout_not_pointers(monkeypatch):
     assert b is not a and b.inst.args[2] == 1
     assert _prep(monkeypatch, _fakes(), is_neox=False) is not a
     c = _prep(monkeypatch, _fakes(), inverse=True)
-    assert c.scalars[-1] == np.float32(-1.0) and a.scalars[-1] == np.float32(1.0)
+    assert c.struct["sin_sign"] == -1.0 and a.struct["sin_sign"] == 1.0
     assert _prep(monkeypatch, _fakes(), knobs=rotary.Knobs(items=1)).inst.args[4] == 1
     assert _prep(monkeypatch, _fakes(key=None)).has_key is False
     assert _prep(monkeypatch, _fakes(query=Fake((0, 8, 128)), key=Fake((0, 2, 128)),
