@@ -92,7 +92,7 @@ def targets(R: Records) -> list:
     gap = 100 * (view["median_us"] / contiguous["median_us"] - 1)
     rows.append(("rotary fused-qkv view", "within 5% of contiguous", pct(view),
                  peer_text(R.best_peer("rotary_embedding_qkv_view", (16384, 32, 128))),
-                 f"{met([gap > 5 and 'over 5%'])} ({gap:.1f}%)"))
+                 f"{met([gap > 5 and 'over 5%'])} ({round(gap, 1) or 0.0:.1f}%)"))
     for tokens in (1, 8, 64):
         r = R.get("rotary_embedding", "cukern", (tokens, 32, 128))
         g = R.get("rotary_embedding", "cukern-graph", (tokens, 32, 128))
