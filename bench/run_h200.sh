@@ -17,7 +17,8 @@ part=${1:-all}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
 tests=0 bench=0
 if [ "$part" = all ] || [ "$part" = tests ]; then
-  python3 -m pytest -m gpu -q -p no:cacheprovider --durations=15 "${@:-tests bench}" 2>&1 | tee "$out/gpu_tests.log"
+  if [ $# -gt 0 ]; then paths=("$@"); else paths=(tests bench); fi
+  python3 -m pytest -m gpu -q -p no:cacheprovider --durations=15 "${paths[@]}" 2>&1 | tee "$out/gpu_tests.log"
   tests=$?
 fi
 if [ "$part" = all ] || [ "$part" = bench ]; then
