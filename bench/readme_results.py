@@ -56,8 +56,8 @@ def versus(ours, peer):
     """'' when ours is at least as fast as the peer, else how much faster the peer is."""
     if peer is None or ours["median_us"] <= peer["median_us"]:
         return ""
-    name = NAMES.get(peer["impl"], peer["impl"])
-    return f"{name} {100 * (ours['median_us'] / peer['median_us'] - 1):.1f}% faster"
+    name, lead = NAMES.get(peer["impl"], peer["impl"]), 100 * (ours["median_us"] / peer["median_us"] - 1)
+    return f"{name} {lead:.1f}% faster" if lead >= 0.05 else f"{name} {lead:.2f}% faster (a tie within noise)"
 
 
 def met(misses) -> str:
