@@ -87,7 +87,7 @@ def launch(kernel, config: LaunchConfig, signature: Signature, args) -> None:
 
 def launch_typed(kernel, config: LaunchConfig, args) -> None:
     """:func:`launch` for arguments already typed: arrays, :data:`NULL` or ``numpy.uint64`` addresses, and
-    scalars converted by the kernel's :class:`Signature` once and cached (a hot loop's host path)."""
+    a :func:`struct_argument` packed once and cached (a hot loop's host path)."""
     kernel(config.grid, config.block, args, shared_mem=config.shared_mem)
 
 
