@@ -13,7 +13,8 @@ import time
 import numpy as np
 
 import cupy
-from cukern import reference, rotary, timing
+from cukern import bench, reference, rotary, timing
+from cukern.bench import Case
 from cukern._compile import get_kernel
 from cukern._dtypes import BFLOAT16
 
@@ -33,17 +34,11 @@ QKV_KNOBS = [rotary.Knobs(), rotary.Knobs(4, 256, None, 1), rotary.Knobs(2, 256,
 DECODE_KNOBS = [rotary.Knobs(i, b, None, m) for (i, m), b in itertools.product([(1, 2), (2, 2)], [128, 256, 512])]
 
 
-def make_case(tokens, is_neox, qkv_view, rng, nh=NH, nkv=NKV):
-    if qkv_view:
-        qkv = rng.standard_normal((tokens, (nh + 2 * nkv) * HD), dtype=np.float32).astype(BFLOAT16)
-        q = qkv[:, : nh * HD].reshape(tokens, nh, HD)
-        k = qkv[:, nh * HD: (nh + nkv) * HD].reshape(tokens, nkv, HD)
-    else:
-        q = rng.standard_normal((tokens, nh, HD), dtype=np.float32).astype(BFLOAT16)
-        k = rng.standard_normal((tokens, nkv, HD), dtype=np.float32).astype(BFLOAT16)
-    cache = rotary.rope_cache(MAX_POS, HD)
-    pos = rng.integers(0, MAX_POS, tokens, dtype=np.int64)
-    return q, k, cache, pos
+def make_case(tokens, is_neox, qkv_view):
+    """The benchmark's own inputs (:func:`cukern.bench._rope_setup`): q, k, cache, positions."""
+    s = bench._rope_setup(Case("rotary_embedding", (tokens, NH, HD), "bfloat16",
+                               (("kv_heads", NKV), ("qkv_view", qkv_view), ("neox", is_neox))))
+    return s["q"], s["k"], s["cache"], s["pos"]
 
 
 def call(pos, q, k, cache, is_neox, knobs):
@@ -89,9 +84,9 @@ def check(knobs_list):
     print(f"correctness, all settings: {'OK' if all_ok else 'FAIL'}", flush=True)
 
 
-def sweep(cases, knobs_list, peak, rng):
+def sweep(cases, knobs_list, peak):
     for label, tokens, is_neox, qkv_view in cases:
-        q, k, cache, pos = make_case(tokens, is_neox, qkv_view, rng)
+        q, k, cache, pos = make_case(tokens, is_neox, qkv_view)
         nbytes = rotary.bytes_moved(tokens, NH, NKV, HD, BFLOAT16)
         for knobs in knobs_list:
             p, regs = describe(tokens, is_neox, knobs)
@@ -103,8 +98,8 @@ def sweep(cases, knobs_list, peak, rng):
         cupy.get_default_memory_pool().free_all_blocks()
 
 
-def host_overhead(rng, n=1000):
-    q, k, cache, pos = make_case(1, True, False, rng)
+def host_overhead(n=1000):
+    q, k, cache, pos = make_case(1, True, False)
     for _ in range(20):
         rotary.rotary_embedding(pos, q, k, cache, check_positions=False)
     stream = cupy.cuda.get_current_stream()
@@ -128,12 +123,11 @@ def main():
     start = time.perf_counter()
     peak = timing.peak_bandwidth()
     print(f"copy peak {peak:.0f} GB/s; defaults {rotary.DEFAULT_KNOBS}", flush=True)
-    rng = cupy.random.default_rng(1)
     check(sorted(set(LARGE_KNOBS) | set(QKV_KNOBS) | set(DECODE_KNOBS), key=str))
-    sweep(LARGE[:3], LARGE_KNOBS, peak, rng)
-    sweep(LARGE[3:], QKV_KNOBS, peak, rng)
-    sweep(DECODE, DECODE_KNOBS, peak, rng)
-    host_overhead(rng)
+    sweep(LARGE[:3], LARGE_KNOBS, peak)
+    sweep(LARGE[3:], QKV_KNOBS, peak)
+    sweep(DECODE, DECODE_KNOBS, peak)
+    host_overhead()
     print(f"done in {time.perf_counter() - start:.1f} s", flush=True)
 
 
