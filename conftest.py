@@ -1,3 +1,5 @@
+import sys
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,8 @@ HAS_GPU = _gpu_available()
 
 
 def pytest_collection_modifyitems(config, items):
+    # Tests that wait on NVRTC go last: the workers compile (see pytest_collection_finish) while the rest run.
+    items.sort(key=lambda item: item.get_closest_marker("nvrtc") is not None)
     if HAS_GPU:
         return
     skip = pytest.mark.skip(reason="no CUDA GPU")
@@ -29,3 +33,20 @@ def rng():
     seed = np.random.SeedSequence().entropy % 2**32
     print(f"rng seed {seed}")
     return np.random.default_rng(seed)
+
+
+def pytest_collection_finish(session):
+    """NVRTC is most of the suite's time and keeps one core busy: compile the families the selected tests mark
+    with ``nvrtc`` in worker processes from the start, so each is compiled once per run, on every core, while
+    the unmarked tests run."""
+    sources = [s for item in session.items for mark in item.iter_markers("nvrtc") for s in mark.args]
+    if sources and not session.config.option.collectonly:
+        import _support
+
+        _support.prefetch(sources)
+
+
+def pytest_sessionfinish(session):
+    support = sys.modules.get("_support")
+    if support is not None:
+        support.stop_prefetch()

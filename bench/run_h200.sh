@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The GPU job: the GPU test suite, then the benchmark, writing bench/results/h200.json, the two plots and
-# the rms_norm card (and copies of everything under $OUT when the device tool runs it).
-# Usage: bench/run_h200.sh [all|tests|bench] [pytest args...]   (default all; the parts fit one device
-# call each when a call's time limit is too short for both)
+# The GPU job: the GPU test suite, then compute-sanitizer over bench/sanitize.py, then the benchmark, writing
+# bench/results/h200.json, the two plots, the rms_norm card and bench/results/sanitizer_h200.json (and
+# copies of the results and logs.tar.gz under $OUT when the device tool runs it).
+# Usage: bench/run_h200.sh [all|tests|sanitize|bench] [pytest args...]   (default all; the parts fit one
+# device call each when a call's time limit is too short for all; SANITIZE_TOOLS="memcheck racecheck"
+# runs a subset of the four tools)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -11,23 +13,56 @@ if [ -d .whl ]; then  # optional packages the device image lacks (dask), carried
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 out=${OUT:-/tmp/cukern-out}
-mkdir -p "$out"
+logs=$out/logs  # every log here, packed into $out/logs.tar.gz at the end (the device tool returns 8 files)
+mkdir -p "$logs"
 part=${1:-all}
 [ $# -gt 0 ] && shift
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$logs/gpu.txt"
 tests=0 bench=0
 if [ "$part" = all ] || [ "$part" = tests ]; then
   if [ $# -gt 0 ]; then paths=("$@"); else paths=(tests bench); fi
-  python3 -m pytest -m gpu -q -p no:cacheprovider --durations=15 "${paths[@]}" 2>&1 | tee "$out/gpu_tests.log"
+  python3 -m pytest -m gpu -q -p no:cacheprovider --durations=15 "${paths[@]}" 2>&1 | tee "$logs/gpu_tests.log"
   tests=$?
+fi
+sanitize=0
+if [ "$part" = all ] || [ "$part" = sanitize ]; then
+  # One tool per run, each log in $logs/sanitize_<tool>.log. A finding, a Python error in the script or a
+  # missing compute-sanitizer all count as errors: the job fails rather than claim a check it did not make.
+  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  outcomes=()
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
+    log=$logs/sanitize_$tool.log
+    if [ ! -x "$cs" ]; then
+      echo "compute-sanitizer not found (PATH, /usr/local/cuda/bin)" > "$log"
+      outcomes+=("$tool=errors")
+    elif "$cs" --tool "$tool" --error-exitcode 1 --target-processes all python3 bench/sanitize.py > "$log" 2>&1; then
+      outcomes+=("$tool=clean")
+    else
+      outcomes+=("$tool=errors")
+    fi
+    [ "${outcomes[-1]#*=}" = clean ] || sanitize=1
+    echo "sanitize $tool: ${outcomes[-1]#*=} ($(tail -n 1 "$log"))"
+  done
+  # Outcomes of this tree add to those already recorded for it (a subset per call, SANITIZE_TOOLS).
+  python3 -c 'import json, os, sys
+from cukern._compile import source_sha256
+path, sha = sys.argv[1], source_sha256()
+old = json.load(open(path)) if os.path.exists(path) else {}
+tools = old["tools"] if old.get("source_sha256") == sha else {}
+tools.update(a.split("=", 1) for a in sys.argv[2:])
+with open(path, "w") as f:
+    json.dump({"source_sha256": sha, "tools": tools}, f, indent=2)
+    f.write("\n")' bench/results/sanitizer_h200.json "${outcomes[@]}" || sanitize=1
+  cp bench/results/sanitizer_h200.json "$out/" 2>/dev/null
 fi
 if [ "$part" = all ] || [ "$part" = bench ]; then
   r=bench/results
-  python3 -m cukern bench --json $r/h200.json --plot $r/bandwidth_h200.png 2>&1 | tee "$out/bench.log"
+  python3 -m cukern bench --json $r/h200.json --plot $r/bandwidth_h200.png 2>&1 | tee "$logs/bench.log"
   bench=$?
-  python3 -m cukern roofline --results $r/h200.json --plot $r/roofline_h200.png 2>&1 | tee -a "$out/bench.log"
+  python3 -m cukern roofline --results $r/h200.json --plot $r/roofline_h200.png 2>&1 | tee -a "$logs/bench.log"
   CUKERN_TUNING=off python3 -m cukern explain rms_norm --shape 16384x4096 --dtype bfloat16 > $r/rms_norm_card_h200.txt
   cp $r/h200.json $r/bandwidth_h200.png $r/roofline_h200.png $r/rms_norm_card_h200.txt "$out/" 2>/dev/null
 fi
-echo "gpu tests exit $tests, bench exit $bench"
-exit $(( tests || bench ))
+tar -czf "$out/logs.tar.gz" -C "$out" logs && rm -rf "$logs"
+echo "gpu tests exit $tests, sanitize exit $sanitize, bench exit $bench"
+exit $(( tests || sanitize || bench ))

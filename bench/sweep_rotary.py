@@ -13,10 +13,11 @@ import time
 import numpy as np
 
 import cupy
-from cukern import bench, reference, rotary, timing
-from cukern.bench import Case
+from cukern import reference, rotary, timing
+from cukern.lab import rotary as lab_rotary
 from cukern._compile import get_kernel
 from cukern._dtypes import BFLOAT16
+from cukern.rope_cache import rope_cache_host
 
 NH, NKV, HD, MAX_POS = 32, 8, 128, 8192
 
@@ -34,10 +35,9 @@ QKV_KNOBS = [rotary.Knobs(), rotary.Knobs(4, 256, None, 1), rotary.Knobs(2, 256,
 DECODE_KNOBS = [rotary.Knobs(i, b, None, m) for (i, m), b in itertools.product([(1, 2), (2, 2)], [128, 256, 512])]
 
 
-def make_case(tokens, is_neox, qkv_view):
-    """The benchmark's own inputs (:func:`cukern.bench._rope_setup`): q, k, cache, positions."""
-    s = bench._rope_setup(Case("rotary_embedding", (tokens, NH, HD), "bfloat16",
-                               (("kv_heads", NKV), ("qkv_view", qkv_view), ("neox", is_neox))))
+def make_case(tokens, qkv_view):
+    """The benchmark's own inputs (:func:`cukern.lab.rotary.inputs`): q, k, cache, positions."""
+    s = lab_rotary.inputs(tokens, NH, NKV, HD, BFLOAT16, qkv_view)
     return s["q"], s["k"], s["cache"], s["pos"]
 
 
@@ -63,7 +63,7 @@ def check(knobs_list):
     pos = host.integers(0, MAX_POS, tokens)
     pos[host.choice(tokens, 50, replace=False)] = -1
     pos[host.choice(tokens, 50, replace=False)] = MAX_POS + 3
-    cache_h = rotary.rope_cache_host(MAX_POS, HD).astype(np.float32)
+    cache_h = rope_cache_host(MAX_POS, HD).astype(np.float32)
     rows = np.unique(np.concatenate([host.choice(tokens, 256, replace=False), np.nonzero(pos < 0)[0][:8],
                                      np.nonzero(pos >= MAX_POS)[0][:8], [0, tokens - 1]]))
     cache = cupy.asarray(cache_h)
@@ -86,7 +86,7 @@ def check(knobs_list):
 
 def sweep(cases, knobs_list, peak):
     for label, tokens, is_neox, qkv_view in cases:
-        q, k, cache, pos = make_case(tokens, is_neox, qkv_view)
+        q, k, cache, pos = make_case(tokens, qkv_view)
         nbytes = rotary.bytes_moved(tokens, NH, NKV, HD, BFLOAT16)
         for knobs in knobs_list:
             p, regs = describe(tokens, is_neox, knobs)
@@ -99,7 +99,7 @@ def sweep(cases, knobs_list, peak):
 
 
 def host_overhead(n=1000):
-    q, k, cache, pos = make_case(1, True, False)
+    q, k, cache, pos = make_case(1, False)
     for _ in range(20):
         rotary.rotary_embedding(pos, q, k, cache, check_positions=False)
     stream = cupy.cuda.get_current_stream()

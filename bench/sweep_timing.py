@@ -8,7 +8,8 @@ Run from the repository root: ``PYTHONPATH=. python3 bench/sweep_timing.py`` (ab
 """
 
 import cupy
-from cukern import bench, timing
+from cukern import timing
+from cukern.lab import bench
 
 SMALL = [("sum", (1 << 20,)), ("sum", (1 << 24,)), ("rms_norm", (256, 4096)), ("rms_norm", (4096, 4096)),
          ("rotary_embedding", (1, 32, 128)), ("rotary_embedding", (64, 32, 128)), ("rms_norm", (16384, 4096))]

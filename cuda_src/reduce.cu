@@ -1,20 +1,7 @@
-// Reductions: the ladder (sum, one measured change per rung), then the production kernels behind
-// cukern.sum / amax / amin / mean / sum_of_squares / norm.
+// The production reductions behind cukern.sum / amax / amin / mean / sum_of_squares / norm. The teaching
+// ladder (ten rungs from the textbook first try to reduce_full) is cuda_src/reduce_ladder.cu.
 //
-// The ladder (cukern/ladder.py runs it; each rung is a complete sum: the multi-pass rungs are applied again
-// to their per-block partials until one value is left):
-//   v1  interleaved addressing, divergent branch            (tid % (2s) == 0)
-//   v2  interleaved addressing, strided index               (no divergence, shared-memory bank conflicts)
-//   v3  sequential addressing                               (conflict-free, half the threads idle at once)
-//   v4  first add during the global load                    (every thread busy in the first step)
-//   v5  last warp unrolled with __syncwarp                  (no barriers in the last six steps)
-//   v6  warp-shuffle reduction                              (registers instead of shared memory)
-//   v7  grid-stride loop, grid sized from the SM count      (many elements per thread, tiny second pass)
-//   v8  16-byte vector loads                                (a quarter of the load instructions)
-//   v9  last block done                                     (one launch: the last block combines partials)
-//   v10 four independent 16-byte loads in flight            (the production kernel, same body as reduce_full)
-//
-// The six questions for the production kernels (cukern/reduce.py keeps the launch math as pure plans):
+// The six questions (cukern/reduce_plan.py keeps the launch math as pure plans):
 // 1. Output tile: reduce_full: the whole array, one value, from a fixed grid (a few blocks per SM);
 //    reduce_rows: one row per group of tpr threads (a sub-warp group, or the whole block for long rows);
 //    reduce_cols: a strip of cw * VEC adjacent columns by a slice of rows per block; reduce_strided: one
@@ -25,16 +12,18 @@
 //    32 * 16 contiguous bytes per row: coalesced with no transpose.
 // 3. Accumulation: in acc_t<O>: float for float32/float16/bfloat16 results, double for float64, long long
 //    for integer results. Each thread combines its elements in a fixed order (UNROLL independent
-//    accumulators, combined in order), then a shuffle butterfly and a shared-memory stage of fixed shape.
-//    The final combine of per-block partials (full: last block done; columns: a second tiny pass) reads
-//    them in index order. No float atomics anywhere: results are bit-identical run to run for a given
-//    input, its alignment and the plan, and the plan depends only on sizes, dtypes and the SM count.
+//    accumulators, combined in order), then the warp and block reductions of common/reduce.cuh (a shuffle
+//    butterfly, then the warp values in warp order). The final combine of per-block partials (full: last
+//    block done; columns: a second tiny pass) reads them in index order. No float atomics anywhere: results
+//    are bit-identical run to run for a given input, its alignment and the plan, and the plan depends only
+//    on sizes, dtypes and the SM count.
 // 4. Staging: registers; shared memory only for the block-level combine (and the column kernel's
 //    cross-row-lane combine).
-// 5. Tuning: block sizes, blocks per SM, tpr and slices come from cukern/reduce.py `plan_*`.
+// 5. Tuning: block sizes, blocks per SM, tpr and slices come from cukern/reduce_plan.py `plan_*`.
 // 6. Profile: one add per element against sizeof(T) bytes: memory-bound; the target is the copy bandwidth.
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
+#include "common/reduce.cuh"
 
 namespace cukern {
 
@@ -79,24 +68,30 @@ template <> struct Limits<long long> {
   __device__ __forceinline__ static long long highest() { return 0x7fffffffffffffffll; }
 };
 
-template <int OP, typename A> __device__ __forceinline__ A identity() {
-  if constexpr (OP == OP_MAX) return Limits<A>::lowest();
-  else if constexpr (OP == OP_MIN) return Limits<A>::highest();
-  else return A(0);
-}
+// NaN-aware max and min (a != a only for NaN): a NaN anywhere wins, as in NumPy. Both operands are treated
+// alike, so combining in any fixed order gives the same NaN-or-not answer.
+struct Max {
+  template <typename A> __device__ __forceinline__ static A identity() { return Limits<A>::lowest(); }
+  template <typename A> __device__ __forceinline__ static A apply(A a, A b) { return (a != a || a > b) ? a : b; }
+};
+struct Min {
+  template <typename A> __device__ __forceinline__ static A identity() { return Limits<A>::highest(); }
+  template <typename A> __device__ __forceinline__ static A apply(A a, A b) { return (a != a || a < b) ? a : b; }
+};
+
+// The combine of each op: sums and sums of squares add (a square is lifted once, then added).
+template <int OP> struct CombineOf { using type = Sum; };
+template <> struct CombineOf<OP_MAX> { using type = Max; };
+template <> struct CombineOf<OP_MIN> { using type = Min; };
+template <int OP> using combine_t = typename CombineOf<OP>::type;
+
+template <int OP, typename A> __device__ __forceinline__ A identity() { return combine_t<OP>::template identity<A>(); }
+template <int OP, typename A> __device__ __forceinline__ A combine(A a, A b) { return combine_t<OP>::apply(a, b); }
 
 // What one element contributes (its square for OP_SUMSQ).
 template <int OP, typename A> __device__ __forceinline__ A lift(A v) {
   if constexpr (OP == OP_SUMSQ) return v * v;
   else return v;
-}
-
-// NaN-aware max and min (a != a only for NaN): a NaN anywhere wins, as in NumPy. Both operands are treated
-// alike, so combining in any fixed order gives the same NaN-or-not answer.
-template <int OP, typename A> __device__ __forceinline__ A combine(A a, A b) {
-  if constexpr (OP == OP_MAX) return (a != a || a > b) ? a : b;
-  else if constexpr (OP == OP_MIN) return (a != a || a < b) ? a : b;
-  else return a + b;
 }
 
 // Partials are combined, not lifted again: a sum of squares combines its partial sums by adding them.
@@ -110,44 +105,7 @@ template <typename O, int OP, typename A> __device__ __forceinline__ O finish(A 
   return Store<O>::from(finalize == FINISH_DIVIDE ? d / divisor : sqrt(d));
 }
 
-// Butterfly over aligned groups of `width` lanes (a power of two, at most 32); all 32 lanes call it and
-// every lane of a group ends with the group's value. Each step combines a pair the same way on both
-// sides, so the result depends only on `width`.
-template <int OP, typename A> __device__ __forceinline__ A group_reduce(A v, int width) {
-  for (int m = width / 2; m >= 1; m /= 2) v = combine<OP>(v, __shfl_xor_sync(0xffffffffu, v, m));
-  return v;
-}
-
-// Whole-block combine (blockDim.x a power of two from 64 to 1024); thread 0 gets the result. scratch
-// holds blockDim.x / 32 values; alternate between two such slots in consecutive calls so one barrier per
-// call is enough.
-template <int OP, typename A> __device__ __forceinline__ A block_reduce(A v, A* scratch) {
-  const int warps = static_cast<int>(blockDim.x) >> 5;
-  v = group_reduce<OP>(v, 32);
-  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    v = (static_cast<int>(threadIdx.x) < warps) ? scratch[threadIdx.x] : identity<OP, A>();
-    v = group_reduce<OP>(v, warps);
-  }
-  return v;
-}
-
-// Shared by the ladder and the production kernels.
-
-// This thread's element of a one-element-per-thread block (v1-v3), or the accumulator's zero past n.
-template <typename T, typename A> __device__ __forceinline__ A load_one(const T* x, long long n) {
-  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  return i < n ? to_acc<A>(x[i]) : A(0);
-}
-
-// This thread's two elements, BLOCK apart, of a block covering 2 * BLOCK elements (v4-v6), added.
-template <typename T, typename A, int BLOCK> __device__ __forceinline__ A load_two(const T* x, long long n) {
-  const long long i = static_cast<long long>(blockIdx.x) * (2 * BLOCK) + threadIdx.x;
-  A v = i < n ? to_acc<A>(x[i]) : A(0);
-  if (i + BLOCK < n) v += to_acc<A>(x[i + BLOCK]);
-  return v;
-}
+// Shared by the kernels below and by the ladder (reduce_ladder.cu includes this file).
 
 // Elements before the first 16-byte boundary of x (all of them when x is not even element-aligned).
 template <typename T> __device__ __forceinline__ long long aligned_head(const T* x, long long n) {
@@ -218,188 +176,7 @@ template <int OP, typename A> __device__ __forceinline__ A thread_partials(const
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// The ladder. T is the element type, A the accumulator (float, or double for float64); each multi-pass
-// rung writes one partial per block and cukern/ladder.py launches it again on the partials.
-
-template <typename T, typename A, int BLOCK>
-__global__ void __launch_bounds__(BLOCK) reduce_v1_interleaved_divergent(A* out, const T* x, long long n) {
-  // The textbook start: one element per thread into shared memory, then pairs at distance 1, 2, 4, ...
-  // Only threads with tid % (2s) == 0 work: every warp stays busy in step one but the active threads
-  // are scattered, so warps diverge and the % (an integer division on a runtime value) costs more than
-  // the add. Predicted: far below bandwidth (a few % of the copy peak).
-  __shared__ A s[BLOCK];
-  const unsigned tid = threadIdx.x;
-  s[tid] = load_one<T, A>(x, n);
-  __syncthreads();
-  for (unsigned stride = 1; stride < blockDim.x; stride *= 2) {
-    if (tid % (2 * stride) == 0) s[tid] += s[tid + stride];
-    __syncthreads();
-  }
-  if (tid == 0) out[blockIdx.x] = s[0];
-}
-
-template <typename T, typename A, int BLOCK>
-__global__ void __launch_bounds__(BLOCK) reduce_v2_interleaved_strided_index(A* out, const T* x, long long n) {
-  // Changed from v1: thread tid works on index 2 * s * tid, so active threads are the low, contiguous
-  // ones and whole warps retire together (no divergence, no modulo). New flaw: a warp's accesses are
-  // 2s words apart, so from s = 16 on (4-byte A) many lanes hit the same shared-memory bank and the access
-  // replays. Predicted: about 1.5-2x over v1.
-  __shared__ A s[BLOCK];
-  const unsigned tid = threadIdx.x;
-  s[tid] = load_one<T, A>(x, n);
-  __syncthreads();
-  for (unsigned stride = 1; stride < blockDim.x; stride *= 2) {
-    const unsigned index = 2 * stride * tid;
-    if (index < blockDim.x) s[index] += s[index + stride];
-    __syncthreads();
-  }
-  if (tid == 0) out[blockIdx.x] = s[0];
-}
-
-template <typename T, typename A, int BLOCK>
-__global__ void __launch_bounds__(BLOCK) reduce_v3_sequential_addressing(A* out, const T* x, long long n) {
-  // Changed from v2: fold the upper half onto the lower half (distance blockDim/2, /4, ...), so lanes read
-  // consecutive words: no bank conflicts. New flaw: half the threads are idle from the first step, and
-  // each thread loaded only one element. Predicted: modest gain over v2.
-  __shared__ A s[BLOCK];
-  const unsigned tid = threadIdx.x;
-  s[tid] = load_one<T, A>(x, n);
-  __syncthreads();
-  for (unsigned stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-    if (tid < stride) s[tid] += s[tid + stride];
-    __syncthreads();
-  }
-  if (tid == 0) out[blockIdx.x] = s[0];
-}
-
-template <typename T, typename A, int BLOCK>
-__global__ void __launch_bounds__(BLOCK) reduce_v4_first_add_during_load(A* out, const T* x, long long n) {
-  // Changed from v3: each block covers 2 * BLOCK elements and every thread adds its two while loading, so
-  // no thread idles in the first step and the grid (and the shared-memory tree work) halves.
-  // Predicted: close to 2x over v3.
-  __shared__ A s[BLOCK];
-  const unsigned tid = threadIdx.x;
-  s[tid] = load_two<T, A, BLOCK>(x, n);
-  __syncthreads();
-  for (unsigned stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-    if (tid < stride) s[tid] += s[tid + stride];
-    __syncthreads();
-  }
-  if (tid == 0) out[blockIdx.x] = s[0];
-}
-
-template <typename T, typename A, int BLOCK>
-__global__ void __launch_bounds__(BLOCK) reduce_v5_unroll_last_warp(A* out, const T* x, long long n) {
-  // Changed from v4: the block size is a compile-time constant, so the tree unrolls completely, and once
-  // 64 values remain one warp finishes without __syncthreads. Since Volta the lanes of a warp are not
-  // implicitly in lockstep (independent thread scheduling), so the old `volatile` idiom is a data race:
-  // each step here writes its value, __syncwarp, reads its partner, __syncwarp. Predicted: ~1.3x over v4
-  // (the instruction overhead of the tree's barriers and loop control goes away).
-  static_assert(BLOCK >= 64, "the last-warp stage folds 64 values");
-  __shared__ A s[BLOCK];
-  const unsigned tid = threadIdx.x;
-  A v = load_two<T, A, BLOCK>(x, n);
-  s[tid] = v;
-  __syncthreads();
-#pragma unroll
-  for (int stride = BLOCK / 2; stride > 32; stride >>= 1) {
-    if (tid < stride) s[tid] = v = v + s[tid + stride];
-    __syncthreads();
-  }
-  if (tid < 32) {
-    v += s[tid + 32];
-#pragma unroll
-    for (int stride = 16; stride > 0; stride >>= 1) {
-      __syncwarp();
-      s[tid] = v;
-      __syncwarp();
-      v += s[tid + stride];
-    }
-    if (tid == 0) out[blockIdx.x] = v;
-  }
-}
-
-// Sum over the 32 lanes of a warp with shuffles; lane 0 ends with the total.
-template <typename A> __device__ __forceinline__ A warp_sum_down(A v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// Block sum with shuffles: each warp sums in registers, lane 0 of each writes one value, warp 0 sums
-// those. Thread 0 gets the result.
-template <int BLOCK, typename A> __device__ __forceinline__ A block_sum_shuffle(A v) {
-  constexpr int kWarps = BLOCK / 32;
-  __shared__ A warp_sums[kWarps];
-  v = warp_sum_down(v);
-  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    v = threadIdx.x < kWarps ? warp_sums[threadIdx.x] : A(0);
-    v = warp_sum_down(v);
-  }
-  return v;
-}
-
-template <typename T, typename A, int BLOCK>
-__global__ void __launch_bounds__(BLOCK) reduce_v6_warp_shuffle(A* out, const T* x, long long n) {
-  // Changed from v5: the tree runs in registers with __shfl_down_sync (5 shuffle steps per warp) and
-  // shared memory holds only one value per warp; one barrier per block instead of log2(BLOCK).
-  // Predicted: small gain; the rung is now limited by how little each thread loads (2 elements) and by
-  // the 2^n / 512 blocks each paying launch and tail costs.
-  A v = load_two<T, A, BLOCK>(x, n);
-  v = block_sum_shuffle<BLOCK>(v);
-  if (threadIdx.x == 0) out[blockIdx.x] = v;
-}
-
-template <typename T, typename A, int BLOCK>
-__global__ void __launch_bounds__(BLOCK) reduce_v7_grid_stride(A* out, const T* x, long long n) {
-  // Changed from v6: the grid is a fixed number of resident blocks (the SM count times the blocks that
-  // fit per SM, from the host), and each thread sums many elements with a grid-stride loop before the
-  // block combine. Block-level overhead is paid once per thread instead of once per two elements, and
-  // the second pass shrinks from n / 512 partials to about a thousand. Predicted: a big step, to a large
-  // fraction of the bandwidth, limited by one 4-byte load in flight per iteration.
-  const long long stride = static_cast<long long>(gridDim.x) * BLOCK;
-  A v = A(0);
-  for (long long i = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x; i < n; i += stride) v += to_acc<A>(x[i]);
-  v = block_sum_shuffle<BLOCK>(v);
-  if (threadIdx.x == 0) out[blockIdx.x] = v;
-}
-
-template <typename T, typename A, int BLOCK>
-__global__ void __launch_bounds__(BLOCK) reduce_v8_vector_loads(A* out, const T* x, long long n) {
-  // Changed from v7: each load moves 16 bytes (4 float32, 8 float16/bfloat16) after a scalar head that
-  // reaches the first 16-byte boundary, and a scalar tail. A quarter of the load instructions and the
-  // loop overhead for float32. Predicted: 10-30% over v7, mostly from more bytes in flight per thread.
-  const long long lanes = static_cast<long long>(gridDim.x) * BLOCK;
-  A v = thread_span<T, A, OP_SUM, 1>(x, n, static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x, lanes);
-  v = block_sum_shuffle<BLOCK>(v);
-  if (threadIdx.x == 0) out[blockIdx.x] = v;
-}
-
-template <typename T, typename A, int BLOCK>
-__global__ void __launch_bounds__(BLOCK)
-    reduce_v9_last_block_done(A* out, A* partials, unsigned* counter, const T* x, long long n) {
-  // Changed from v8: one launch instead of three. Each block publishes its partial, fences, and bumps a
-  // counter; the block that sees the count reach gridDim.x - 1 is the last, reads all partials in index
-  // order (deterministic) and writes the sum, then resets the counter for the next launch (no memset,
-  // replayable in a CUDA graph). Predicted: the two small launches (a few microseconds each) disappear;
-  // large at mid sizes, ~1% at 2^28.
-  const long long lanes = static_cast<long long>(gridDim.x) * BLOCK;
-  A v = thread_span<T, A, OP_SUM, 1>(x, n, static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x, lanes);
-  v = block_sum_shuffle<BLOCK>(v);
-  if (!last_block_done(partials, counter, v)) return;
-  A w = thread_partials<OP_SUM>(partials);
-  __syncthreads();  // block_sum_shuffle's scratch is reused
-  w = block_sum_shuffle<BLOCK>(w);
-  if (threadIdx.x == 0) {
-    *out = w;
-    *counter = 0;
-  }
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// Production kernels.
+// The kernels.
 
 // The same share of n elements `stride` apart (any stride but 1): scalar loads, one accumulator.
 template <typename T, typename A, int OP>
@@ -423,25 +200,14 @@ __device__ __forceinline__ void full_reduce_body(O* out, acc_t<O>* partials, uns
   const long long lane = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
   A v = stride == 1 ? thread_span<T, A, OP, UNROLL>(x, n, lane, lanes)
                     : thread_span_strided<T, A, OP>(x, n, stride, lane, lanes);
-  v = block_reduce<C>(v, scratch);
+  v = block_reduce<BLOCK, combine_t<C>>(v, scratch, 0);
   if (!last_block_done(partials, counter, v)) return;
   A w = thread_partials<C>(partials);
-  w = block_reduce<C>(w, scratch + BLOCK / 32);
+  w = block_reduce<BLOCK, combine_t<C>>(w, scratch, 1);
   if (threadIdx.x == 0) {
     *out = finish<O, C>(w, finalize, divisor);
     *counter = 0;
   }
-}
-
-template <typename T, typename A, int BLOCK, int UNROLL>
-__global__ void __launch_bounds__(BLOCK)
-    reduce_v10_loads_in_flight(A* out, A* partials, unsigned* counter, const T* x, long long n) {
-  // Changed from v9: UNROLL independent 16-byte loads per thread per iteration, all issued before the
-  // first is used, each summed into its own accumulator; larger blocks (512) and a grid of two blocks per
-  // SM, so the partials are fewer and each thread streams longer. This is the production kernel
-  // (reduce_full with OP_SUM; same body, same plan). Predicted: from ~85-90% to the copy peak or above
-  // (a read-only stream beats a copy, which also writes).
-  full_reduce_body<T, A, OP_SUM, BLOCK, UNROLL>(out, partials, counter, x, n, 1, FINISH_NONE, 1.0);
 }
 
 template <typename T, typename O, int OP, int BLOCK, int UNROLL>
@@ -474,7 +240,7 @@ struct RowCursor {
 
 // Rows of `length` contiguous elements; row i starts at (i / inner) * s0 + (i % inner) * s1. A group of
 // tpr threads owns a row: tpr <= 32 packs blockDim / tpr rows into a block, tpr == blockDim gives a row a
-// block (blockDim a power of two, at most MAX_BLOCK). Out is contiguous, one value per row. Each row's
+// block (blockDim == MAX_BLOCK, a power of two). Out is contiguous, one value per row. Each row's
 // order depends only on its length, alignment, tpr and UNROLL (UNROLL independent 16-byte loads in flight
 // per thread). MIN_BLOCKS caps the registers (__launch_bounds__) so that MIN_BLOCKS blocks of MAX_BLOCK
 // threads stay resident per SM: the planner sizes the grid from it. I indexes within a row: int (fewer
@@ -507,10 +273,10 @@ __global__ void __launch_bounds__(MAX_BLOCK, row_min_blocks<T, O>(MIN_BLOCKS))
                                            static_cast<I>(tpr));
     }
     if (tpr > 32) {
-      v = block_reduce<C>(v, scratch + parity * (MAX_BLOCK / 32));
+      v = block_reduce<MAX_BLOCK, combine_t<C>>(v, scratch, parity);
       parity ^= 1;
     } else {
-      v = group_reduce<C>(v, tpr);
+      v = group_reduce<combine_t<C>>(v, tpr);
     }
     if (lane == 0 && row < rows) out[row] = finish<O, C>(v, finalize, divisor);
   }
@@ -619,7 +385,7 @@ __global__ void __launch_bounds__(BLOCK)
     for (long long r = lane; r < count; r += 32) {
       v = combine<C>(v, lift<OP>(to_acc<A>(base[(r / r_inner) * r_s0 + (r % r_inner) * r_s1])));
     }
-    v = group_reduce<C>(v, 32);
+    v = group_reduce<combine_t<C>>(v, 32);
     if (lane == 0) out[o] = finish<O, C>(v, finalize, divisor);
   }
 }

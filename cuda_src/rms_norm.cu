@@ -3,21 +3,23 @@
 //   out = x / sqrt(mean(x^2) + eps) * (offset + weight)           (offset = 1 is the Gemma form)
 //   fused: residual = round(residual + x); out = rmsnorm(residual)
 //
-// The six questions (cukern/rmsnorm.py keeps the same answers as data, for `explain` and the bench):
+// The six questions (the card in cukern/lab/rmsnorm.py keeps the same answers as data, for `explain` and
+// the bench):
 // 1. Output tile: one row per group of TPR threads. TPR <= 32 packs BLOCK / TPR rows into a block
 //    (per-head norms over 64..256 elements); TPR = BLOCK gives one row per block. The grid covers the
 //    rows once; a block walks further rows with a grid-stride loop when the grid is capped.
 // 2. Input traffic: x (and residual) read once, out (and residual) written once, weight re-read by every
-//    row from L1/L2 (holding it in registers across rows cost occupancy and measured slower). Thread `lane` of a group moves VEC consecutive elements at vector index
-//    lane + k * TPR, so a warp's accesses are contiguous: 16-byte loads when pointers and row strides
-//    allow (VEC = 16 / sizeof(T)), element loads otherwise.
+//    row from L1/L2 (holding it in registers across rows cost occupancy and measured slower). Thread
+//    `lane` of a group moves VEC consecutive elements at vector index lane + k * TPR, so a warp's accesses
+//    are contiguous: 16-byte loads when pointers and row strides allow (VEC = 16 / sizeof(T)), element
+//    loads otherwise.
 // 3. Accumulation: sum of squares in float32, each thread over its ITEMS * VEC elements in order, then a
 //    butterfly over the group (and a two-level shuffle + shared-memory sum when TPR > 32). The order
 //    depends only on the hidden size and the plan, never on the row count: batch-invariant.
-// 4. Staging: rms_norm_rows keeps its row in registers, as loaded (ITEMS packs of 16 bytes a thread,
-//    at most 128 bytes), between the reduction and the scaling, so each byte crosses DRAM once; shared memory only for the block sum
-//    (2 * BLOCK / 32 floats). rms_norm_wide, for rows longer than the registers of a block can hold,
-//    reads the row twice (the second read mostly from L2).
+// 4. Staging: rms_norm_rows keeps its row in registers, as loaded (ITEMS packs a thread, at most 64 bytes:
+//    rmsnorm.MAX_BYTES), between the reduction and the scaling, so each byte crosses DRAM once; shared
+//    memory only for the block sum (2 * BLOCK / 32 floats). rms_norm_wide, for rows longer than the
+//    registers of a block can hold, reads the row twice (the second read mostly from L2).
 // 5. Tuning: TPR and ITEMS come from the hidden size (target ITEMS vectors in flight per thread), VEC from
 //    alignment; cukern/rmsnorm.py `plan` picks them.
 // 6. Profile: about 3 flops an element against 2 * sizeof(T) bytes: far under the ridge point, so

@@ -21,7 +21,8 @@
 //    token. Lanes of a warp cover consecutive units of a head, then the next head: a warp's loads are
 //    whole 128-byte lines. A token's first q/k loads are issued before its position is checked, so the
 //    position's latency overlaps the data's instead of preceding it.
-// 3. Accumulation: none; each output is two float32 products and one add, independent of the plan.
+// 3. Accumulation: none; each output is two float32 products and one sum, each rounded once with no
+//    fused multiply-add (`turn`): bit for bit the same on every plan, vector width and placement.
 // 4. Staging: registers only. ITEMS units (two packs each) are loaded before any is rotated, so a thread
 //    keeps ITEMS x 32 bytes of loads in flight. cos/sin are kept in the cache's type and widened per
 //    head. MIN_BLOCKS (launch bound) caps registers: 2 -> 64 (half the SM's threads), spill-free for
@@ -58,6 +59,25 @@ __device__ __forceinline__ void widen(float (&f)[VEC], const Pack<T, VEC>& p) {
   }
 }
 
+// The pair (x, y) turned by (c, s): x c - y s and y c + x s, every product and sum rounded once, in this
+// one order on every path. Left to itself the compiler contracts `x * c - y * s` into a fused multiply-add
+// where it likes, and it liked different places in the 16-byte and the element-wise instantiations, so a
+// token's last bit depended on its address in a buffer; explicitly rounded operations are never
+// contracted. `sin_mask` 0x80000000 negates sin (the inverse rotation): flipping the sign of the sin
+// products gives the same bits (rounding is symmetric) without holding a negated copy of the token's sin
+// in registers, which the 64-register launch bound has no room for.
+__device__ __forceinline__ float flip_sign(float v, unsigned mask) {
+  return __uint_as_float(__float_as_uint(v) ^ mask);
+}
+
+__device__ __forceinline__ void turn(float x, float y, float c, float s, unsigned sin_mask, float& x_out,
+                                     float& y_out) {
+  // The sin products first: in this order ptxas fits every instantiation in 64 registers without spills.
+  const float ys = flip_sign(__fmul_rn(y, s), sin_mask), xs = flip_sign(__fmul_rn(x, s), sin_mask);
+  x_out = __fsub_rn(__fmul_rn(x, c), ys);
+  y_out = __fadd_rn(__fmul_rn(y, c), xs);
+}
+
 // One thread's slice of one head: two packs of VEC elements, `lo` at the unit's first element and `hi`
 // dy elements on, rotating VEC pairs with VEC cos/sin values.
 //   NeoX:            lo = v[u VEC ..), hi = v[rot/2 + u VEC ..)  (dy = rot/2); pair j = (lo[j], hi[j]).
@@ -78,28 +98,19 @@ template <typename T, int VEC, bool NEOX> struct RotaryUnit {
   template <typename CS>
   __device__ __forceinline__ void rotate_store(T* at, int dy, const CS& cs, unsigned sin_mask) const {
     float c[VEC], s[VEC];
-    cs.widen(c, s, sin_mask);
+    cs.widen(c, s);
     float a[VEC], b[VEC], l[VEC], h[VEC];
     widen(l, lo);
     widen(h, hi);
     if constexpr (kInterleaved) {
 #pragma unroll
       for (int j = 0; j < VEC / 2; ++j) {
-        const float x0 = l[2 * j], y0 = l[2 * j + 1];
-        const float x1 = h[2 * j], y1 = h[2 * j + 1];
-        const float c0 = c[j], s0 = s[j], c1 = c[VEC / 2 + j], s1 = s[VEC / 2 + j];
-        a[2 * j] = x0 * c0 - y0 * s0;
-        a[2 * j + 1] = y0 * c0 + x0 * s0;
-        b[2 * j] = x1 * c1 - y1 * s1;
-        b[2 * j + 1] = y1 * c1 + x1 * s1;
+        turn(l[2 * j], l[2 * j + 1], c[j], s[j], sin_mask, a[2 * j], a[2 * j + 1]);
+        turn(h[2 * j], h[2 * j + 1], c[VEC / 2 + j], s[VEC / 2 + j], sin_mask, b[2 * j], b[2 * j + 1]);
       }
     } else {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float x = l[j], y = h[j];
-        a[j] = x * c[j] - y * s[j];
-        b[j] = y * c[j] + x * s[j];
-      }
+      for (int j = 0; j < VEC; ++j) turn(l[j], h[j], c[j], s[j], sin_mask, a[j], b[j]);
     }
     Pack<T, VEC> olo, ohi;
     round_into(olo, a);
@@ -125,8 +136,7 @@ template <typename C, int VEC, bool NEOX> struct CosSin {
     }
   }
 
-  // sin_mask: 0x80000000 flips the sign of sin (the inverse rotation), 0 keeps it.
-  __device__ __forceinline__ void widen(float (&cf)[VEC], float (&sf)[VEC], unsigned sin_mask) const {
+  __device__ __forceinline__ void widen(float (&cf)[VEC], float (&sf)[VEC]) const {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       float a[H], b[H];
@@ -135,7 +145,7 @@ template <typename C, int VEC, bool NEOX> struct CosSin {
 #pragma unroll
       for (int j = 0; j < H; ++j) {
         cf[i * H + j] = a[j];
-        sf[i * H + j] = __uint_as_float(__float_as_uint(b[j]) ^ sin_mask);
+        sf[i * H + j] = b[j];
       }
     }
   }

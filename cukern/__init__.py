@@ -1,12 +1,13 @@
 """cukern: hand-written CUDA kernels for CuPy arrays."""
 
 from . import timing
-from .card import explain
+from .lab.card import explain
+from .lab.tune import tune
 from .ladder import RUNGS as reduce_ladder
 from .reduce import amax, amin, mean, norm, sum, sum_of_squares
 from .rmsnorm import fused_add_rms_norm, rms_norm
-from .rotary import rope_cache, rotary_embedding
-from .tuning import tune
+from .rope_cache import rope_cache
+from .rotary import rotary_embedding
 
 __version__ = "0.1.0"
 

@@ -1,17 +1,22 @@
-"""The one place a kernel is launched: a named launch configuration and typed scalar arguments.
+"""The one launch path: a named launch configuration, typed scalar arguments, the one call cache, the one
+device switch and the one place a kernel is called.
 
-Each kernel family declares its parameter list as a :class:`Signature`; :func:`launch` checks the count,
-converts scalars to the exact C type (so an int never lands in a float slot) and launches on CuPy's current
-stream, on the device of the arrays.
+Each kernel family declares its parameter list as a :class:`Signature` (or a :class:`Params` struct);
+:func:`launch` checks the count, converts scalars to the exact C type (so an int never lands in a float
+slot) and launches on CuPy's current stream. :func:`on_device` makes an array's device current (a no-op
+when it already is). :class:`CallCache` holds each op's prepared calls (validated, planned, arguments
+packed) keyed by what they depend on, bounded.
 
 Kernels on a hot host path (RMSNorm, rotary) take their scalars as one struct passed by value instead,
-declared by :class:`Params`: CuPy converts every NumPy scalar argument on every call (about 0.5 µs each
-on the H200's host, measured in bench/NOTES.md), while a struct packed once per plan is passed as one
+declared by :class:`Params`: CuPy converts every NumPy scalar argument on every call (a cost per argument
+measured in bench/NOTES.md), while a struct packed once per plan is passed as one
 pointer to its bytes.
 """
 
 from __future__ import annotations
 
+import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,14 +86,65 @@ def struct_argument(struct: np.ndarray):
     return CNumpyArray(struct)
 
 
-def launch(kernel, config: LaunchConfig, signature: Signature, args) -> None:
-    kernel(config.grid, config.block, signature.convert(args), shared_mem=config.shared_mem)
-
-
-def launch_typed(kernel, config: LaunchConfig, args) -> None:
-    """:func:`launch` for arguments already typed: arrays, :data:`NULL` or ``numpy.uint64`` addresses, and
-    a :func:`struct_argument` packed once and cached (a hot loop's host path)."""
+def launch(kernel, config: LaunchConfig, args, signature: Signature | None = None) -> None:
+    """Call ``kernel`` (a ``cupy.cuda.Function``) on the current stream. With ``signature`` the arguments are
+    checked and typed here; without, they must already be typed: arrays, :data:`NULL` or ``numpy.uint64``
+    addresses, and a :func:`struct_argument` packed once and cached (a hot loop's host path)."""
+    if signature is not None:
+        args = signature.convert(args)
     kernel(config.grid, config.block, args, shared_mem=config.shared_mem)
+
+
+_NO_SWITCH = nullcontext()
+_runtime = None
+
+
+def on_device(device_id: int):
+    """A context making ``device_id`` current: a no-op when it already is (the common case, and a hot loop's:
+    it saves making a Device and two runtime calls). The one device switch of every op."""
+    global _runtime
+    if _runtime is None:
+        import cupy
+
+        _runtime = cupy.cuda.runtime
+    if device_id == _runtime.getDevice():
+        return _NO_SWITCH
+    import cupy
+
+    return cupy.cuda.Device(device_id)
+
+
+class CallCache:
+    """Prepared calls of one op, keyed by everything the preparation read (shapes, strides, dtypes, pointer
+    alignment, device, options, knobs). Bounded: past ``limit`` entries the oldest half is dropped. A key
+    maps to its value or to None (a call with nothing to launch); :meth:`get` answers ``MISSING`` for a key
+    never stored. Only validated preparations are stored, so a hit skips validation and planning."""
+
+    MISSING = object()
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._entries: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        return self._entries.get(key, self.MISSING)
+
+    def put(self, key, value):
+        with self._lock:
+            entries = self._entries
+            if len(entries) >= self.limit:
+                for k in list(entries)[: self.limit // 2]:
+                    del entries[k]
+            entries[key] = value
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 _sm_counts: dict = {}
@@ -101,3 +157,23 @@ def sm_count(device: int) -> int:
 
         _sm_counts[device] = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
     return _sm_counts[device]
+
+
+_gpu_seen = False
+
+
+def require_gpu() -> None:
+    """Raise one RuntimeError that says so when CUDA sees no GPU, in place of CUDA's own words for it (without
+    a driver: 'driver version is insufficient for CUDA runtime version'); free once a GPU has been seen.
+    Called where a public function first touches the device with no GPU array in hand (an op given a
+    ``cupy.ndarray`` already has a GPU)."""
+    global _gpu_seen
+    if _gpu_seen:
+        return
+    import cupy
+
+    try:
+        cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as err:
+        raise RuntimeError(f"cukern needs a CUDA GPU: none is visible (CUDA says: {err})") from None
+    _gpu_seen = True

@@ -1,4 +1,5 @@
-"""Row layouts: how the leading dimensions of several same-shaped arrays map to rows.
+"""Array geometry: the one stride and extent arithmetic, the one stand-in array planning uses, and row
+layouts (how the leading dimensions of several same-shaped arrays map to rows).
 
 Kernels address a row through two leading levels (``row // inner * s0 + row % inner * s1``, in elements);
 :func:`rows_layout` merges leading dimensions wherever every array allows it, so contiguous arrays,
@@ -11,6 +12,74 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+
+import numpy as np
+
+
+def contiguous_strides(shape, itemsize: int = 1) -> tuple:
+    """C-order strides of ``shape``, in units of ``itemsize`` (1: elements; an item size: bytes)."""
+    out, step = [], itemsize
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def extent(ptr: int, shape, strides, itemsize: int) -> tuple:
+    """The byte range ``[lo, hi)`` an array with element 0 at ``ptr`` touches (``strides`` in bytes, any sign;
+    a non-empty shape)."""
+    lo = hi = ptr
+    for n, s in zip(shape, strides):
+        if s > 0:
+            hi += (n - 1) * s
+        else:
+            lo += (n - 1) * s
+    return lo, hi + itemsize
+
+
+class _Address:
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """What planning reads of an array, without the array: shape, byte strides, dtype and address (for
+    alignment). It answers ``.shape``, ``.strides``, ``.itemsize``, ``.dtype``, ``.ndim``, ``.size`` and
+    ``.data.ptr`` like a ``cupy.ndarray``, so a planner takes either. :meth:`fresh` is an output not allocated
+    yet: C-contiguous at an allocation-aligned address (CuPy's allocations are 256-byte aligned)."""
+
+    shape: tuple
+    strides: tuple
+    dtype: object
+    ptr: int = 0
+
+    @classmethod
+    def fresh(cls, shape, dtype) -> "ArraySpec":
+        dtype = np.dtype(dtype)
+        return cls(tuple(shape), contiguous_strides(shape, dtype.itemsize), dtype)
+
+    @classmethod
+    def of(cls, a) -> "ArraySpec":
+        return cls(tuple(a.shape), tuple(a.strides), np.dtype(a.dtype), a.data.ptr)
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def data(self) -> _Address:
+        return _Address(self.ptr)
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,40 @@
-"""``python -m cukern``: bench, ladder, info, compile, explain, tune, roofline."""
+"""``python -m cukern``: bench, ladder, info, compile, explain, tune, roofline.
+
+A mistake in what was asked (an unknown op, dtype or architecture, a missing file, ``--plot`` without
+matplotlib) is one line on stderr and exit status 2, found before anything is measured or compiled.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
+import re
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-from . import bench, families
+from . import _tuned, families, ladder
+from ._compile import compile_program, nvrtc_version
+from ._dtypes import dtype_name, parse_dtype
+from .lab import bench, card, device, report, tune
+from .lab.progress import Progress
+
+# cuda_src/common/dtype.cuh converts to bfloat16 with cvt.rn.bf16.f32, which ptxas takes from sm_80 on
+OLDEST_ARCH = 80
+# instantiations per NVRTC program: small enough for the progress bar to move and the cores to share the
+# work, large enough that parsing the headers again for each program stays a small part of the time
+COMPILE_CHUNK = 24
+
+
+class CommandError(Exception):
+    """A mistake in the command line, reported in one line with exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _no_gpu(command: str) -> int:
@@ -15,12 +42,35 @@ def _no_gpu(command: str) -> int:
     return 2
 
 
+def _check_plot(path) -> None:
+    if path:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CommandError('--plot needs matplotlib, which the plot extra installs: pip install -e ".[plot]" '
+                               "in a checkout (or pip install matplotlib)") from None
+
+
+def _results_file(path) -> dict:
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise CommandError(f"--results {path}: no such file (python -m cukern bench --json PATH writes one)") from None
+    except (OSError, ValueError) as err:
+        raise CommandError(f"--results {path}: not readable as JSON ({err})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
+        raise CommandError(f"--results {path}: not a results file (it has no list of records)")
+    return doc
+
+
 def _bench(args) -> int:
+    _check_plot(args.plot)
     if args.results:
-        doc = json.loads(open(args.results).read())
+        doc = _results_file(args.results)
         print(bench.format_table(doc["records"]))
         return _bench_plot(doc, args.plot)
-    if not bench.gpu_present():
+    if not device.gpu_present():
         return _no_gpu("bench")
 
     def show(r):
@@ -39,8 +89,6 @@ def _bench(args) -> int:
 
 def _bench_plot(doc, path) -> int:
     if path:
-        from . import report
-
         report.plot_bandwidth(doc, path)
         print(f"wrote {path}")
     return 0
@@ -51,20 +99,17 @@ def _params(items) -> dict:
     for item in items or ():
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"cukern: --param takes KEY=VALUE, got {item!r}")
+            raise CommandError(f"--param takes KEY=VALUE, got {item!r}")
         out[key] = None if value.lower() == "none" else int(value) if value.lstrip("-").isdigit() else value
     return out
 
 
 def _explain(args) -> int:
-    from . import card
-
     try:
         c = card.explain(args.op, args.shape, args.dtype, measure=False if args.no_measure else None,
                          **_params(args.param))
     except ValueError as err:
-        print(f"cukern explain: {err}", file=sys.stderr)
-        return 2
+        raise CommandError(str(err)) from None
     except RuntimeError as err:  # the kernel source does not compile: the staging section cannot be read
         print(f"cukern explain: {err}", file=sys.stderr)
         return 1
@@ -73,33 +118,34 @@ def _explain(args) -> int:
 
 
 def _tune(args) -> int:
-    if not bench.gpu_present():
+    if args.shape and (not args.op or len(args.op) != 1):
+        raise CommandError("--shape needs exactly one --op")
+    if args.dtype:
+        _dtype(args.dtype)
+    try:
+        shape = card.parse_shape(args.shape) if args.shape else None
+    except ValueError as err:
+        raise CommandError(f"--shape: {err}") from None
+    if not device.gpu_present():
         return _no_gpu("tune")
-    from . import tuning
-    from .card import parse_shape
-
-    if args.shape:
-        if not args.op or len(args.op) != 1:
-            print("cukern tune: --shape needs exactly one --op", file=sys.stderr)
-            return 2
-        jobs = [(args.op[0], parse_shape(args.shape), args.dtype or "bfloat16")]
+    if shape:
+        jobs = [(args.op[0], shape, args.dtype or "bfloat16")]
     else:
         jobs = []
         for b in bench.OPS.values():
             for case in b.cases:
-                found = tuning.tunable_for_case(case)
+                found = tune.tunable_for_case(case)
                 if found and (not args.op or found[0].op in args.op) and (not args.dtype or case.dtype == args.dtype):
                     jobs.append((found[0].op, found[1], case.dtype))
         jobs = list(dict.fromkeys(jobs))
     if not jobs:
-        print(f"cukern tune: nothing to tune; tunable ops: {', '.join(sorted(tuning.tunables()))}", file=sys.stderr)
-        return 2
+        raise CommandError("no benchmark case matches --op and --dtype; name one with --shape")
     results = []
     for op, shape, dtype in jobs:
-        r = tuning.tune(op, shape, dtype, repeat=args.repeat, save=not args.dry_run)
+        r = tune.tune(op, shape, dtype, repeat=args.repeat, save=not args.dry_run)
         results.append(r)
-        print(tuning.format_result(r), flush=True)
-    where = "not saved (--dry-run)" if args.dry_run else f"saved to {tuning.cache_path()}"
+        print(tune.format_result(r), flush=True)
+    where = "not saved (--dry-run)" if args.dry_run else f"saved to {_tuned.cache_path()}"
     print(f"{len(results)} case(s) tuned; {where}")
     if args.json:
         rows = [{**r.entry(None), "timings": [{"knobs": k, "median_us": us, "error": e} for k, us, e in r.timings]}
@@ -110,42 +156,41 @@ def _tune(args) -> int:
     return 0
 
 
-def _roofline(args) -> int:
-    from . import card, report
-    from .progress import Progress
+def _dtype(name):
+    try:
+        return parse_dtype(name)
+    except TypeError:
+        raise CommandError(f"--dtype {name!r} is not a dtype; give one like bfloat16 or float32") from None
 
-    results = json.loads(open(args.results).read()) if args.results else None
-    measure = bench.gpu_present() and not args.no_measure
-    device = card.current_device()
+
+def _roofline(args) -> int:
+    _check_plot(args.plot)
+    results = _results_file(args.results) if args.results else None
+    measure = device.gpu_present() and not args.no_measure
+    dev = device.current_device()
     ops = args.op or None
     bar = Progress(len(ops or card.CARDS), "roofline", quiet=not measure)
-    points = report.roofline_points(ops, results=results, measure=measure, device=device,
+    points = report.roofline_points(ops, results=results, measure=measure, device=dev,
                                     progress=lambda op: bar.step(op))
     bar.close()
-    print(report.format_roofline(points, device))
+    print(report.format_roofline(points, dev))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device.label, "peak_gbps": device.peak_gbps, "compute_gflops": device.compute_gflops,
-                       "ridge": device.ridge, "points": points}, f, indent=1)
+            json.dump({"device": dev.label, "peak_gbps": dev.peak_gbps, "compute_gflops": dev.compute_gflops,
+                       "ridge": dev.ridge, "points": points}, f, indent=1)
         print(f"wrote {args.json}")
     if args.plot:
-        report.plot_roofline(points, device, args.plot)
+        report.plot_roofline(points, dev, args.plot)
         print(f"wrote {args.plot}")
     return 0
 
 
 def _ladder(args) -> int:
-    if not bench.gpu_present():
-        print("cukern ladder: no CUDA GPU found (cupy sees no device); nothing to measure", file=sys.stderr)
-        return 2
-    import inspect
-
-    from . import ladder
-    from .progress import Progress
-
+    _check_plot(args.plot)
+    if not device.gpu_present():
+        return _no_gpu("ladder")
     with Progress(len(ladder.RUNGS) + 2, "ladder") as bar:  # the rungs, then cukern.sum and CUB
-        extra = {"progress": bar.step} if "progress" in inspect.signature(ladder.run_ladder).parameters else {}
-        rows = ladder.run_ladder(args.n, args.dtype, **extra)
+        rows = ladder.run_ladder(args.n, args.dtype, progress=bar.step)
     print(ladder.format_table(rows))
     if args.plot:
         ladder.plot_ladder(rows, args.plot)
@@ -160,27 +205,105 @@ def _info(args) -> int:
     return 0
 
 
+def check_arch(arch: str) -> None:
+    """A CommandError unless ``arch`` is a real architecture (``sm_90``, ``sm_90a``, ``sm_100f``) that this
+    NVRTC compiles for and cukern's kernels build on."""
+    m = re.fullmatch(r"(sm|compute)_(\d+)([af]?)", arch)
+    if m is None:
+        raise CommandError(f"--arch {arch!r} is not an architecture; give one like sm_90")
+    if m.group(1) == "compute":
+        raise CommandError(f"--arch {arch} is a virtual architecture (PTX only: no registers or spills to "
+                           f"report); give a real one, sm_{m.group(2)}{m.group(3)}")
+    number = int(m.group(2))
+    if number < OLDEST_ARCH:
+        raise CommandError(f"--arch {arch} is too old: cukern's kernels need sm_{OLDEST_ARCH} or newer (bfloat16)")
+    from cupy.cuda import nvrtc
+
+    known = [a for a in nvrtc.getSupportedArchs() if a >= OLDEST_ARCH]
+    if number not in known:
+        raise CommandError(f"--arch {arch}: NVRTC {nvrtc_version()} does not compile for it; it knows "
+                           f"{', '.join(f'sm_{a}' for a in known)}")
+
+
+def _compile_chunk(source: str, insts: list, arch: str) -> dict:
+    """Registers and spills of each instantiation in ``insts``, by expression (run in a worker)."""
+    compiled = compile_program(source, insts, arch)
+    res = compiled.resources()
+    return {inst.expression: res.get(compiled.lowered[inst.expression], {}) for inst in insts}
+
+
+def _spill_note(r: dict) -> str:
+    stores, loads = r.get("spill_stores", 0), r.get("spill_loads", 0)
+    return f"  SPILLS: {stores} B stored, {loads} B loaded" if stores or loads else ""
+
+
 def _compile(args) -> int:
-    total = 0
-    for fam in families.all_families():
-        insts = fam.instantiations()
-        t = time.perf_counter()
-        compiled = families.compile_family(fam, args.arch)
-        res = compiled.resources()
-        print(f"{fam.SOURCE}.cu: {len(insts)} instantiations for {args.arch} in {time.perf_counter() - t:.1f} s")
-        for inst in insts:
-            r = res.get(compiled.lowered[inst.expression], {})
-            print(f"  {inst.expression}  regs={r.get('registers')} spills={r.get('spill_stores')}")
-        total += len(insts)
-    print(f"{total} instantiations compiled for {args.arch}")
+    check_arch(args.arch)
+    fams = [families.named(s) for s in dict.fromkeys(args.family)] if args.family else families.all_families()
+    todo = {fam.SOURCE: fam.instantiations() for fam in fams}
+    chunks = [(src, insts[i:i + COMPILE_CHUNK]) for src, insts in todo.items()
+              for i in range(0, len(insts), COMPILE_CHUNK)]
+    jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(chunks)))
+    total = sum(len(insts) for insts in todo.values())
+    start = time.perf_counter()
+    found: dict = {src: {} for src in todo}
+    spilled: dict = {}
+    printed = 0
+
+    def print_done_families():
+        # families in order, each as soon as all of its chunks are back
+        nonlocal printed
+        for src in list(todo)[printed:]:
+            if len(found[src]) < len(todo[src]):
+                return
+            bar.clear()
+            print(f"{src}: {len(todo[src])} instantiations for {args.arch} (cuda_src/{src}.cu)")
+            for inst in todo[src]:
+                r = found[src][inst.expression]
+                note = _spill_note(r)
+                if note:
+                    spilled[src] = spilled.get(src, 0) + 1
+                print(f"  {src}  {inst.expression}  regs={r.get('registers')} spills={r.get('spill_stores')}{note}")
+            sys.stdout.flush()
+            printed += 1
+
+    with Progress(total, f"compile {args.arch}") as bar:
+        if jobs == 1:
+            for src, insts in chunks:
+                bar.step(src, n=0)
+                found[src].update(_compile_chunk(src, insts, args.arch))
+                bar.step(src, n=len(insts))
+                print_done_families()
+        else:
+            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                pending = {pool.submit(_compile_chunk, src, insts, args.arch): (src, len(insts))
+                           for src, insts in chunks}
+                try:
+                    while pending:
+                        done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                        for fut in done:
+                            src, n = pending.pop(fut)
+                            found[src].update(fut.result())
+                            bar.step(src, n=n)
+                        print_done_families()
+                except BaseException:
+                    pool.shutdown(cancel_futures=True)
+                    raise
+    print(f"{total} instantiations compiled for {args.arch} in {time.perf_counter() - start:.1f} s "
+          f"({jobs} worker{'s' if jobs > 1 else ''})")
+    if spilled:
+        where = ", ".join(f"{src} {n}" for src, n in spilled.items())
+        print(f"{sum(spilled.values())} instantiations spill to local memory ({where}): marked SPILLS above")
+    else:
+        print("no instantiation spills")
     return 0
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="cukern", description="hand-written CUDA kernels for CuPy arrays")
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="cukern", description="hand-written CUDA kernels for CuPy arrays")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("bench", help="time every op against its peers and the copy peak")
-    p.add_argument("--op", action="append", choices=sorted(bench.OPS) + ["reduce_ladder", "pipeline"],
+    p.add_argument("--op", action="append", choices=sorted(bench.OPS) + list(bench.record_sets()),
                    help="only this op (repeatable)")
     p.add_argument("--json", metavar="PATH", help="write the results file")
     p.add_argument("--repeat", type=int, default=100)
@@ -191,18 +314,19 @@ def main(argv=None) -> int:
     p.set_defaults(fn=_bench)
     p = sub.add_parser("ladder", help="run every reduction rung on the same data, with %% of peak and of CUB")
     p.add_argument("--n", type=int, default=1 << 28)
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", choices=[dtype_name(t) for t in ladder.DTYPES])
     p.add_argument("--plot", metavar="PNG", help="draw the bars (needs matplotlib)")
     p.set_defaults(fn=_ladder)
     p = sub.add_parser("info", help="device, versions and the measured copy peak")
     p.set_defaults(fn=_info)
     p = sub.add_parser("compile", help="compile every kernel instantiation with NVRTC (no GPU needed)")
-    p.add_argument("--arch", default="sm_90")
+    p.add_argument("--arch", default="sm_90", help="a real architecture, sm_80 or newer (default sm_90)")
+    p.add_argument("--family", action="append", choices=list(dict.fromkeys(f.SOURCE for f in families.all_families())),
+                   help="only the family in cuda_src/FAMILY.cu (repeatable; default: every family)")
+    p.add_argument("--jobs", type=int, help="worker processes (default: one per CPU)")
     p.set_defaults(fn=_compile)
-    from .card import CARDS
-
     p = sub.add_parser("explain", help="the six-question card for the launch an op call makes")
-    p.add_argument("op", choices=sorted(CARDS), metavar="OP", help=f"one of: {', '.join(sorted(CARDS))}")
+    p.add_argument("op", choices=sorted(card.CARDS), metavar="OP", help=f"one of: {', '.join(sorted(card.CARDS))}")
     p.add_argument("--shape", help="e.g. 16384x4096 (default: the op's benchmark shape)")
     p.add_argument("--dtype", help="e.g. bfloat16 (default: the op's benchmark dtype)")
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="op parameter, e.g. axis=0 or kv_heads=8")
@@ -210,7 +334,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-measure", action="store_true", help="do not time the op even with a GPU")
     p.set_defaults(fn=_explain)
     p = sub.add_parser("tune", help="time every candidate plan and keep the winner in the tuning cache")
-    p.add_argument("--op", action="append", help="only this op (repeatable; default: every tunable benchmark case)")
+    p.add_argument("--op", action="append", choices=sorted(tune.TUNABLES),
+                   help="only this op (repeatable; default: every tunable benchmark case)")
     p.add_argument("--shape", help="tune this shape (in the op's tuning convention) instead of the benchmark cases")
     p.add_argument("--dtype", help="only this dtype (with --shape: default bfloat16)")
     p.add_argument("--repeat", type=int, default=50)
@@ -218,14 +343,29 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="PATH", help="write every candidate's timing")
     p.set_defaults(fn=_tune)
     p = sub.add_parser("roofline", help="every kernel at its arithmetic intensity against the device's roofs")
-    p.add_argument("--op", action="append", help="only this kernel (repeatable)")
+    p.add_argument("--op", action="append", choices=sorted(card.CARDS), metavar="OP",
+                   help="only this kernel (repeatable): a card, as python -m cukern explain names them")
     p.add_argument("--plot", metavar="PNG", help="draw the roofline (needs matplotlib)")
     p.add_argument("--results", metavar="PATH", help="achieved times from this results file instead of measuring")
     p.add_argument("--json", metavar="PATH", help="write the points")
     p.add_argument("--no-measure", action="store_true", help="do not time the kernels even with a GPU")
     p.set_defaults(fn=_roofline)
-    args = parser.parse_args(argv)
-    return args.fn(args)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except CommandError as err:
+        print(f"cukern {args.command}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"cukern {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader (head, less) left early: nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

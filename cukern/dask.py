@@ -32,6 +32,7 @@ from contextlib import nullcontext
 from types import SimpleNamespace
 
 from . import reduce as _reduce
+from . import reduce_plan as _plan
 from . import rmsnorm as _rmsnorm
 from . import rotary as _rotary
 from ._dtypes import dtype_name
@@ -254,19 +255,19 @@ def _reduction(name: str, x, axis, dtype, keepdims: bool, split_every):
     from dask.array.utils import meta_from_array
 
     x = _as_dask(x, "x")
-    op = _reduce.OPS[name]
+    op = _plan.OPS[name]
     if x.dtype not in op.inputs:
         names = ", ".join(dtype_name(d) for d in op.inputs)
         raise TypeError(f"x has dtype {dtype_name(x.dtype)}; {name} takes {names}")
-    axes = _reduce.normalize_axis(axis, x.ndim)
-    final = _reduce.result_dtype(name, x.dtype, dtype)
+    axes = _plan.normalize_axis(axis, x.ndim)
+    final = _plan.result_dtype(name, x.dtype, dtype)
     count = math.prod(x.shape[i] for i in axes)
     if math.isnan(count):
         raise ValueError(f"x has unknown chunk sizes along axes {axes}; call x.compute_chunk_sizes() first")
-    if count == 0 and name in ("amax", "amin"):
+    if count == 0 and op.minmax:
         raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
-    minmax = name in ("amax", "amin")
-    partial_dtype = None if minmax else _reduce.acc_dtype(final)
+    minmax = op.minmax
+    partial_dtype = None if minmax else _plan.acc_dtype(final)
     merge = name if minmax else "sum"
     chunk = functools.partial(_chunk, op=_CHUNK_OP[name], partial_dtype=partial_dtype)
     combine = functools.partial(_combine, op=merge)

@@ -11,5 +11,14 @@ def all_families():
     return [rmsnorm, rotary, reduce, ladder]
 
 
+def named(source: str):
+    """The family whose kernels are ``cuda_src/<source>.cu``."""
+    for family in all_families():
+        if family.SOURCE == source:
+            return family
+    known = ", ".join(f.SOURCE for f in all_families())
+    raise ValueError(f"no kernel family has source {source!r}; the families are {known}")
+
+
 def compile_family(family, arch: str):
     return compile_program(family.SOURCE, family.instantiations(), arch)

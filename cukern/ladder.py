@@ -1,5 +1,5 @@
 """The sum ladder: ten kernels from the textbook first try to the production kernel, one change per rung
-(kernels and the reasoning for each step in ``cuda_src/reduce.cu``).
+(kernels and the reasoning for each step in ``cuda_src/reduce_ladder.cu``).
 
 Every rung is a complete sum: the multi-pass rungs (v1-v8) write one partial per block and are launched
 again on their own partials until one value is left; v9 and v10 finish in one launch. ``RUNGS`` is the
@@ -8,7 +8,7 @@ ordered registry (exported as ``cukern.reduce_ladder``); each rung is callable o
 
 ``run_ladder`` times every rung on the same data, checks it against a float64 reference, and compares it
 with the copy bandwidth, with ``cupy.sum`` (CUB) and with the rung before; ``format_table`` prints the rows.
-Bytes moved: the input read once plus the scalar written (:func:`cukern.reduce.bytes_moved`).
+Bytes moved: the input read once plus the scalar written (:func:`cukern.reduce_plan.bytes_moved`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _check, reduce as _reduce
+from . import _check, reduce as _reduce, reduce_plan
 from ._compile import Instantiation, get_kernel
 from ._dtypes import FLOAT_TYPES, dtype_name, parse_dtype
-from ._launch import LaunchConfig, Signature, launch, sm_count
+from ._launch import LaunchConfig, Signature, launch, on_device, sm_count
 
-SOURCE = "reduce"
+SOURCE = "reduce_ladder"
 BLOCK = 256  # v1-v9
 DTYPES = FLOAT_TYPES + (np.dtype(np.float64),)
 
@@ -48,7 +48,7 @@ class Rung:
     name: str
     change: str
     # "one" / "two": one or two elements a thread; "resident": the grid the SMs hold at once;
-    # "resident_vec" and "last_block": the same, but 16-byte vectors; "full": reduce.plan_full's grid.
+    # "resident_vec" and "last_block": the same, but 16-byte vectors; "full": reduce_plan.plan_full's grid.
     sizing: str
 
     @property
@@ -61,7 +61,7 @@ class Rung:
 
     @property
     def block(self) -> int:
-        return _reduce.FULL_BLOCK if self.sizing == "full" else BLOCK
+        return reduce_plan.FULL_BLOCK if self.sizing == "full" else BLOCK
 
     def grid(self, n: int, itemsize: int, sm_count: int = 132) -> int:
         """Blocks for one pass over n elements of ``itemsize`` bytes. Pure."""
@@ -75,7 +75,7 @@ class Rung:
         elif self.sizing in ("resident_vec", "last_block"):
             g = min(_cdiv(n, BLOCK * (16 // itemsize)), resident)
         else:
-            g = _reduce.plan_full(n, itemsize, sm_count).grid
+            g = reduce_plan.plan_full(n, itemsize, sm_count).grid
         return max(1, g)
 
     def instantiations(self, dtype) -> list:
@@ -83,7 +83,7 @@ class Rung:
         partials)."""
         t, a = np.dtype(dtype), acc_dtype(dtype)
         if self.sizing == "full":
-            return [Instantiation(SOURCE, self.name, (t, a, _reduce.FULL_BLOCK, _reduce.FULL_UNROLL))]
+            return [Instantiation(SOURCE, self.name, (t, a, reduce_plan.FULL_BLOCK, reduce_plan.FULL_UNROLL))]
         if self.single_launch:
             return [Instantiation(SOURCE, self.name, (t, a, BLOCK))]
         return [Instantiation(SOURCE, self.name, (s, a, BLOCK)) for s in dict.fromkeys((t, a))]
@@ -99,22 +99,22 @@ class Rung:
         if x.data.ptr % x.itemsize:
             x = x.copy()
         a = acc_dtype(x.dtype)
-        with x.device:
-            sm = sm_count(x.device.id)
+        with on_device(x.data.device_id):
+            sm = sm_count(x.data.device_id)
             n = x.size
             if self.single_launch:
                 out = cupy.empty((), dtype=a)
                 g = self.grid(n, x.itemsize, sm)
                 ws = _reduce.workspace()
                 kernel = get_kernel(self.instantiations(x.dtype)[0])
-                launch(kernel, LaunchConfig((g,), (self.block,)), _SINGLE_SIG, (out, ws.partials, ws.counter, x, n))
+                launch(kernel, LaunchConfig((g,), (self.block,)), (out, ws.partials, ws.counter, x, n), _SINGLE_SIG)
                 return out
             cur = x
             while True:
                 g = self.grid(n, cur.itemsize, sm)
                 out = cupy.empty(g, dtype=a)
                 kernel = get_kernel(Instantiation(SOURCE, self.name, (cur.dtype, a, BLOCK)))
-                launch(kernel, LaunchConfig((g,), (BLOCK,)), _MULTI_SIG, (out, cur, n))
+                launch(kernel, LaunchConfig((g,), (BLOCK,)), (out, cur, n), _MULTI_SIG)
                 if g == 1:
                     return out.reshape(())
                 cur, n = out, g
@@ -189,7 +189,7 @@ def run_ladder(n: int = 1 << 28, dtype="float32", *, repeat: int = 20, warmup: i
     x = make_data(n, t, seed)
     ref = reference_sum(x)
     tol = reference.reduction_tolerance(n, acc_dtype(t), abs(ref))
-    nbytes = _reduce.bytes_moved((n,), t, op="sum")
+    nbytes = reduce_plan.bytes_moved((n,), t, op="sum")
     peak = timing.peak_bandwidth()
 
     def time_it(fn):

@@ -2,6 +2,8 @@
 
 They take NumPy arrays, or CuPy arrays (then they compute in float64 on the GPU, which keeps tests on
 large shapes fast); the arithmetic is the textbook formula, independent of the kernels' structure.
+Where a kernel promises its exact bits, an emulator (``*_emulated``, NumPy on the host) repeats its
+roundings in its order, so tests compare bits rather than tolerances.
 """
 
 from __future__ import annotations
@@ -145,6 +147,42 @@ def rotary_embedding(positions, query, key, cos_sin_cache, is_neox=True, rotary_
         turned[:, :, second] = b * cos + a * sin
         x[ok] = turned
         out.append(x)
+    return tuple(out)
+
+
+def _numpy(a):
+    return a.get() if type(a).__module__.split(".")[0] == "cupy" else np.asarray(a)
+
+
+def rotary_embedding_emulated(positions, query, key, cos_sin_cache, is_neox=True, rotary_dim=None, inverse=False):
+    """The bits :func:`cukern.rotary_embedding` writes, as NumPy copies in query's dtype (key None stays
+    None): the pairs of :func:`rotary_embedding` widened to float32, ``x c - y s`` and ``y c + x s`` with
+    every product and sum rounded to float32 in that order (NumPy never fuses a multiply-add), then rounded
+    once to the dtype. Tokens whose position is outside the cache are left as they are."""
+    cache = _numpy(cos_sin_cache).astype(np.float32)
+    positions = _numpy(positions).astype(np.int64)
+    width = cache.shape[1]
+    half = (width if rotary_dim is None else rotary_dim) // 2
+    j = np.arange(half)
+    first, second = (j, j + half) if is_neox else (2 * j, 2 * j + 1)
+    ok = (positions >= 0) & (positions < cache.shape[0])
+    rows = cache[positions[ok]]
+    cos = rows[:, None, :half]
+    sin = rows[:, None, width // 2:width // 2 + half]
+    if inverse:
+        sin = -sin
+    out = []
+    for v in (query, key):
+        if v is None:
+            out.append(None)
+            continue
+        v = _numpy(v).copy()
+        turned = v[ok]
+        a, b = turned[:, :, first].astype(np.float32), turned[:, :, second].astype(np.float32)
+        turned[:, :, first] = (a * cos - b * sin).astype(v.dtype)
+        turned[:, :, second] = (b * cos + a * sin).astype(v.dtype)
+        v[ok] = turned
+        out.append(v)
     return tuple(out)
 
 

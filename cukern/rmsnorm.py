@@ -11,17 +11,20 @@ weight once: ``bytes_moved``.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import _check
-from . import tuning as _tuning
+from . import _tuned
 from ._compile import Instantiation, get_kernel
 from ._dtypes import FLOAT_TYPES
+from ._interop import as_array
+from ._launch import _NO_SWITCH
 from ._launch import NULL as _NULL
-from ._launch import LaunchConfig, Params, launch_typed, sm_count, struct_argument
-from ._layout import rows_layout
+from ._launch import CallCache, LaunchConfig, Params, launch, on_device, sm_count, struct_argument
+from ._layout import ArraySpec, extent, rows_layout
 
 SOURCE = "rms_norm"
 MAX_TPR = 512
@@ -79,8 +82,7 @@ class Plan:
 class Knobs:
     """The tuning space. ``items_target``: vectors a thread keeps in flight; ``small_block``: threads per
     block when several rows share one; ``waves``: grid cap in waves of resident blocks (None: a block per
-    row group). Defaults measured on the H200 (bench/NOTES.md): 8 waves cost nothing at 4096 (94.6% either
-    way) and gained 1.4 points at 8192 (96.1% against 94.7%)."""
+    row group). The defaults are what the H200 measurements chose (bench/NOTES.md, RMSNorm)."""
 
     items_target: int = 4
     small_block: int = 128
@@ -88,6 +90,17 @@ class Knobs:
 
 
 DEFAULT_KNOBS = Knobs()
+
+
+def _tuning_rule(op: str) -> _tuned.Rule:
+    """Cache entries per hidden size and power-of-two row bucket; ``items_target`` decides a row's reduction
+    order, so it is kept across the buckets of one hidden size (batch invariance)."""
+    return _tuned.Rule(op, DEFAULT_KNOBS, lambda d: Knobs(**d),
+                       bucket=lambda shape: f"hidden={shape[-1]},rows<={_tuned.rows_bucket(math.prod(shape[:-1]))}",
+                       invariant=("items_target",), family=lambda shape: f"hidden={shape[-1]}")
+
+
+TUNING = {False: _tuning_rule("rms_norm"), True: _tuning_rule("fused_add_rms_norm")}
 
 
 def plan(hidden: int, rows: int, vec: int, itemsize: int, sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS,
@@ -120,12 +133,19 @@ def plan(hidden: int, rows: int, vec: int, itemsize: int, sm_count: int = 132, k
     return Plan(kernel, hidden, rows, vec, tpr, items, block, max(1, min(grid, 2**31 - 1)))
 
 
-def vector_width(hidden: int, arrays, weight=None) -> int:
-    """16 bytes' worth of elements when ``hidden``, every array's base address and every leading stride allow
-    it, else 1. ``weight`` (which may be wider than the others) must be aligned to its own chunk."""
-    itemsize = arrays[0].itemsize
+def widest_vector(hidden: int, itemsize: int) -> int:
+    """The vector width the shape allows (alignment may still lower it to 1): 16 bytes' worth of elements
+    when ``hidden`` is a multiple of it, else 1. The tuner plans with this rule too."""
     vec = 16 // itemsize
-    if hidden % vec:
+    return vec if hidden % vec == 0 else 1
+
+
+def vector_width(hidden: int, arrays, weight=None) -> int:
+    """:func:`widest_vector` when every array's base address and every leading stride allow it, else 1.
+    ``weight`` (which may be wider than the others) must be aligned to its own chunk."""
+    itemsize = arrays[0].itemsize
+    vec = widest_vector(hidden, itemsize)
+    if vec == 1:
         return 1
     for a in arrays:
         if a.data.ptr % 16 or any((s // itemsize) % vec for s in a.strides[:-1]):
@@ -156,9 +176,13 @@ def bytes_moved(shape, dtype, weight_dtype=None, *, fused: bool = False) -> int:
     return (4 if fused else 2) * n * size + w
 
 
-def _validate(x, weight, out, residual=None):
+def _validate(fused: bool, x, weight, out, residual):
+    if fused and residual is None:
+        raise TypeError("residual is None; fused_add_rms_norm adds x into residual in place, so pass an array "
+                        "shaped like x (or call rms_norm)")
     names = {"x": x, "weight": weight, "out": out, "residual": residual}
-    arrays = {n: _check.as_array(a, n, writable=n in ("out", "residual")) for n, a in names.items() if a is not None}
+    arrays = {n: as_array(a, n, writable=n in ("out", "residual")) for n, a in names.items()
+              if a is not None or n == "x"}
     x = arrays["x"]
     if x.ndim < 1:
         raise ValueError("x must have at least one dimension (the normalized one)")
@@ -185,101 +209,160 @@ def _validate(x, weight, out, residual=None):
     return arrays
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _scalar(value, name: str) -> float:
+    """``value`` as the float the kernel gets, refused unless it is a finite real number in float32's range.
+    Arrays are refused even with one element: reading a device value would synchronize the host."""
+    if not isinstance(value, numbers.Real):
+        hint = f" (float({name}) reads a one-element array)" if hasattr(value, "shape") else ""
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}; pass a Python or NumPy "
+                        f"scalar{hint}")
+    try:
+        v = float(value)
+    except OverflowError:  # an int past float64
+        v = math.inf
+    if not -_F32_MAX <= v <= _F32_MAX:
+        raise ValueError(f"{name}={value!r} is not a finite float32 value; pass a finite number")
+    return v
+
+
+def _scalars(eps, offset) -> tuple:
+    """``(eps, offset)`` checked (TypeError for a non-number, ValueError for a bad value) and as floats."""
+    e, o = _scalar(eps, "eps"), _scalar(offset, "offset")
+    if e < 0:
+        raise ValueError(f"eps={eps!r} is negative; it must be at least 0 (1e-6 is usual)")
+    return e, o
+
+
+# Pairs of (out, residual, x, weight) that must not share memory: index, index, whether the same view is
+# allowed, what to say. residual is written while x and weight are read; out is written.
+_ALIASING = ((1, 2, False, "residual overlaps x; pass a separate array"),
+             (3, 1, False, "weight overlaps residual, which this op writes; pass a separate array"),
+             (0, 2, True, "out partially overlaps x; pass a separate array or the same one"),
+             (0, 3, False, "out overlaps weight; pass a separate array"),
+             (0, 1, False, "out overlaps residual; pass a separate array"))
+
+
+def _aliasing(out, residual, x, weight) -> tuple:
+    """The overlap checks a call needs, as ``(i, j, lo, hi, same_ok, message)``: arrays ``i`` and ``j`` of
+    ``(out, residual, x, weight)`` overlap when ``lo < ptr_j - ptr_i < hi``, and ``same_ok`` allows the
+    offset 0 (the same view). Extents relative to an array's pointer follow from its shape and strides, so
+    a cached call compares one pointer offset per pair instead of two extents (None: an array not given,
+    or not written; empty arrays overlap nothing)."""
+    arrays = (out, residual, x, weight)
+    spans = [None if a is None or a.size == 0 else extent(0, a.shape, a.strides, a.itemsize) for a in arrays]
+    pairs = []
+    for i, j, same_ok, message in _ALIASING:
+        if spans[i] is None or spans[j] is None:
+            continue
+        (ilo, ihi), (jlo, jhi) = spans[i], spans[j]
+        same_ok = same_ok and arrays[i].strides == arrays[j].strides
+        pairs.append((i, j, ilo - jhi, ihi - jlo, same_ok, message))
+    return tuple(pairs)
+
+
+def _check_aliasing(pairs, arrays) -> None:
+    """:func:`_aliasing`'s pairs against this call's pointers, ``arrays`` = ``(out, residual, x, weight)``."""
+    for i, j, lo, hi, same_ok, message in pairs:
+        d = arrays[j].data.ptr - arrays[i].data.ptr
+        if lo < d < hi and not (same_ok and d == 0):
+            raise ValueError(message)
+
+
 @dataclass(frozen=True)
 class _Call:
     """Everything about a call that depends only on the arguments' shapes, strides, dtypes, alignment and
     device: validated once, then reused by every call that matches (the host path of a hot loop)."""
 
-    kernel: object  # cupy.cuda.Function on the arrays' device
-    config: LaunchConfig
-    outer: tuple | None  # per launch, per rowed array: element offset; None: one launch at offset 0
+    kernel: object  # cupy.cuda.Function on the arrays' device; None: an empty x, nothing to launch
+    config: LaunchConfig | None
+    device: int
+    outer: tuple | None  # per launch, per rowed array: byte offset; None: one launch at offset 0
     layout: dict  # PARAMS' fields but eps and offset
+    aliasing: tuple  # _aliasing's pairs
     packed: dict  # (eps, offset) as given -> PARAMS as the kernel argument
 
     def pack(self, eps, offset):
+        """PARAMS for a new ``(eps, offset)``, stored under the pair as given. They are checked here, once
+        per new pair rather than on every call, and a pair that fails is never stored, so no later call can
+        find it."""
+        e, o = _scalars(eps, offset)
         if len(self.packed) >= 64:
             self.packed.clear()
-        p = self.packed[eps, offset] = struct_argument(PARAMS.struct(**self.layout, eps=eps, offset=offset))
+        p = self.packed[eps, offset] = struct_argument(PARAMS.struct(**self.layout, eps=e, offset=o))
         return p
 
 
-_calls: dict = {}
+_calls = CallCache()
+_MISSING = CallCache.MISSING
+
+
+_ndarray = None  # cupy.ndarray once a call has imported CuPy (importing cukern does not)
+
+
+def _cupy_ndarray():
+    global _ndarray
+    import cupy
+
+    _ndarray = cupy.ndarray
+    return _ndarray
 
 
 def _desc(a):
-    if a is None:
-        return None
     d = a.data
     return a.shape, a.strides, a.dtype, d.ptr & 15, d.device_id
 
 
 def _run(fused: bool, x, residual, weight, eps, offset, out, knobs: Knobs | None = None):
-    import cupy
-
-    nd = cupy.ndarray
+    nd = _ndarray or _cupy_ndarray()
     key = None
+    call = _MISSING
     if (type(x) is nd and (weight is None or type(weight) is nd) and (out is None or type(out) is nd)
-            and (residual is None or type(residual) is nd) and x.ndim):
-        xd, shape, dtype = x.data, x.shape, x.dtype
-        if knobs is None:  # the tuning cache's winner for this device, dtype and shape, else the heuristic
-            knobs = _tuning.lookup("fused_add_rms_norm" if fused else "rms_norm", xd.device_id, dtype,
-                                   shape) or DEFAULT_KNOBS
-        key = (fused, shape, x.strides, dtype, xd.ptr & 15, xd.device_id, _desc(weight), _desc(out),
-               _desc(residual), None if knobs is DEFAULT_KNOBS else knobs)
-    call = _calls.get(key) if key is not None else None
-    if call is None:
-        arrays = _validate(x, weight, out, residual)
+            and (residual is None or type(residual) is nd)):
+        # The knobs as asked (None: the tuning cache's, looked up when the call is planned) and the tuning
+        # cache's generation, so that a call found here needs no lookup.
+        xd = x.data
+        key = (fused, x.shape, x.strides, x.dtype, xd.ptr & 15, xd.device_id, knobs, _tuned.generation,
+               None if weight is None else _desc(weight), None if out is None else _desc(out),
+               None if residual is None else _desc(residual))
+        call = _calls.get(key)
+    if call is _MISSING:
+        arrays = _validate(fused, x, weight, out, residual)
         x, weight, out, residual = (arrays.get(n) for n in ("x", "weight", "out", "residual"))
-        if knobs is None:
-            knobs = _tuning.lookup("fused_add_rms_norm" if fused else "rms_norm", x.data.device_id, x.dtype,
-                                   x.shape) or DEFAULT_KNOBS
-        call = _plan_call(fused, x, residual, weight, out, knobs)
+        chosen = knobs if knobs is not None else _tuned.lookup(TUNING[fused], x.data.device_id, x.dtype, x.shape)
+        call = _plan_call(fused, x, residual, weight, out, chosen)
         if key is not None:
-            if len(_calls) > 4096:
-                _calls.clear()
-            _calls[key] = call
-    # What depends on the addresses themselves is checked on every call.
-    if fused:
-        _check.check_no_overlap(residual, "residual", x, "x", identical_ok=False)
-    if out is not None:
-        _check.check_no_overlap(out, "out", x, "x", identical_ok=True)
-        if weight is not None:
-            _check.check_no_overlap(out, "out", weight, "weight", identical_ok=False)
-        if fused:
-            _check.check_no_overlap(out, "out", residual, "residual", identical_ok=False)
-    params = None
-    if call.kernel is not None:
-        params = call.packed.get((eps, offset)) or call.pack(eps, offset)
-    # One device switch for the allocation and the launches, none when x's device is already current.
-    with _check.on_device_of(x):
-        if out is None:
-            out = nd(x.shape, dtype=x.dtype)
+            _calls.put(key, call)
+    if call.aliasing:  # what depends on the addresses themselves is checked on every call
+        _check_aliasing(call.aliasing, (out, residual, x, weight))
+    if call.kernel is None:
+        _scalars(eps, offset)
+        params = None
+    else:
+        try:
+            params = call.packed.get((eps, offset))
+        except TypeError:  # unhashable (an array, a list): pack says what to pass instead
+            params = None
         if params is None:
-            return out
-        w = _NULL if weight is None else weight
-        rowed = (out, residual, x) if fused else (out, x)
-        if call.outer is None:
-            launch_typed(call.kernel, call.config, rowed + (w, params))
-        else:
-            for offs in call.outer:
-                ptrs = tuple(np.uint64(a.data.ptr + o * x.itemsize) for a, o in zip(rowed, offs))
-                launch_typed(call.kernel, call.config, ptrs + (w, params))
+            params = call.pack(eps, offset)
+    switch = on_device(call.device)
+    if switch is not _NO_SWITCH:  # the allocation and the launches go to x's device: the same call there
+        with switch:
+            return _run(fused, x, residual, weight, eps, offset, out, knobs)
+    if out is None:
+        out = nd(x.shape, x.dtype)
+    if params is None:
+        return out
+    w = _NULL if weight is None else weight
+    rowed = (out, residual, x) if fused else (out, x)
+    if call.outer is None:
+        launch(call.kernel, call.config, rowed + (w, params))
+    else:
+        for offs in call.outer:
+            launch(call.kernel, call.config, tuple(a.data + o for a, o in zip(rowed, offs)) + (w, params))
     return out
-
-
-class _FreshArray:
-    """What planning needs to know of an output not allocated yet: C-contiguous, allocation-aligned."""
-
-    class data:
-        ptr = 0
-
-    def __init__(self, shape, itemsize):
-        self.shape, self.itemsize = shape, itemsize
-        strides, step = [], itemsize
-        for n in reversed(shape):
-            strides.append(step)
-            step *= n
-        self.strides = tuple(reversed(strides))
 
 
 def _plan_call(fused: bool, x, residual, weight, out, knobs: Knobs) -> _Call:
@@ -288,22 +371,26 @@ def _plan_call(fused: bool, x, residual, weight, out, knobs: Knobs) -> _Call:
         _check.check_writable(residual, "residual")
     if out is not None:
         _check.check_writable(out, "out")
+    device = x.data.device_id
+    aliasing = _aliasing(out, residual, x, weight)
     if x.size == 0:
-        return _Call(None, None, None, {}, {})
-    planned_out = out if out is not None else _FreshArray(x.shape, x.itemsize)
+        return _Call(None, None, device, None, {}, aliasing, {})
+    planned_out = out if out is not None else ArraySpec.fresh(x.shape, x.dtype)
     rowed = [planned_out, residual, x] if fused else [planned_out, x]
     hidden = x.shape[-1]
     layout = rows_layout(rowed)
-    p = plan(hidden, layout.rows, vector_width(hidden, rowed, weight), x.itemsize, sm_count(x.device.id), knobs,
+    p = plan(hidden, layout.rows, vector_width(hidden, rowed, weight), x.itemsize, sm_count(device), knobs,
              fused=fused)
-    with x.device:  # the compiled function on x's device (the call is cached per device)
+    with on_device(device):  # the compiled function on x's device (the call is cached per device)
         kernel = get_kernel(p.instantiation(x.dtype, weight.dtype if weight is not None else x.dtype, fused)).kernel
     (out_s0, out_s1), (x_s0, x_s1) = layout.strides[0], layout.strides[-1]
     res_s0, res_s1 = layout.strides[1] if fused else (0, 0)
     fields = dict(rows=layout.rows, inner=layout.inner, out_s0=out_s0, out_s1=out_s1, res_s0=res_s0, res_s1=res_s1,
                   x_s0=x_s0, x_s1=x_s1, hidden=hidden)
-    outer = None if layout.outer == (tuple(0 for _ in rowed),) else layout.outer
-    return _Call(kernel, p.config, outer, fields, {})
+    outer = None
+    if layout.outer != (tuple(0 for _ in rowed),):
+        outer = tuple(tuple(o * x.itemsize for o in offs) for offs in layout.outer)
+    return _Call(kernel, p.config, device, outer, fields, aliasing, {})
 
 
 def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None):
@@ -316,14 +403,25 @@ def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None
     ----------
     x : cupy.ndarray, float32, float16 or bfloat16, shape ``[..., hidden]``; leading dimensions may be
         strided, the last must have unit stride.
-    weight : cupy.ndarray of shape ``[hidden]``, x's dtype or float32, optional.
+    weight : cupy.ndarray of shape ``[hidden]``, x's dtype or float32, optional; must not overlap out.
     eps : float
+        Finite and at least 0. A real number (Python or NumPy scalar); an array, even of one element, is
+        refused, since reading a device value would synchronize the host.
     offset : float
+        Finite; a real number, as eps.
     out : cupy.ndarray like x, optional; may be x itself (in place), must not overlap it otherwise.
 
     Returns
     -------
     out
+
+    Raises
+    ------
+    TypeError
+        For a non-array, a dtype outside those above, or an eps or offset that is not a real number.
+    ValueError
+        For mismatched shapes, a bad stride, overlapping arrays, or an eps or offset out of range (NaN,
+        infinite, beyond float32, a negative eps). Every check runs before anything is launched.
     """
     return _run(False, x, None, weight, eps, offset, out)
 
@@ -331,7 +429,7 @@ def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None
 def fused_add_rms_norm(x, residual, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None):
     """``residual += x`` in place (rounded to residual's dtype), then ``out = rms_norm(residual)``.
 
-    ``out=x`` is allowed (the in-place form LLM servers use). Same dtypes and layouts as :func:`rms_norm`;
-    residual must not overlap x or out.
+    ``out=x`` is allowed (the in-place form LLM servers use). Same dtypes, layouts, eps and offset as
+    :func:`rms_norm`; residual (an array, never None) must not overlap x, out or weight.
     """
     return _run(True, x, residual, weight, eps, offset, out)

@@ -1,4 +1,5 @@
-"""Rotary position embedding (kernels in ``cuda_src/rotary.cu``) and its cos/sin cache.
+"""Rotary position embedding (kernels in ``cuda_src/rotary.cu``); the cos/sin cache it reads is built by
+:mod:`cukern.rope_cache`.
 
 Reference (float64, :func:`cukern.reference.rotary_embedding`), per token ``t`` with ``p = positions[t]``,
 per head of query and key, per pair ``j < rot / 2``::
@@ -13,16 +14,21 @@ and written, one cache row of ``rot`` values and one position per token.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import _check
-from . import tuning as _tuning
+from . import _tuned
 from ._compile import Instantiation, get_kernel
 from ._dtypes import FLOAT_TYPES, dtype_name
-from ._launch import LaunchConfig, Params, Signature, launch, sm_count, struct_argument
+from ._interop import as_array
+from ._launch import NULL as _NULL
+from ._launch import CallCache, LaunchConfig, Params, Signature, launch, on_device, sm_count, struct_argument
+from ._layout import extent
 
 SOURCE = "rotary"
 MAX_BLOCK = 512  # launch bound and the most threads a block gets
@@ -59,13 +65,17 @@ class Knobs:
 
 
 DEFAULT_KNOBS = Knobs()
+_KNOB_NAMES = frozenset(f.name for f in dataclasses.fields(Knobs))
 
 
-def pairs_per_unit(vec: int, is_neox: bool) -> int:
-    """Pairs one thread rotates per head: ``vec`` in both styles. NeoX takes ``vec`` elements from each
-    half; GPT-J takes ``vec`` consecutive elements from each half of the rotated span (``vec / 2`` pairs
-    each), or, with ``vec == 1``, the one pair ``(2u, 2u + 1)``."""
-    return vec
+def _tuning_rule(op: str) -> _tuned.Rule:
+    """Cache entries keyed by shape ``(tokens, num_heads, num_kv_heads, head_size)``, tokens bucketed to a
+    power of two."""
+    return _tuned.Rule(op, DEFAULT_KNOBS, lambda d: Knobs(**{k: v for k, v in d.items() if k in _KNOB_NAMES}),
+                       bucket=lambda s: f"tokens<={_tuned.rows_bucket(s[0])},heads={s[1]}+{s[2]},dim={s[3]}")
+
+
+TUNING = {True: _tuning_rule("rotary_embedding"), False: _tuning_rule("rotary_embedding_gptj")}
 
 
 @dataclass(frozen=True)
@@ -159,13 +169,19 @@ def plan(tokens: int, num_heads: int, num_kv_heads: int, rotary_dim: int, vec: i
                 block, grid, items, knobs.min_blocks)
 
 
+def widest_vector(rotary_dim: int, itemsize: int) -> int:
+    """The vector width the shape allows (alignment may still lower it to 1): 16 bytes' worth of elements
+    when ``rotary_dim / 2`` is a multiple of it, else 1. The tuner plans with this rule too."""
+    vec = 16 // itemsize
+    return vec if (rotary_dim // 2) % vec == 0 else 1
+
+
 def vector_width(query, key, cache, rotary_dim: int, is_neox: bool, sin_offset: int) -> int:
-    """16 bytes' worth of elements (``16 // itemsize``) when every q/k address a thread touches is aligned to
-    it (base pointers, token and head strides, and rot / 2 divisible) and the cache's cos and sin slices
-    are aligned to their own pack (``vec`` values for NeoX, ``vec / 2`` for GPT-J); else 1 (element
-    accesses)."""
-    vec = 16 // query.itemsize
-    if (rotary_dim // 2) % vec:
+    """:func:`widest_vector` when every q/k address a thread touches is aligned to it (base pointers,
+    token and head strides) and the cache's cos and sin slices are aligned to their own pack (``vec``
+    values for NeoX, ``vec / 2`` for GPT-J); else 1 (element accesses)."""
+    vec = widest_vector(rotary_dim, query.itemsize)
+    if vec == 1:
         return 1
     for a in (query, key):
         if a is None:
@@ -213,6 +229,13 @@ class _Args:
     sin_offset: int
 
 
+def _int_arg(value, name: str) -> int:
+    """``value`` as an int when it is one (Python or NumPy); a float is refused, never rounded."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
 def _validate(positions, query, key, cache, rotary_dim) -> _Args:
     """Every check on already-converted arrays; reads only shape, strides, dtype, itemsize, data.ptr and
     device, so it runs before anything touches the GPU."""
@@ -242,9 +265,7 @@ def _validate(positions, query, key, cache, rotary_dim) -> _Args:
     width = cache.shape[1]
     if width % 2:
         raise ValueError(f"cos_sin_cache has odd width {width}; it must hold rot/2 cos then rot/2 sin per row")
-    if rotary_dim is None:
-        rotary_dim = width
-    rotary_dim = int(rotary_dim)
+    rotary_dim = width if rotary_dim is None else _int_arg(rotary_dim, "rotary_dim")
     if rotary_dim < 2 or rotary_dim % 2:
         raise ValueError(f"rotary_dim={rotary_dim} must be a positive even number")
     if rotary_dim > head_size:
@@ -270,19 +291,48 @@ def _elem_strides(a):
     return tuple(s // a.itemsize for s in a.strides)
 
 
-def _check_positions(args: _Args) -> None:
+class _Addresses:
+    """An array's addresses through NumPy's array interface, never read: what :func:`numpy.shares_memory`
+    needs to decide exactly whether two strided layouts share an element."""
+
+    def __init__(self, a):
+        self.__array_interface__ = {"version": 3, "shape": tuple(a.shape), "strides": tuple(a.strides),
+                                    "typestr": f"|V{a.itemsize}", "data": (a.data.ptr, True)}
+
+
+_SHARE_WORK = 1 << 20  # numpy.shares_memory's search bound; layouts it cannot settle within it are refused
+
+
+def _shares_elements(a, b) -> bool:
+    try:
+        return bool(np.shares_memory(np.asarray(_Addresses(a)), np.asarray(_Addresses(b)), max_work=_SHARE_WORK))
+    except np.exceptions.TooHardError:
+        return True
+
+
+def _check_key_apart(call, query, key, offset: int) -> None:
+    """Refuse a key that shares an element with query (``key=query`` would be rotated twice, overlapping
+    views raced). Called when their extents meet (``offset``, key's pointer minus query's, is inside
+    ``call.meet``), which views of one fused qkv buffer do without sharing an element: decided exactly,
+    and an offset found apart is remembered, so a hot loop over the same buffer decides it once."""
+    if _shares_elements(query, key):
+        raise ValueError("key overlaps query; they must share no element (key=query would be rotated twice): "
+                         "pass separate arrays, or views of different heads")
+    call.apart = offset
+
+
+def _check_positions(positions, cache_rows: int) -> None:
     import cupy
 
-    pos = args.positions
     found = cupy.empty(2, dtype=np.int64)
-    kernel = get_kernel(check_instantiation(pos.dtype))
-    launch(kernel, LaunchConfig(grid=(1,), block=(CHECK_BLOCK,)), _CHECK_SIG,
-           [found, pos, _elem_strides(pos)[0], pos.shape[0], args.cache.shape[0]])
+    kernel = get_kernel(check_instantiation(positions.dtype))
+    launch(kernel, LaunchConfig(grid=(1,), block=(CHECK_BLOCK,)),
+           [found, positions, _elem_strides(positions)[0], positions.shape[0], cache_rows], _CHECK_SIG)
     first, value = (int(v) for v in found.get())
-    if first < pos.shape[0]:
+    if first < positions.shape[0]:
         raise IndexError(
-            f"positions[{first}] = {value} is outside cos_sin_cache's {args.cache.shape[0]} rows "
-            f"(valid positions are 0..{args.cache.shape[0] - 1}); query and key are unchanged. Build a longer "
+            f"positions[{first}] = {value} is outside cos_sin_cache's {cache_rows} rows "
+            f"(valid positions are 0..{cache_rows - 1}); query and key are unchanged. Build a longer "
             "cache with rope_cache, or clamp the positions"
         )
 
@@ -295,7 +345,10 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, is_neox: bool = Tr
     ``(x, y) <- (x cos - y sin, y cos + x sin)`` with ``cos = cos_sin_cache[p, j]``,
     ``sin = cos_sin_cache[p, W/2 + j]`` (``W`` the cache's width; ``-sin`` when ``inverse``), and
     ``(x, y) = (v[j], v[j + rotary_dim/2])`` for NeoX or ``(v[2j], v[2j+1])`` for GPT-J. Computed in
-    float32, rounded once to query's dtype. Elements from ``rotary_dim`` on are not touched.
+    float32, each product and sum rounded once in that order (no fused multiply-add), then rounded once to
+    query's dtype: a head's result does not depend on where it sits in memory or on the launch plan
+    (:func:`cukern.reference.rotary_embedding_emulated` gives the same bits). Elements from
+    ``rotary_dim`` on are not touched.
 
     Parameters
     ----------
@@ -303,20 +356,21 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, is_neox: bool = Tr
     query : cupy.ndarray, float32, float16 or bfloat16, shape ``[tokens, num_heads, head_size]``; token
         and head strides are free (views into a fused qkv buffer work), the last stride must be 1.
     key : cupy.ndarray like query with ``[tokens, num_kv_heads, head_size]`` (any head count), or None.
-        It must not share elements with query.
+        It must not share an element with query (ValueError; views of other heads of the same buffer are
+        fine).
     cos_sin_cache : cupy.ndarray, float32 or query's dtype, ``[max_position, W]``: ``W/2`` cos then
-        ``W/2`` sin per row (:func:`rope_cache` builds it). float32 is the accurate choice.
+        ``W/2`` sin per row (:func:`cukern.rope_cache` builds it). float32 is the accurate choice.
     is_neox : bool
         True rotates the two halves (NeoX, Llama); False rotates interleaved pairs (GPT-J).
     rotary_dim : int, optional
-        Even, at most head_size and W; defaults to W.
+        An int (a float raises TypeError), even, at most head_size and W; defaults to W.
     inverse : bool
         Rotate by -theta (undoes a rotation up to rounding).
     check_positions : bool
         True: a position outside ``[0, max_position)`` raises IndexError naming the first such token, with
-        query and key unchanged (one host synchronization before the launch). False: no synchronization
-        (CUDA-graph capture, hot loops); such tokens are left unrotated and the cache is never read out of
-        bounds.
+        query and key unchanged (one host synchronization before the launch), also when there are no heads
+        to rotate. False: no synchronization (CUDA-graph capture, hot loops); such tokens are left
+        unrotated and the cache is never read out of bounds.
 
     Returns
     -------
@@ -326,52 +380,74 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, is_neox: bool = Tr
 
 
 class _Call:
-    """A validated, planned launch for one combination of shapes, strides, dtypes, alignments, device and
-    options: everything but the four pointers, with the scalar arguments already packed."""
+    """A validated, planned call for one combination of shapes, strides, dtypes, alignments, device and
+    options: everything but the four pointers, with the scalar arguments already packed. ``inst`` None:
+    tokens but no heads, so only the positions can be checked."""
 
-    __slots__ = ("device", "inst", "grid", "block", "struct", "params", "has_key", "rotary_dim", "sin_offset",
-                 "kernel")
+    __slots__ = ("device", "cache_rows", "inst", "config", "struct", "params", "has_key", "meet", "apart", "kernel")
 
-    def __init__(self, device, inst, grid, block, struct, has_key, rotary_dim, sin_offset):
-        self.device, self.inst, self.grid, self.block = device, inst, grid, block
-        self.struct, self.params = struct, struct_argument(struct)  # PARAMS: as NumPy, as the kernel argument
-        self.has_key, self.kernel = has_key, None
-        self.rotary_dim, self.sin_offset = rotary_dim, sin_offset
+    def __init__(self, device, cache_rows, inst=None, config=None, struct=None, has_key=False, meet=None):
+        self.device, self.cache_rows, self.inst, self.config = device, cache_rows, inst, config
+        # PARAMS as NumPy and as the kernel argument
+        self.struct, self.params = struct, (None if struct is None else struct_argument(struct))
+        self.has_key = has_key
+        self.meet = meet  # (lo, hi): key's pointer minus query's at which their extents meet; None: no key
+        self.apart = None  # the last such offset found to share no element
+        self.kernel = None  # the compiled function, fetched on the call's device at its first launch
 
 
-_calls: dict = {}
-_MAX_CALLS = 4096
-_NULL = np.uint64(0)
+_calls = CallCache()
+_MISSING = CallCache.MISSING
 
 
 def _call_key(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs) -> tuple:
-    """Everything `_prepare` reads from its arguments: shapes, strides, dtypes, the pointers' 16-byte
-    alignment and the device; one flat tuple (cheap to hash)."""
+    """``(key, knobs, offset)``: the call cache's key, everything :func:`_plan_call` reads from the arguments
+    (shapes, strides, dtypes, the pointers' 16-byte alignment, devices, options, knobs) as one flat tuple,
+    cheap to hash; the knobs (the tuning cache's when ``knobs`` is None); key's pointer minus query's (None
+    without key). Each attribute is read once: this is most of a cached call's host time."""
+    if rotary_dim is not None and type(rotary_dim) is not int:
+        rotary_dim = _int_arg(rotary_dim, "rotary_dim")  # so 64.0 cannot find the call 64 stored
     qd, cd, pd = query.data, cache.data, positions.data
-    kn = None if knobs is DEFAULT_KNOBS else (knobs.items, knobs.target_block, knobs.waves, knobs.min_blocks)
+    qshape, qdtype, qptr, device = query.shape, query.dtype, qd.ptr, qd.device_id
     if key is None:
-        kk = kd = ks = kp = kv = None
+        kshape = kdtype = kstrides = kalign = kdevice = offset = None
     else:
-        kdata = key.data
-        kk, kd, ks, kp, kv = key.shape, key.dtype, key.strides, kdata.ptr & 15, kdata.device_id
-    return (query.shape, query.strides, query.dtype, qd.ptr & 15, qd.device_id, kk, ks, kd, kp, kv, cache.shape,
-            cache.strides, cache.dtype, cd.ptr & 15, cd.device_id, positions.shape, positions.strides,
-            positions.dtype, pd.device_id, is_neox, rotary_dim, inverse, kn)
+        kd = key.data
+        kshape, kdtype, kstrides, kdevice = key.shape, key.dtype, key.strides, kd.device_id
+        offset = kd.ptr - qptr
+        kalign = kd.ptr & 15
+    if knobs is None:  # the tuning cache's winner for this device, dtype and shape, else the heuristic
+        knobs = DEFAULT_KNOBS
+        if len(qshape) == 3:
+            shape = (qshape[0], qshape[1], 0 if kshape is None or len(kshape) != 3 else kshape[1], qshape[2])
+            knobs = _tuned.lookup(TUNING[bool(is_neox)], device, qdtype, shape)
+    kn = None if knobs is DEFAULT_KNOBS else (knobs.items, knobs.target_block, knobs.waves, knobs.min_blocks)
+    ck = (qshape, query.strides, qdtype, qptr & 15, device, kshape, kstrides, kdtype, kalign, kdevice, cache.shape,
+          cache.strides, cache.dtype, cd.ptr & 15, cd.device_id, positions.shape, positions.strides,
+          positions.dtype, pd.device_id, is_neox, rotary_dim, inverse, kn)
+    return ck, knobs, offset
 
 
 def _prepare(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs=DEFAULT_KNOBS):
-    """Validate and plan (no GPU needed): the :class:`_Call`, or None when there is nothing to rotate.
-    Memoized on :func:`_call_key`; a call that fails validation is never stored."""
-    ck = _call_key(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs)
-    call = _calls.get(ck, False)
-    if call is not False:
-        return call
+    """Validate and plan (no GPU needed): the :class:`_Call`, or None when there are no tokens. Memoized on
+    :func:`_call_key`; a call that fails validation is never stored."""
+    ck, knobs, _ = _call_key(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs)
+    call = _calls.get(ck)
+    if call is _MISSING:
+        call = _plan_call(ck, positions, query, key, cache, is_neox, rotary_dim, inverse, knobs)
+    return call
+
+
+def _plan_call(ck, positions, query, key, cache, is_neox, rotary_dim, inverse, knobs):
+    """:func:`_prepare` for a key not seen yet: validate, plan, store under ``ck``."""
     args = _validate(positions, query, key, cache, rotary_dim)
     q, k, cache, pos = args.query, args.key, args.cache, args.positions
     tokens = q.shape[0]
     nkv = 0 if k is None else k.shape[1]
     call = None
-    if tokens and q.shape[1] + nkv:
+    if tokens and not q.shape[1] + nkv:
+        call = _Call(q.data.device_id, cache.shape[0])
+    elif tokens:
         device = q.data.device_id
         vec = vector_width(q, k, cache, args.rotary_dim, is_neox, args.sin_offset)
         p = plan(tokens, q.shape[1], nkv, args.rotary_dim, vec, is_neox, sm_count(device), knobs)
@@ -382,180 +458,50 @@ def _prepare(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs=D
             cache_rows=cache.shape[0], cache_ts=_elem_strides(cache)[0], sin_offset=args.sin_offset,
             pos64=int(pos.dtype == np.int64), q_heads=q.shape[1], heads=q.shape[1] + nkv, rot=args.rotary_dim,
             lanes=p.lanes, groups=p.groups, tokens_per_block=p.tokens_per_block, sin_sign=-1.0 if inverse else 1.0)
-        call = _Call(device, p.instantiation(q.dtype, cache.dtype), (p.grid,), (p.block,), struct, k is not None,
-                     args.rotary_dim, args.sin_offset)
-    if len(_calls) >= _MAX_CALLS:
-        _calls.clear()
-    _calls[ck] = call
-    return call
+        meet = None
+        if nkv and q.shape[1]:
+            qlo, qhi = extent(0, q.shape, q.strides, q.itemsize)
+            klo, khi = extent(0, k.shape, k.strides, k.itemsize)
+            meet = (qlo - khi, qhi - klo)
+        call = _Call(device, cache.shape[0], p.instantiation(q.dtype, cache.dtype), p.config, struct, k is not None,
+                     meet)
+    return _calls.put(ck, call)
+
+
+_ndarray = None  # cupy.ndarray once a call has imported CuPy (importing cukern does not)
+
+
+def _cupy_ndarray():
+    global _ndarray
+    import cupy
+
+    _ndarray = cupy.ndarray
+    return _ndarray
 
 
 def _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, check_positions, knobs) -> None:
-    import cupy
-
-    nd = cupy.ndarray
+    nd = _ndarray or _cupy_ndarray()
     if not (type(positions) is nd and type(query) is nd and type(cos_sin_cache) is nd
             and (key is None or type(key) is nd)):
-        positions, cos_sin_cache = (_check.as_array(a, n) for a, n in (
-            (positions, "positions"), (cos_sin_cache, "cos_sin_cache")))
-        query = _check.as_array(query, "query", writable=True)
-        key = None if key is None else _check.as_array(key, "key", writable=True)
-    if knobs is None:  # the tuning cache's winner for this device, dtype and shape, else the heuristic
-        knobs = DEFAULT_KNOBS
-        if query.ndim == 3:
-            shape = (query.shape[0], query.shape[1], 0 if key is None or key.ndim != 3 else key.shape[1],
-                     query.shape[2])
-            knobs = _tuning.lookup("rotary_embedding" if is_neox else "rotary_embedding_gptj",
-                                   query.data.device_id, query.dtype, shape) or DEFAULT_KNOBS
-    call = _prepare(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, knobs)
-    if call is None:  # no tokens or no heads
+        positions, cos_sin_cache = (as_array(a, n) for a, n in ((positions, "positions"),
+                                                                (cos_sin_cache, "cos_sin_cache")))
+        query = as_array(query, "query", writable=True)
+        key = None if key is None else as_array(key, "key", writable=True)
+    ck, knobs, offset = _call_key(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, knobs)
+    call = _calls.get(ck)
+    if call is _MISSING:
+        call = _plan_call(ck, positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, knobs)
+    if call is None:  # no tokens
         return
-    if cupy.cuda.runtime.getDevice() != call.device:
-        with cupy.cuda.Device(call.device):
-            return _launch(call, positions, query, key, cos_sin_cache, check_positions)
-    _launch(call, positions, query, key, cos_sin_cache, check_positions)
-
-
-def _launch(call, positions, query, key, cache, check_positions) -> None:
-    if check_positions:
-        _check_positions(_Args(positions, query, key, cache, call.rotary_dim, call.sin_offset))
-    kernel = call.kernel
-    if kernel is None:  # the compiled function on the current device, which is the call's
-        kernel = call.kernel = get_kernel(call.inst).kernel
-    kernel(call.grid, call.block, (query, key if call.has_key else _NULL, cache, positions, call.params))
-
-
-# ----------------------------------------------------------------------------------------------- cache
-
-_SCALING_KEYS = {
-    "linear": ({"factor"}, set()),
-    "dynamic_ntk": ({"factor", "original_max_position"}, set()),
-    "llama3": ({"factor", "low_freq_factor", "high_freq_factor", "original_max_position"}, set()),
-    "yarn": ({"factor", "original_max_position"},
-             {"beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"}),
-}
-
-
-def _check_scaling(scaling) -> dict:
-    if scaling is None:
-        return {}
-    if not isinstance(scaling, dict) or scaling.get("type") not in _SCALING_KEYS:
-        raise ValueError(f"scaling must be None or a dict with 'type' one of {sorted(_SCALING_KEYS)}, got {scaling!r}")
-    required, optional = _SCALING_KEYS[scaling["type"]]
-    given = set(scaling) - {"type"}
-    if required - given:
-        raise ValueError(f"{scaling['type']} scaling needs {sorted(required - given)}")
-    if given - required - optional:
-        raise ValueError(f"{scaling['type']} scaling does not take {sorted(given - required - optional)}")
-    if scaling["factor"] <= 0:
-        raise ValueError(f"scaling factor must be positive, got {scaling['factor']}")
-    return scaling
-
-
-def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def rope_frequencies(max_position: int, rotary_dim: int, base: float = 10000.0, scaling=None):
-    """``(inv_freq, attention)``: the ``rotary_dim / 2`` angular frequencies (float64 NumPy) and the factor
-    cos and sin are scaled by (YaRN's attention factor, else 1), as the models that define each scaling
-    publish them (HF transformers ``_compute_*_rope_parameters``)."""
-    scaling = _check_scaling(scaling)
-    kind = scaling.get("type")
-    rot = rotary_dim
-    exponents = np.arange(0, rot, 2, dtype=np.float64) / rot
-    inv_freq = 1.0 / base**exponents
-    attention = 1.0
-    if kind == "linear":
-        inv_freq = inv_freq / scaling["factor"]
-    elif kind == "dynamic_ntk":
-        if rot < 4:
-            raise ValueError("dynamic_ntk scaling needs rotary_dim >= 4 (its exponent is rot / (rot - 2))")
-        factor, orig = scaling["factor"], scaling["original_max_position"]
-        length = max(max_position, orig)
-        scaled_base = base * (factor * length / orig - (factor - 1)) ** (rot / (rot - 2))
-        inv_freq = 1.0 / scaled_base**exponents
-    elif kind == "llama3":
-        factor, orig = scaling["factor"], scaling["original_max_position"]
-        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-        if not 0 < low < high:
-            raise ValueError(f"llama3 scaling needs 0 < low_freq_factor < high_freq_factor, got {low}, {high}")
-        wavelen = 2 * math.pi / inv_freq
-        smooth = (orig / wavelen - low) / (high - low)
-        blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-        inv_freq = np.where(wavelen > orig / low, inv_freq / factor,
-                            np.where(wavelen < orig / high, inv_freq, blended))
-    elif kind == "yarn":
-        factor, orig = scaling["factor"], scaling["original_max_position"]
-        beta_fast, beta_slow = scaling.get("beta_fast", 32.0), scaling.get("beta_slow", 1.0)
-
-        def correction_dim(rotations):
-            return rot * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-        lo, hi = correction_dim(beta_fast), correction_dim(beta_slow)
-        if scaling.get("truncate", True):
-            lo, hi = math.floor(lo), math.ceil(hi)
-        lo, hi = max(lo, 0), min(hi, rot - 1)
-        if lo == hi:
-            hi += 0.001
-        ramp = np.clip((np.arange(rot // 2, dtype=np.float64) - lo) / (hi - lo), 0.0, 1.0)
-        extrapolate = 1.0 - ramp
-        inv_freq = inv_freq / factor * (1.0 - extrapolate) + inv_freq * extrapolate
-        attention = scaling.get("attention_factor")
-        if attention is None:
-            mscale, all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
-            if mscale and all_dim:
-                attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, all_dim)
-            else:
-                attention = _yarn_mscale(factor)
-    return inv_freq, float(attention)
-
-
-def rope_cache(max_position: int, rotary_dim: int, base: float = 10000.0, *, scaling=None, dtype=np.float32):
-    """The cos/sin cache :func:`rotary_embedding` reads: ``[max_position, rotary_dim]``, row ``p`` holding
-    ``a cos(p w_j)`` for ``j < rotary_dim / 2`` then ``a sin(p w_j)``, with ``w_j = base^(-2j / rotary_dim)``
-    adjusted by ``scaling`` and ``a`` YaRN's attention factor (else 1).
-
-    Computed in float64 on the host, rounded once to ``dtype`` (float32, float16 or bfloat16) and copied to
-    the current device.
-
-    Parameters
-    ----------
-    max_position : int
-        Rows (positions 0 .. max_position - 1).
-    rotary_dim : int
-        Even.
-    base : float
-    scaling : dict, optional
-        ``{"type": "linear", "factor"}`` (positions / factor);
-        ``{"type": "dynamic_ntk", "factor", "original_max_position"}`` (base scaled by
-        ``(factor L / orig - (factor - 1))^(rot / (rot - 2))`` with ``L = max(max_position, orig)``);
-        ``{"type": "llama3", "factor", "low_freq_factor", "high_freq_factor", "original_max_position"}``;
-        ``{"type": "yarn", "factor", "original_max_position"}`` plus optional ``beta_fast`` (32),
-        ``beta_slow`` (1), ``truncate`` (True), ``attention_factor``, or ``mscale`` with ``mscale_all_dim``
-        (DeepSeek); the attention factor, ``0.1 ln(factor) + 1`` by default, scales cos and sin.
-    dtype : float32, float16 or bfloat16
-
-    Returns
-    -------
-    cupy.ndarray ``[max_position, rotary_dim]``
-    """
-    import cupy
-
-    dtype = np.dtype(dtype)
-    if dtype not in FLOAT_TYPES:
-        raise TypeError(f"dtype {dtype_name(dtype)} is not supported; use float32, float16 or bfloat16")
-    return cupy.asarray(rope_cache_host(max_position, rotary_dim, base, scaling=scaling).astype(dtype))
-
-
-def rope_cache_host(max_position: int, rotary_dim: int, base: float = 10000.0, *, scaling=None) -> np.ndarray:
-    """:func:`rope_cache` in float64 on the host (NumPy), before rounding and upload."""
-    if rotary_dim < 2 or rotary_dim % 2:
-        raise ValueError(f"rotary_dim={rotary_dim} must be a positive even number")
-    if max_position < 1:
-        raise ValueError(f"max_position={max_position} must be positive")
-    if not base > 1:
-        raise ValueError(f"base={base} must be greater than 1")
-    inv_freq, attention = rope_frequencies(max_position, rotary_dim, base, scaling)
-    angles = np.outer(np.arange(max_position, dtype=np.float64), inv_freq)
-    return np.concatenate([np.cos(angles), np.sin(angles)], axis=1) * attention
+    meet = call.meet  # what depends on the addresses themselves is checked on every call
+    if meet is not None and meet[0] < offset < meet[1] and offset != call.apart:
+        _check_key_apart(call, query, key, offset)
+    with on_device(call.device):
+        if check_positions:
+            _check_positions(positions, call.cache_rows)
+        if call.inst is None:  # no heads
+            return
+        kernel = call.kernel
+        if kernel is None:
+            kernel = call.kernel = get_kernel(call.inst).kernel
+        launch(kernel, call.config, (query, key if call.has_key else _NULL, cos_sin_cache, positions, call.params))

@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ._compile import Instantiation, get_kernel
+from ._launch import require_gpu
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -38,9 +41,9 @@ class L2Flush:
     """Leaves L2 holding nothing the timed call can use, and nothing dirty.
 
     Overwriting a buffer twice the L2 evicts the timed call's data, but leaves L2 full of the flush's own
-    dirty lines, whose write-back would then be charged to the timed call (about 60 MB on an H200, 14 µs
-    at the copy rate). Reading a second buffer of the same size afterwards writes those lines back before
-    the timed region and leaves L2 clean. ``clean=False`` keeps the overwrite alone (as torch/Triton's
+    dirty lines, whose write-back would then be charged to the timed call (bench/NOTES.md, "Timing floor
+    of small kernels", has what that costs). Reading a second buffer of the same size afterwards writes
+    those lines back before the timed region and leaves L2 clean. ``clean=False`` keeps the overwrite alone (as torch/Triton's
     ``do_bench`` does), for comparison.
     """
 
@@ -79,8 +82,6 @@ HOLD_MAX_US = 2000.0
 
 def hold_stream(us: float) -> None:
     """Keep the current stream busy for ``us`` microseconds (``cuda_src/timing.cu``), touching no memory."""
-    from ._compile import Instantiation, get_kernel
-
     kernel = get_kernel(Instantiation("timing", "hold_stream", ()))
     kernel((1,), (1,), (np.uint64(int(us * 1e3)),))
 
@@ -101,16 +102,32 @@ def benchmark(fn, *args, warmup: int = 10, repeat: int = 100, flush_l2: bool = T
     call to write back (:class:`L2Flush`), outside the events. With ``hold`` the stream is then kept busy
     (:func:`hold_stream`) while the host records the start event and launches the call, so the interval
     holds the call's GPU work and not the host's launch cost. ``hold=None`` holds only without the flush:
-    back to back, a call of a few microseconds is launch-bound (a one-element kernel measured 14.9 µs
-    bare, 3.7 µs held on the H200), while the flush's own GPU time already lets the host queue the call
-    ahead (4.2 µs flushed; holding as well measured 4.6 µs, so it is not added). ``bench/sweep_timing.py``
-    measures all four. Returns microseconds (median, min, max, 20th and 80th percentile) and, given
+    back to back, a call of a few microseconds is launch-bound, while the flush's own GPU time already lets
+    the host queue the call ahead, so holding as well adds nothing (``bench/sweep_timing.py`` measures all
+    four; the figures are in bench/NOTES.md, "Timing floor of small kernels"). Returns microseconds (median, min, max, 20th and 80th percentile) and, given
     ``bytes_moved``, GB/s at the median.
     """
+    times = event_times_us(fn, *args, warmup=warmup, repeat=repeat, flush_l2=flush_l2, hold=hold)
+    p20, p50, p80 = np.percentile(times, [20, 50, 80])
+    return Timing(
+        median_us=float(p50),
+        min_us=float(times.min()),
+        max_us=float(times.max()),
+        p20_us=float(p20),
+        p80_us=float(p80),
+        repeat=repeat,
+        bytes_moved=None if bytes_moved is None else int(bytes_moved),
+    )
+
+
+def event_times_us(fn, *args, warmup: int = 10, repeat: int = 100, flush_l2: bool = True,
+                   hold: bool | None = None) -> np.ndarray:
+    """The microseconds of each of ``repeat`` calls of ``fn(*args)``, timed as :func:`benchmark` times them."""
     import cupy
 
     if repeat < 1:
         raise ValueError("repeat must be at least 1")
+    require_gpu()
     if hold is None:
         hold = not flush_l2
     stream = cupy.cuda.get_current_stream()
@@ -132,17 +149,7 @@ def benchmark(fn, *args, warmup: int = 10, repeat: int = 100, flush_l2: bool = T
         fn(*args)
         end.record(stream)
     ends[-1].synchronize()
-    times = np.array([cupy.cuda.get_elapsed_time(s, e) * 1e3 for s, e in zip(starts, ends)])
-    p20, p50, p80 = np.percentile(times, [20, 50, 80])
-    return Timing(
-        median_us=float(p50),
-        min_us=float(times.min()),
-        max_us=float(times.max()),
-        p20_us=float(p20),
-        p80_us=float(p80),
-        repeat=repeat,
-        bytes_moved=None if bytes_moved is None else int(bytes_moved),
-    )
+    return np.array([cupy.cuda.get_elapsed_time(s, e) * 1e3 for s, e in zip(starts, ends)])
 
 
 _peaks: dict = {}
@@ -155,6 +162,7 @@ def peak_bandwidth(nbytes: int = COPY_BYTES) -> float:
     once per device and size and cached."""
     import cupy
 
+    require_gpu()
     key = (cupy.cuda.Device().id, nbytes)
     with _peak_lock:
         if key not in _peaks:

@@ -1,38 +1,37 @@
-"""Every instantiation of every kernel family compiles with NVRTC for sm_80 and sm_90, with no GPU, and the
-machine code is what we meant: no spills, no stack, and 16-byte accesses on the vectorized paths."""
+"""Every instantiation of every kernel family compiles with NVRTC for every arch in ``_support.ARCHS``, with
+no GPU, and the machine code is what we meant: no spills, no stack, and 16-byte accesses on the vectorized
+paths."""
 
-import functools
 import re
 
 import pytest
+from _support import ARCHS, compiled
 
 from cukern import families
 from cukern._compile import compile_program, source_dir, source_sha256
 
-ARCHS = ["sm_80", "sm_90"]
+SOURCES = list(dict.fromkeys(f.SOURCE for f in families.all_families()))
 
 
-@functools.lru_cache(maxsize=None)
-def compiled(source: str, arch: str):
-    fam = next(f for f in families.all_families() if f.SOURCE == source)
-    return families.compile_family(fam, arch)
-
-
-SOURCES = [f.SOURCE for f in families.all_families()]
+def test_each_family_has_its_own_source():
+    assert len(SOURCES) == len(families.all_families()), [f.__name__ for f in families.all_families()]
+    assert families.named("rotary").SOURCE == "rotary"
+    with pytest.raises(ValueError, match="no kernel family has source 'nope'"):
+        families.named("nope")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("source", [pytest.param(s, marks=pytest.mark.nvrtc(s)) for s in SOURCES])
 def test_every_instantiation_compiles_without_spills(source, arch):
     c = compiled(source, arch)
-    fam = next(f for f in families.all_families() if f.SOURCE == source)
     res = c.resources()
-    for inst in fam.instantiations():
+    for inst in families.named(source).instantiations():
         r = res[c.lowered[inst.expression]]
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, (inst.expression, r)
     assert ".local" not in c.ptx
 
 
+@pytest.mark.nvrtc("rms_norm")
 @pytest.mark.parametrize("arch", ARCHS)
 def test_rms_norm_vector_path_uses_16_byte_accesses(arch):
     from cukern import rmsnorm
@@ -52,7 +51,7 @@ def test_sources_are_found_and_hashed():
     assert re.fullmatch(r"[0-9a-f]{64}", source_sha256())
 
 
-def test_a_broken_kernel_reports_the_nvrtc_log(tmp_path, monkeypatch):
+def test_a_broken_kernel_reports_the_nvrtc_log(monkeypatch):
     import cukern._compile as comp
 
     monkeypatch.setattr(comp, "read_source", lambda name: "__global__ void k() { undefined_thing; }")

@@ -8,10 +8,12 @@ import sys
 import pytest
 
 from conftest import HAS_GPU
-from cukern import bench, card, ladder, reduce, rmsnorm, tuning
+from cukern import _tuned, ladder, reduce, rmsnorm
 from cukern._dtypes import BFLOAT16
+from cukern.lab import bench, card, device
+from cukern.lab.ladder import LADDER_N
 
-H200 = card.H200
+H200 = device.H200
 SECTIONS = ("tile", "traffic", "accumulation", "staging", "tuning", "profile")
 
 
@@ -25,15 +27,15 @@ def _case_params(case) -> dict:
 def empty_cache(tmp_path, monkeypatch):
     """Every test sees an empty tuning cache of its own."""
     monkeypatch.setenv("CUKERN_CACHE_DIR", str(tmp_path / "cache"))
-    tuning.reset()
+    _tuned.reset()
     yield
-    tuning.reset()
+    _tuned.reset()
 
 
 def test_every_benchmarked_op_and_every_rung_has_a_card():
     cases = {c.op for b in bench.OPS.values() for c in b.cases}
     rungs = {f"reduce_ladder.{r.label}" for r in ladder.RUNGS}
-    assert not (cases | rungs) - set(card.CARDS), "a new op or rung must register a card in cukern.card"
+    assert not (cases | rungs) - set(card.CARDS), "a new op or rung must register a card from its family's lab module"
 
 
 @pytest.mark.parametrize("op", sorted(card.CARDS))
@@ -66,8 +68,8 @@ def test_card_bytes_are_the_benchmarks_bytes(op, case):
 
 def test_rung_bytes_are_the_ladder_records_bytes():
     for rung in ladder.RUNGS:
-        d = card.resolve(f"reduce_ladder.{rung.label}", (bench.LADDER_N,), "float32", H200).described
-        assert d.bytes == reduce.bytes_moved((bench.LADDER_N,), "float32", op="sum")
+        d = card.resolve(f"reduce_ladder.{rung.label}", (LADDER_N,), "float32", H200).described
+        assert d.bytes == reduce.bytes_moved((LADDER_N,), "float32", op="sum")
 
 
 def test_rms_norm_card_is_the_planners_launch():
@@ -95,17 +97,17 @@ def test_multi_pass_rung_lists_every_pass():
 
 
 def test_cards_use_the_tuning_cache_when_it_has_an_entry(tmp_path):
-    cache = tuning.TuningCache()
+    cache = _tuned.TuningCache()
     cache.put({"device": H200.name, "op": "rms_norm", "dtype": "bfloat16", "bucket": "hidden=4096,rows<=16384",
                "knobs": {"items_target": 4, "small_block": 128, "waves": None}, "median_us": 70.0,
                "heuristic_us": 72.0})
     cache.save()
-    tuning.reset()
+    _tuned.reset()
     c = card.explain("rms_norm", (16384, 4096), "bfloat16", device=H200)
     assert c.tuning["source"] == "tuning cache" and c.tuning["knobs"]["items_target"] == 4
     p = rmsnorm.plan(4096, 16384, 8, 2, H200.sm_count, rmsnorm.Knobs(4, 128, None))
     assert (c.launches[0]["grid"], c.launches[0]["block"]) == (p.grid, p.block)
-    with tuning.heuristic_only():
+    with _tuned.heuristic_only():
         assert card.explain("rms_norm", (16384, 4096), "bfloat16", device=H200).tuning["source"].startswith("heuristic")
 
 
@@ -125,18 +127,18 @@ def test_column_sum_card_shows_both_passes():
 
 
 def test_blocks_per_sm():
-    assert card.blocks_per_sm(48, 64, 256, H200) == (5, "registers")
-    assert card.blocks_per_sm(32, 0, 1024, H200) == (2, "threads")
-    assert card.blocks_per_sm(16, 100_000, 128, H200) == (2, "shared memory")
-    assert card.blocks_per_sm(16, 0, 32, H200) == (32, "blocks per SM")
+    assert device.blocks_per_sm(48, 64, 256, H200) == (5, "registers")
+    assert device.blocks_per_sm(32, 0, 1024, H200) == (2, "threads")
+    assert device.blocks_per_sm(16, 100_000, 128, H200) == (2, "shared memory")
+    assert device.blocks_per_sm(16, 0, 32, H200) == (32, "blocks per SM")
 
 
 def test_verdicts():
-    assert card.verdict(20.0, 13.9, 100.0)[0] == "compute-bound"
-    assert card.verdict(0.5, 13.9, 100.0)[0] == "memory-bound"
-    assert card.verdict(0.5, 13.9, 1.0)[0] == "latency-bound"
-    assert card.verdict(0.5, 13.9, 100.0, pct_of_peak=85.0)[0] == "memory-bound"
-    assert card.verdict(0.5, 13.9, 100.0, pct_of_peak=14.0)[0] == "latency-bound"
+    assert device.verdict(20.0, 13.9, 100.0)[0] == "compute-bound"
+    assert device.verdict(0.5, 13.9, 100.0)[0] == "memory-bound"
+    assert device.verdict(0.5, 13.9, 1.0)[0] == "latency-bound"
+    assert device.verdict(0.5, 13.9, 100.0, pct_of_peak=85.0)[0] == "memory-bound"
+    assert device.verdict(0.5, 13.9, 100.0, pct_of_peak=14.0)[0] == "latency-bound"
 
 
 def test_h200_defaults_are_labelled_and_the_ridge_follows_from_them():

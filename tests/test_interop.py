@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cukern import _check
-from cukern._check import parse_cuda_array_interface as parse
+from cukern import _interop
+from cukern._interop import parse_cuda_array_interface as parse
 from cukern._dtypes import BFLOAT16
 
 
@@ -114,13 +114,13 @@ def test_not_a_dict():
 def fake_device(monkeypatch):
     """Device lookups and stream waits answered without a GPU; returns the waits asked for."""
     waits = []
-    monkeypatch.setattr(_check, "_pointer_device", lambda ptr: 0)
-    monkeypatch.setattr(_check, "_wait_for_stream", lambda stream, device: waits.append((stream, device)))
+    monkeypatch.setattr(_interop, "_pointer_device", lambda ptr: 0)
+    monkeypatch.setattr(_interop, "_wait_for_stream", lambda stream, device: waits.append((stream, device)))
     return waits
 
 
 def test_as_array_views_the_producers_memory(fake_device):
-    x = _check.as_array(Producer(cai(shape=(3, 5), strides=(-20, 4), data=(0x20028, False))), "x")
+    x = _interop.as_array(Producer(cai(shape=(3, 5), strides=(-20, 4), data=(0x20028, False))), "x")
     assert (x.shape, x.strides, x.dtype, x.data.ptr, x.data.device_id) == ((3, 5), (-20, 4), np.float32,
                                                                            0x20028, 0)
 
@@ -128,7 +128,7 @@ def test_as_array_views_the_producers_memory(fake_device):
 def test_as_array_keeps_the_producer_alive(fake_device):
     producer = Producer(cai())
     ref = weakref.ref(producer)
-    x = _check.as_array(producer, "x")
+    x = _interop.as_array(producer, "x")
     del producer
     gc.collect()
     assert ref() is not None
@@ -139,33 +139,33 @@ def test_as_array_keeps_the_producer_alive(fake_device):
 
 def test_as_array_asks_for_the_device_of_the_memory(monkeypatch):
     asked = []
-    monkeypatch.setattr(_check, "_pointer_device", lambda ptr: asked.append(ptr) or 1)
-    x = _check.as_array(Producer(cai(shape=(2, 3), strides=(-12, 4), data=(0x3000C, False), version=2)), "x")
+    monkeypatch.setattr(_interop, "_pointer_device", lambda ptr: asked.append(ptr) or 1)
+    x = _interop.as_array(Producer(cai(shape=(2, 3), strides=(-12, 4), data=(0x3000C, False), version=2)), "x")
     assert asked == [0x30000] and x.data.device_id == 1
 
 
 def test_as_array_waits_on_the_producers_stream(fake_device, monkeypatch):
-    _check.as_array(Producer(cai(stream=7)), "x")
-    _check.as_array(Producer(cai()), "x")
-    _check.as_array(Producer(cai(version=2, stream=9)), "x")
+    _interop.as_array(Producer(cai(stream=7)), "x")
+    _interop.as_array(Producer(cai()), "x")
+    _interop.as_array(Producer(cai(version=2, stream=9)), "x")
     assert fake_device == [(7, 0)]
-    monkeypatch.setattr(_check, "_SYNC", False)
-    _check.as_array(Producer(cai(stream=7)), "x")
+    monkeypatch.setattr(_interop, "_SYNC", False)
+    _interop.as_array(Producer(cai(stream=7)), "x")
     assert fake_device == [(7, 0)]
 
 
 def test_as_array_refuses_read_only_memory_it_would_write(fake_device):
     producer = Producer(cai(data=(0x10000, True)))
-    assert _check.as_array(producer, "key").shape == (4, 8)
+    assert _interop.as_array(producer, "key").shape == (4, 8)
     with pytest.raises(ValueError, match="key is read-only"):
-        _check.as_array(producer, "key", writable=True)
+        _interop.as_array(producer, "key", writable=True)
 
 
 def test_as_array_refuses_host_and_unknown_objects():
     with pytest.raises(TypeError, match=r"cupy.asarray\(x\)"):
-        _check.as_array(np.zeros(3), "x")
+        _interop.as_array(np.zeros(3), "x")
     with pytest.raises(TypeError, match="must be a cupy.ndarray"):
-        _check.as_array([1.0, 2.0], "weight")
+        _interop.as_array([1.0, 2.0], "weight")
 
 
 class DLPackProducer:
@@ -181,7 +181,7 @@ class DLPackProducer:
 
 def test_dlpack_from_host_memory_is_refused():
     with pytest.raises(TypeError, match="x is not in CUDA device memory: it is in CPU memory"):
-        _check.as_array(DLPackProducer(1), "x")
+        _interop.as_array(DLPackProducer(1), "x")
 
 
 @pytest.mark.parametrize("device_type", [2, 13])  # CUDA, CUDA managed
@@ -194,7 +194,7 @@ def test_dlpack_is_preferred_and_goes_to_cupy(monkeypatch, device_type):
     seen = []
     monkeypatch.setattr(cupy, "from_dlpack", lambda obj: seen.append(obj) or "array")
     producer = Both(device_type)
-    assert _check.as_array(producer, "x") == "array" and seen == [producer]
+    assert _interop.as_array(producer, "x") == "array" and seen == [producer]
 
 
 def test_attribute_errors_mean_no_interface():
@@ -204,7 +204,7 @@ def test_attribute_errors_mean_no_interface():
             raise AttributeError("non-CUDA tensor")
 
     with pytest.raises(TypeError, match="must be a cupy.ndarray"):
-        _check.as_array(CPUTensor(), "x")
+        _interop.as_array(CPUTensor(), "x")
 
 
 def test_stream_wait_logic(monkeypatch):
@@ -239,16 +239,16 @@ def test_stream_wait_logic(monkeypatch):
     fake = SimpleNamespace(cuda=SimpleNamespace(
         get_current_stream=lambda: current[0], Event=Event, Device=Device,
         runtime=SimpleNamespace(eventRecord=lambda event, stream: log.append(("record", stream, event)))))
-    monkeypatch.setattr(_check, "_cp", fake)
-    monkeypatch.setattr(_check, "_events", SimpleNamespace())
-    _check._wait_for_stream(1, 0)  # legacy default stream is CuPy's null stream
+    monkeypatch.setattr(_interop, "_cp", fake)
+    monkeypatch.setattr(_interop, "_events", SimpleNamespace())
+    _interop._wait_for_stream(1, 0)  # legacy default stream is CuPy's null stream
     assert log == []
-    _check._wait_for_stream(5, 0)
+    _interop._wait_for_stream(5, 0)
     assert log == [("record", 5, 0xE0), ("wait", 0, 0xE0)]
     current[0] = Stream(5)
-    _check._wait_for_stream(5, 0)
+    _interop._wait_for_stream(5, 0)
     current[0] = Stream(6, capturing=True)
-    _check._wait_for_stream(5, 0)
+    _interop._wait_for_stream(5, 0)
     assert len(log) == 2
 
 
@@ -269,7 +269,7 @@ def bits(a):
     """An array's raw bits, for exact comparisons of any float type."""
     import cupy
 
-    a = _check.as_array(a, "a")
+    a = _interop.as_array(a, "a")
     return cupy.ascontiguousarray(a).view(np.dtype(f"u{a.itemsize}"))
 
 
@@ -283,7 +283,7 @@ def cupy_copy(t):
     """A CuPy copy of a torch tensor's values (same dtype, contiguous)."""
     import cupy
 
-    return cupy.array(_check.as_array(t, "t"), copy=True)
+    return cupy.array(_interop.as_array(t, "t"), copy=True)
 
 
 TORCH_DTYPES = ["float16", "bfloat16", "float32"]
@@ -304,7 +304,7 @@ def test_rms_norm_torch(torch, dtype, strided):
     base = torch.randn(37, 2 * HIDDEN if strided else HIDDEN, device="cuda").to(t)
     w = torch.randn(HIDDEN, device="cuda").to(t)
     x = view(base)
-    xa = _check.as_array(x, "x")
+    xa = _interop.as_array(x, "x")
     assert xa.data.ptr == x.data_ptr() and xa.dtype == (BFLOAT16 if dtype == "bfloat16" else np.dtype(dtype))
     ref = cukern.rms_norm(view(cupy_copy(base)), cupy_copy(w))
     assert same(cukern.rms_norm(x, w), ref)

@@ -6,14 +6,14 @@ import re
 
 import numpy as np
 import pytest
+from _support import ARCHS, compiled
 
 from cukern import ladder as L
 from cukern import reduce as R
+from cukern import reduce_plan as P
 from cukern import reference
-from cukern._compile import compile_program, read_source
+from cukern._compile import read_source
 from cukern._dtypes import BFLOAT16, dtype_name
-
-ARCHS = ("sm_80", "sm_90")
 
 
 def _kernel_text(source: str, name: str) -> str:
@@ -34,7 +34,7 @@ def test_registry_is_ordered_and_named():
 
 
 def test_every_rung_says_what_changed():
-    src = read_source("reduce")
+    src = read_source(L.SOURCE)
     for r in L.RUNGS:
         body = _kernel_text(src, r.name)
         assert "Predicted" in body, r.name
@@ -46,16 +46,19 @@ def test_every_rung_says_what_changed():
 
 
 def test_last_warp_rung_is_safe_under_independent_thread_scheduling():
-    body = _kernel_text(read_source("reduce"), "reduce_v5_unroll_last_warp")
+    body = _kernel_text(read_source(L.SOURCE), "reduce_v5_unroll_last_warp")
     code = "\n".join(line.split("//")[0] for line in body.splitlines())
     assert "volatile" not in code
     assert code.count("__syncwarp()") >= 2
 
 
 def test_last_rung_is_the_production_body():
-    body = _kernel_text(read_source("reduce"), L.RUNGS[-1].name)
+    src = read_source(L.SOURCE)
+    assert '#include "reduce.cu"' in src  # the production body itself, not a copy
+    body = _kernel_text(src, L.RUNGS[-1].name)
     assert "full_reduce_body<T, A, OP_SUM, BLOCK, UNROLL>" in body
-    p = R.plan_full(2**29, 4, 132)
+    assert "full_reduce_body" in read_source(P.SOURCE) and "reduce_v" not in read_source(P.SOURCE)
+    p = P.plan_full(2**29, 4, 132)
     assert L.RUNGS[-1].grid(2**29, 4, 132) == p.grid and L.RUNGS[-1].block == p.block
 
 
@@ -65,7 +68,7 @@ def test_grids_are_pure_and_bounded():
     grids = {r.label: r.grid(n, 4, sm) for r in L.RUNGS}
     assert grids["v1"] == n // L.BLOCK and grids["v4"] == n // (2 * L.BLOCK)
     assert grids["v7"] == grids["v8"] == sm * (2048 // L.BLOCK)
-    assert grids["v9"] <= R._WORK_ELEMENTS
+    assert grids["v9"] <= P.FULL_PARTIALS
     for r in L.RUNGS:
         assert r.grid(1, 4, sm) == 1 and r.grid(0, 4, sm) == 1
         assert r.grid(n, 4, sm) < 2**31
@@ -90,25 +93,26 @@ def test_instantiations_cover_every_rung_and_dtype():
             assert set(r.instantiations(t)) <= set(insts)
 
 
-@pytest.fixture(scope="module", params=ARCHS)
-def compiled(request):
-    return compile_program(L.SOURCE, L.instantiations(), request.param)
-
-
-def test_every_rung_compiles_without_local_memory(compiled):
-    res = compiled.resources()
+@pytest.mark.nvrtc(L.SOURCE)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_rung_compiles_without_local_memory(arch):
+    c = compiled(L.SOURCE, arch)
+    res = c.resources()
     for inst in L.instantiations():
-        r = res[compiled.lowered[inst.expression]]
+        r = res[c.lowered[inst.expression]]
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, inst.expression
-    assert ".local" not in compiled.ptx
+    assert ".local" not in c.ptx
 
 
-def test_vector_rungs_use_16_byte_loads(compiled):
+@pytest.mark.nvrtc(L.SOURCE)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_vector_rungs_use_16_byte_loads(arch):
+    c = compiled(L.SOURCE, arch)
     vector = re.compile(r"ld\.global\S*\.v(4\.(u32|b32|f32|s32)|2\.(u64|b64|f64|s64))")
     for r in L.RUNGS:
         for t in (np.dtype(np.float32), BFLOAT16):
             inst = r.instantiations(t)[0]
-            body = compiled.kernel_ptx(inst)
+            body = c.kernel_ptx(inst)
             if r.number >= 8:
                 assert vector.search(body), (r.name, dtype_name(t))
             else:
@@ -131,7 +135,6 @@ def test_format_table():
 def test_run_ladder_reports_progress_after_each_row(monkeypatch):
     """``progress(label)`` after every row, rungs then references, with the measuring replaced by fakes."""
     import inspect
-    from types import SimpleNamespace
 
     from cukern import timing
 

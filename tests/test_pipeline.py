@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import cukern
-from cukern import _compile, pipeline
+from cukern import _compile, rmsnorm, rotary
+from cukern._dtypes import BFLOAT16
+from cukern.lab import pipeline
 from cukern.timing import Timing
 
 
@@ -49,6 +51,44 @@ def test_per_call_divides_every_time():
 def test_graph_replay_time_needs_calls():
     with pytest.raises(ValueError):
         pipeline.graph_replay_time(lambda: None, calls=0)
+
+
+def test_the_families_register_the_decode_step_in_the_records_order():
+    calls = pipeline.CALLS
+    assert [c.op for c in calls] == ["rms_norm", "fused_add_rms_norm", "rotary_embedding"]
+    assert [(c.host_op, c.shape(1)) for c in calls if c.host_op] == [
+        ("host_overhead", (1, 4096)), ("host_overhead_rotary", (1, 32, 128))]
+    assert calls[0].bytes(8) == rmsnorm.bytes_moved((8, 4096), BFLOAT16, BFLOAT16)
+    assert calls[1].bytes(8) == rmsnorm.bytes_moved((8, 4096), BFLOAT16, BFLOAT16, fused=True)
+    assert calls[2].bytes(64) == rotary.bytes_moved(64, 32, 8, 128, BFLOAT16)
+
+
+def test_records_have_the_documented_form(monkeypatch):
+    def fn(*args, **kwargs):
+        return None
+
+    call = pipeline.DecodeCall("op", shape=lambda t: (t, 16), bytes=lambda t: 1000 * t,
+                               make=lambda t: (fn, (t,), {"k": 1}), host_op="host_op", host=lambda t: (fn, (t,), {}))
+    monkeypatch.setattr(pipeline, "CALLS", [call, pipeline.DecodeCall("plain", lambda t: (t,), lambda t: t,
+                                                                      lambda t: (fn, (), {}))])
+    timed = []
+
+    def graph_replay_time(f, *args, calls, warmup, repeat, bytes_moved, **kwargs):
+        timed.append((args, kwargs, calls, bytes_moved))
+        return Timing(median_us=2.0, min_us=1.0, max_us=3.0, p20_us=1.5, p80_us=2.5, repeat=repeat,
+                      bytes_moved=bytes_moved)
+
+    monkeypatch.setattr(pipeline, "host_overhead", lambda f, *args, n, **kwargs: 12.34567)
+    monkeypatch.setattr(pipeline, "graph_replay_time", graph_replay_time)
+    records = pipeline.records(1000.0, repeat=7, warmup=1, n=10)
+    assert records[0] == {"op": "host_op", "impl": "cukern", "shape": [1, 16], "dtype": "bfloat16",
+                          "median_us": 12.346}
+    graphs = records[1:]
+    assert [(r["op"], r["shape"]) for r in graphs] == [
+        (op, shape) for t in pipeline.DECODE_TOKENS for op, shape in (("op", [t, 16]), ("plain", [t]))]
+    assert graphs[0] == {"op": "op", "impl": "cukern-graph", "shape": [1, 16], "dtype": "bfloat16", "median_us": 2.0,
+                         "gbps": 0.5, "pct_of_peak": 0.1}
+    assert timed[0] == ((1,), {"k": 1}, 8, 1000)
 
 
 # ------------------------------------------------------------------------------------------------- GPU

@@ -4,8 +4,9 @@ import re
 
 import numpy as np
 import pytest
+from _support import ARCHS, fake_array
 
-from cukern import _layout, rmsnorm, rotary
+from cukern import _check, _layout, rmsnorm, rotary
 from cukern._compile import Instantiation, read_source
 from cukern._dtypes import BFLOAT16
 from cukern._launch import LaunchConfig, Params, Signature
@@ -65,34 +66,53 @@ def test_launch_config_rejects_swapped_or_empty_sizes():
         LaunchConfig((0,), (128,))
 
 
-class Fake:
-    """Just enough of an array for the layout code: shape, strides in bytes, itemsize."""
-
-    def __init__(self, shape, strides, itemsize=2):
-        self.shape, self.strides, self.itemsize = shape, tuple(s * itemsize for s in strides), itemsize
+def fake(shape, strides):
+    return fake_array(shape, np.float16, strides)
 
 
 def test_contiguous_rows_collapse_to_one_level():
-    lay = _layout.rows_layout([Fake((8, 4, 16), (64, 16, 1))])
+    lay = _layout.rows_layout([fake((8, 4, 16), (64, 16, 1))])
     assert (lay.rows, lay.inner, lay.strides, lay.outer) == (32, 32, ((0, 16),), ((0,),))
 
 
 def test_fused_qkv_heads_keep_two_levels():
-    q = Fake((5, 8, 128), (1536, 128, 1))
-    out = Fake((5, 8, 128), (1024, 128, 1))
+    q = fake((5, 8, 128), (1536, 128, 1))
+    out = fake((5, 8, 128), (1024, 128, 1))
     lay = _layout.rows_layout([out, q])
     assert (lay.rows, lay.inner, lay.strides) == (40, 8, ((1024, 128), (1536, 128)))
 
 
 def test_unmergeable_leading_dims_split_into_launches():
-    lay = _layout.rows_layout([Fake((2, 5, 4, 64), (5760, 384, 288, 1))])
+    lay = _layout.rows_layout([fake((2, 5, 4, 64), (5760, 384, 288, 1))])
     assert lay.rows == 20 and lay.inner == 4 and lay.outer == ((0,), (5760,))
 
 
 def test_scalar_and_single_row_layouts():
-    assert _layout.rows_layout([Fake((7,), (1,))]).rows == 1
-    lay = _layout.rows_layout([Fake((1, 3, 7), (0, 9, 1))])
+    assert _layout.rows_layout([fake((7,), (1,))]).rows == 1
+    lay = _layout.rows_layout([fake((1, 3, 7), (0, 9, 1))])
     assert (lay.rows, lay.inner, lay.strides) == (3, 3, ((0, 9),))
+
+
+def test_overlap_uses_the_bytes_each_array_touches():
+    buf = fake_array((4, 8), np.float32)
+    left, right = fake_array((4, 4), np.float32, (8, 1)), fake_array((4, 4), np.float32, (8, 1), ptr=buf.ptr + 16)
+    assert _check.overlaps(buf, left) and _check.overlaps(left, right)  # interleaved rows share a range
+    assert not _check.overlaps(fake_array((4, 8)), fake_array((4, 8), ptr=(1 << 20) + 128))
+    backwards = fake_array((4, 8), np.float32, (-8, 1), ptr=buf.ptr + 96)  # row 0 last in memory
+    assert _check.overlaps(backwards, buf) and not _check.overlaps(backwards, fake_array((1,), ptr=buf.ptr + 128))
+    assert not _check.overlaps(buf, fake_array((0, 8)))
+    _check.check_no_overlap(buf, "out", buf, "x", identical_ok=True)
+    with pytest.raises(ValueError, match="out partially overlaps x; pass a separate array or the same one"):
+        _check.check_no_overlap(left, "out", buf, "x", identical_ok=True)
+    with pytest.raises(ValueError, match="out overlaps x; pass a separate array$"):
+        _check.check_no_overlap(buf, "out", buf, "x", identical_ok=False)
+
+
+def test_extent_and_contiguous_strides():
+    assert _layout.contiguous_strides((3, 0, 5), 4) == (20, 20, 4)
+    assert _layout.extent(1000, (3, 5), (-20, 4), 4) == (960, 1020)
+    spec = _layout.ArraySpec.fresh((3, 5), np.float16)
+    assert (spec.strides, spec.size, spec.ndim, spec.data.ptr) == ((10, 2), 15, 2, 0)
 
 
 def test_timing_bandwidth():
@@ -101,7 +121,7 @@ def test_timing_bandwidth():
     assert Timing(1, 1, 1, 1, 1, 1).gbps is None
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_stream_hold_kernel_compiles_and_sleeps_on_the_global_timer(arch):
     from cukern._compile import compile_program
 

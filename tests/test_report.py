@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cukern import bench, card, report
-from cukern.progress import Progress
+from cukern.lab import bench, card, device, report
+from cukern.lab.ladder import LADDER_N
+from cukern.lab.progress import Progress
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "h200.json"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -25,7 +26,7 @@ def synthetic_results() -> dict:
                 us = nbytes / (gbps * 1e3)
                 records.append({"op": c.op, "impl": impl, "shape": list(c.shape), "dtype": c.dtype,
                                 "median_us": us, "gbps": gbps, "pct_of_peak": 100 * gbps / 4200})
-    records.append({"op": "reduce_ladder", "impl": "reduce_v3_sequential_addressing", "shape": [bench.LADDER_N],
+    records.append({"op": "reduce_ladder", "impl": "reduce_v3_sequential_addressing", "shape": [LADDER_N],
                     "dtype": "float32", "median_us": 1200.0, "gbps": 900.0, "pct_of_peak": 21.0})
     return {"device": "NVIDIA H200", "cupy_version": "14", "source_sha256": "0", "peak_copy_gbps": 4200.0,
             "records": records}
@@ -60,32 +61,32 @@ def test_bandwidth_plot_of_the_committed_results(tmp_path):
 
 
 def test_roofline_points_without_a_gpu_are_predicted_on_the_bandwidth_roof():
-    points = report.roofline_points(device=card.H200, measure=False)
+    points = report.roofline_points(device=device.H200, measure=False)
     assert {p["op"] for p in points} == set(card.CARDS)
     for p in points:
         assert p["achieved_gflops"] is None and p["source"].startswith("predicted")
-        assert p["intensity"] < card.H200.ridge
-        assert p["attainable_gflops"] == pytest.approx(p["intensity"] * card.H200.peak_gbps)
+        assert p["intensity"] < device.H200.ridge
+        assert p["attainable_gflops"] == pytest.approx(p["intensity"] * device.H200.peak_gbps)
 
 
 def test_roofline_points_take_achieved_times_from_a_results_file():
     doc = synthetic_results()
-    points = report.roofline_points(["rms_norm", "reduce_ladder.v3"], results=doc, device=card.H200, measure=False)
+    points = report.roofline_points(["rms_norm", "reduce_ladder.v3"], results=doc, device=device.H200, measure=False)
     by_key = {(p["op"], tuple(p["shape"]), p["dtype"]): p for p in points}
     rms = by_key[("rms_norm", (16384, 4096), "bfloat16")]
     assert rms["source"] == "results file"
     assert rms["achieved_gflops"] == pytest.approx(rms["flops"] / (rms["bytes"] / 3500.0))
-    assert by_key[("reduce_ladder.v3", (bench.LADDER_N,), "float32")]["measured_us"] == 1200.0
+    assert by_key[("reduce_ladder.v3", (LADDER_N,), "float32")]["measured_us"] == 1200.0
     assert len(by_key) == len(points)  # no shape listed twice
 
 
 def test_roofline_plot_renders(tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "roofline.png"
-    points = report.roofline_points(results=synthetic_results(), device=card.H200, measure=False)
-    report.plot_roofline(points, card.H200, path)
+    points = report.roofline_points(results=synthetic_results(), device=device.H200, measure=False)
+    report.plot_roofline(points, device.H200, path)
     assert path.read_bytes()[:8] == PNG
-    assert "ridge" in report.format_roofline(points, card.H200)
+    assert "ridge" in report.format_roofline(points, device.H200)
 
 
 def test_cli_roofline_and_bench_plot_from_a_results_file(tmp_path):

@@ -1,23 +1,22 @@
-"""Rotary embedding: references, cache formulas, planning, compilation (CPU) and the kernel (GPU)."""
+"""Rotary embedding: references, cache formulas, planning, validation, compilation (CPU) and the kernel
+(GPU): close to the float64 reference, and bit for bit the kernel's exact emulation."""
 
 import itertools
 import math
 import re
 from types import SimpleNamespace
 
+import ml_dtypes
 import numpy as np
 import pytest
+from _support import assert_close, compiled
 
 from cukern import reference, rotary
-from cukern._compile import compile_program
 from cukern._dtypes import BFLOAT16, FLOAT_TYPES
+from cukern.rope_cache import rope_cache, rope_cache_host, rope_frequencies
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
-
-# atol + rtol * |ref| against the float64 reference on the same rounded inputs: float32 arithmetic
-# (a few ulps of inputs up to ~6) plus one rounding to the output dtype.
-TOL = {F32: (4e-6, 2.0**-22), F16: (1e-5, 2.0**-10), BFLOAT16: (1e-5, 2.0**-7)}
-EPS = {F32: 2.0**-23, F16: 2.0**-10, BFLOAT16: 2.0**-7}
+ARCHS = ["sm_80", "sm_90"]
 
 LLAMA31 = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position": 8192}
@@ -33,18 +32,6 @@ SCALINGS = [
     {"type": "yarn", "factor": 16.0, "original_max_position": 4096, "beta_fast": 16, "beta_slow": 2,
      "attention_factor": 1.25, "truncate": False},
 ]
-
-
-def assert_close(got, ref, dtype, what=""):
-    atol, rtol = TOL[np.dtype(dtype)]
-    got = np.asarray(got).astype(np.float64)
-    err = np.abs(got - ref)
-    bound = atol + rtol * np.abs(ref)
-    bad = err > bound
-    if bad.any():
-        i = np.unravel_index(np.argmax(err - bound), err.shape)
-        raise AssertionError(f"{what}: {bad.sum()} of {err.size} elements off; worst at {i}: got {got[i]}, "
-                             f"want {ref[i]} (|err| {err[i]:.3g} > {bound[i]:.3g})")
 
 
 def bits(a):
@@ -101,10 +88,35 @@ def test_reference_inverse_and_out_of_range(rng):
     np.testing.assert_array_equal(r[0][0], q[0])  # position 0: cos 1, sin 0
 
 
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=str)
+def test_emulation_is_the_reference_rounded(rng, dtype, is_neox):
+    """The kernel's exact emulation (float32 products and sums, one rounding to the dtype) stays within the
+    shared tolerance of the float64 reference; its inverse negates sin's products exactly as negated sin
+    values would; tokens outside the cache keep their bits; past rotary_dim nothing changes."""
+    cache = rope_cache_host(50, 64).astype(dtype)
+    q = _random(rng, 6 * 3 * 80, dtype).reshape(6, 3, 80)
+    k = _random(rng, 6 * 80, dtype).reshape(6, 1, 80)
+    pos = np.array([0, 7, 49, 50, -1, 3])
+    for inverse in (False, True):
+        got = reference.rotary_embedding_emulated(pos, q, k, cache, is_neox=is_neox, rotary_dim=48,
+                                                  inverse=inverse)
+        want = reference.rotary_embedding(pos, q, k, cache, is_neox=is_neox, rotary_dim=48, inverse=inverse)
+        for g, w, v in zip(got, want, (q, k)):
+            assert g.dtype == dtype
+            assert_close(g, w, dtype)
+            np.testing.assert_array_equal(bits(g[3:5]), bits(v[3:5]))
+            np.testing.assert_array_equal(bits(g[..., 48:]), bits(v[..., 48:]))
+    negated = np.concatenate([cache[:, :32], -cache[:, 32:]], axis=1)
+    for g, w in zip(reference.rotary_embedding_emulated(pos, q, k, cache, is_neox=is_neox, inverse=True),
+                    reference.rotary_embedding_emulated(pos, q, k, negated, is_neox=is_neox)):
+        np.testing.assert_array_equal(bits(g), bits(w))
+
+
 @pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: "none" if s is None else s["type"])
 @pytest.mark.parametrize("rot", [128, 64, 80])
 def test_rope_cache_host_matches_reference(scaling, rot):
-    got = rotary.rope_cache_host(3000, rot, 500000.0, scaling=scaling)
+    got = rope_cache_host(3000, rot, 500000.0, scaling=scaling)
     want = reference.rope_cache(3000, rot, 500000.0, scaling)
     assert got.shape == (3000, rot)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-10)
@@ -112,7 +124,7 @@ def test_rope_cache_host_matches_reference(scaling, rot):
 
 def test_rope_cache_linear_is_positions_over_factor():
     plain_freq = np.array([reference.rope_frequency(j, 64) for j in range(32)])
-    got = rotary.rope_cache_host(100, 64, scaling={"type": "linear", "factor": 4.0})
+    got = rope_cache_host(100, 64, scaling={"type": "linear", "factor": 4.0})
     angles = np.outer(np.arange(100) / 4.0, plain_freq)
     np.testing.assert_allclose(got[:, :32], np.cos(angles), atol=1e-12)
     np.testing.assert_allclose(got[:, 32:], np.sin(angles), atol=1e-12)
@@ -121,7 +133,7 @@ def test_rope_cache_linear_is_positions_over_factor():
 def test_llama3_bands():
     """Llama 3.1 (base 500000, rot 128): wavelengths under 8192/4 kept (pairs 0..28), over 8192 divided by 8
     (pairs 35..63), pairs 29..34 blended, the blend continuous at both edges."""
-    freq, a = rotary.rope_frequencies(1, 128, 500000.0, LLAMA31)
+    freq, a = rope_frequencies(1, 128, 500000.0, LLAMA31)
     plain = 500000.0 ** (-np.arange(0, 128, 2) / 128)
     ratio = freq / plain
     assert a == 1.0
@@ -136,27 +148,27 @@ def test_llama3_bands():
 def test_yarn_known_values():
     """Qwen-style YaRN (factor 4, original 32768, base 1e6, rot 128, beta 32/1): correction range [23, 40]
     after truncation, attention factor 0.1 ln 4 + 1 = 1.1386294361."""
-    freq, a = rotary.rope_frequencies(1, 128, 1e6, QWEN_YARN)
+    freq, a = rope_frequencies(1, 128, 1e6, QWEN_YARN)
     plain = 1e6 ** (-np.arange(0, 128, 2) / 128)
     ratio = freq / plain
     assert a == pytest.approx(1.1386294361119891, rel=1e-14)
     np.testing.assert_allclose(ratio[:24], 1.0, rtol=1e-15)
     np.testing.assert_allclose(ratio[40:], 0.25, rtol=1e-15)
     np.testing.assert_allclose(ratio[23:41], 1 - 0.75 * np.arange(18) / 17, rtol=1e-14)
-    cache = rotary.rope_cache_host(10, 128, 1e6, scaling=QWEN_YARN)
+    cache = rope_cache_host(10, 128, 1e6, scaling=QWEN_YARN)
     np.testing.assert_allclose(cache[0, :64], a, rtol=1e-15)
     np.testing.assert_allclose(cache[:, :64] ** 2 + cache[:, 64:] ** 2, a * a, rtol=1e-14)
     deepseek = {**QWEN_YARN, "mscale": 1.0, "mscale_all_dim": 1.0}
-    assert rotary.rope_frequencies(1, 128, 1e6, deepseek)[1] == pytest.approx(1.0)
+    assert rope_frequencies(1, 128, 1e6, deepseek)[1] == pytest.approx(1.0)
 
 
 def test_dynamic_ntk_known_values():
     """No stretch while the cache fits the original context; at max_position = 2 x original with factor 2
     the base grows by (2 * 2 - (2 - 1))^(rot / (rot - 2)) = 3^(64 / 62)."""
     s = {"type": "dynamic_ntk", "factor": 2.0, "original_max_position": 2048}
-    np.testing.assert_array_equal(rotary.rope_frequencies(2048, 64, 10000.0, s)[0],
-                                  rotary.rope_frequencies(2048, 64, 10000.0)[0])
-    freq = rotary.rope_frequencies(4096, 64, 10000.0, s)[0]
+    np.testing.assert_array_equal(rope_frequencies(2048, 64, 10000.0, s)[0],
+                                  rope_frequencies(2048, 64, 10000.0)[0])
+    freq = rope_frequencies(4096, 64, 10000.0, s)[0]
     base = 10000.0 * 3.0 ** (64 / 62)
     np.testing.assert_allclose(freq, base ** (-np.arange(0, 64, 2) / 64), rtol=1e-14)
 
@@ -168,13 +180,30 @@ def test_dynamic_ntk_known_values():
 ])
 def test_rope_cache_rejects_bad_scaling(bad):
     with pytest.raises(ValueError):
-        rotary.rope_cache_host(16, 64, scaling=bad)
+        rope_cache_host(16, 64, scaling=bad)
 
 
-@pytest.mark.parametrize("args", [(16, 63), (16, 0), (0, 64)])
+@pytest.mark.parametrize("args", [(16, 63), (16, 0), (0, 64), (-1, 64), (16, -2)])
 def test_rope_cache_rejects_bad_sizes(args):
     with pytest.raises(ValueError):
-        rotary.rope_cache_host(*args)
+        rope_cache_host(*args)
+
+
+@pytest.mark.parametrize("args, name", [((16.0, 64), "max_position"), ((16.5, 64), "max_position"),
+                                        ((True, 64), "max_position"), (("16", 64), "max_position"),
+                                        ((16, 64.0), "rotary_dim"), ((16, None), "rotary_dim")])
+def test_rope_cache_refuses_non_integer_sizes(args, name):
+    """A float is refused, never rounded (16.5 rows would silently have become 16)."""
+    with pytest.raises(TypeError, match=name):
+        rope_cache_host(*args)
+    with pytest.raises(TypeError, match=name):
+        rope_frequencies(*args)
+    with pytest.raises(TypeError, match=name):
+        rope_cache(*args)  # before anything is uploaded
+
+
+def test_rope_cache_takes_numpy_integers():
+    np.testing.assert_array_equal(rope_cache_host(np.int64(16), np.int32(64)), rope_cache_host(16, 64))
 
 
 # ---------------------------------------------------------------------------------------- plan (CPU)
@@ -221,13 +250,11 @@ def test_plan_is_pure_and_deterministic():
 def test_plan_covers_every_token_head_and_unit(vec, is_neox):
     r = np.random.default_rng(0)
     for _ in range(300):
-        pairs = rotary.pairs_per_unit(vec, is_neox)
-        assert pairs == vec
-        rot = 2 * pairs * int(r.integers(1, 300 if vec == 1 else 40))
+        rot = 2 * vec * int(r.integers(1, 300 if vec == 1 else 40))
         tokens = int(r.choice([1, 2, 7, 64, 1000, 4096, 65536, 2**22]))
         nh, nkv = int(r.integers(0, 129)), int(r.integers(0, 33))
         p = rotary.plan(tokens, nh, nkv, rot, vec, is_neox, int(r.choice([1, 108, 132])))
-        assert p.units * p.pairs == rot // 2
+        assert p.pairs == vec and p.units * p.pairs == rot // 2  # vec pairs a thread, in both styles
         assert p.lanes == min(p.units, rotary.MAX_BLOCK)
         assert 1 <= p.block <= rotary.MAX_BLOCK and p.block == p.tokens_per_block * p.lanes * p.groups
         assert p.grid * p.tokens_per_block >= tokens and (p.grid - 1) * p.tokens_per_block < max(tokens, 1)
@@ -310,6 +337,9 @@ def test_validate_accepts_good_and_fused_views():
     ({"cache": Fake((100, 64), F32), "rotary_dim": 128}, ValueError, "width 64, too narrow for rotary_dim=128"),
     ({"rotary_dim": 63}, ValueError, "rotary_dim=63 must be a positive even"),
     ({"rotary_dim": 0}, ValueError, "rotary_dim=0"),
+    ({"rotary_dim": 64.0}, TypeError, "rotary_dim must be an int, got float"),
+    ({"rotary_dim": 64.7}, TypeError, "rotary_dim must be an int"),
+    ({"rotary_dim": True}, TypeError, "rotary_dim must be an int"),
     ({"cache": Fake((100, 256), F32)}, ValueError, "rotary_dim=256 is over head_size=128"),
     ({"query": Fake((7, 8, 128), strides=(2048, 256, 2))}, ValueError, "query's last dimension has stride 2"),
     ({"key": Fake((7, 2, 128), strides=(512, 256, 2))}, ValueError, "key's last dimension has stride 2"),
@@ -331,7 +361,7 @@ def _prep(monkeypatch, f, **kw):
 def test_prepare_memoizes_on_layout_not_pointers(monkeypatch):
     rotary._calls.clear()
     a = _prep(monkeypatch, _fakes())
-    assert a.grid == (7,) and a.block == (80,) and a.inst.args[2] == 8 and a.has_key
+    assert a.config.grid == (7,) and a.config.block == (80,) and a.inst.args[2] == 8 and a.has_key
     assert _prep(monkeypatch, _fakes(query=Fake((7, 8, 128), ptr=1 << 24))) is a  # same alignment: reused
     b = _prep(monkeypatch, _fakes(query=Fake((7, 8, 128), ptr=(1 << 20) + 2)))  # misaligned: its own plan
     assert b is not a and b.inst.args[2] == 1
@@ -343,12 +373,66 @@ def test_prepare_memoizes_on_layout_not_pointers(monkeypatch):
     assert _prep(monkeypatch, _fakes(query=Fake((0, 8, 128)), key=Fake((0, 2, 128)),
                                      positions=Fake((0,), np.int64))) is None
     n = len(rotary._calls)
-    for over, err in [({"key": Fake((7, 2, 128), device=1)}, ValueError), ({"rotary_dim": 63}, ValueError)]:
+    for over, err in [({"key": Fake((7, 2, 128), device=1)}, ValueError), ({"rotary_dim": 63}, ValueError),
+                      ({"rotary_dim": 64.0}, TypeError)]:
         with pytest.raises(err):  # failures are never memoized, so they fail every time
             _prep(monkeypatch, _fakes(**over))
         with pytest.raises(err):
             _prep(monkeypatch, _fakes(**over))
     assert len(rotary._calls) == n
+
+
+def test_a_float_rotary_dim_never_finds_the_int_one(monkeypatch):
+    """64.0 == 64 and hashes alike: the call cached for 64 must not let 64.0 through."""
+    assert _prep(monkeypatch, _fakes(rotary_dim=64)) is not None
+    with pytest.raises(TypeError, match="rotary_dim must be an int"):
+        _prep(monkeypatch, _fakes(rotary_dim=64.0))
+    assert _prep(monkeypatch, _fakes(rotary_dim=np.int64(64))) is _prep(monkeypatch, _fakes(rotary_dim=64))
+
+
+def test_zero_heads_still_make_a_call_that_checks_positions(monkeypatch):
+    """No heads to rotate but tokens to check: a call with nothing to launch but the position check."""
+    for key in (None, Fake((7, 0, 128))):
+        call = _prep(monkeypatch, _fakes(query=Fake((7, 0, 128)), key=key))
+        assert call is not None and call.inst is None and call.cache_rows == 100
+
+
+def _apart(monkeypatch, q, k):
+    """The per-call key/query check as ``_run`` makes it."""
+    call = _prep(monkeypatch, _fakes(query=q, key=k))
+    offset = k.data.ptr - q.data.ptr
+    if call.meet is not None and call.meet[0] < offset < call.meet[1] and offset != call.apart:
+        rotary._check_key_apart(call, q, k, offset)
+    return call
+
+
+def test_key_sharing_elements_with_query_is_refused(monkeypatch):
+    rotary._calls.clear()
+    base = 1 << 20
+    q = Fake((7, 8, 128), ptr=base)
+    overlapping = [Fake((7, 8, 128), ptr=base),  # key=query
+                   Fake((7, 2, 128), ptr=base + 6 * 128 * 2),  # query's heads 6 and 7
+                   Fake((7, 2, 128), strides=(8 * 128, 128, 1), ptr=base + 3 * 8 * 128 * 2),  # token 3..
+                   Fake((7, 2, 128), ptr=base + 8 * 128 * 2 * 7 - 2)]  # one element into query's last
+    for k in overlapping:
+        with pytest.raises(ValueError, match="key overlaps query"):
+            _apart(monkeypatch, q, k)
+
+
+def test_fused_qkv_views_pass_and_are_decided_once(monkeypatch):
+    """Views of one [tokens, (8 + 2 + 2) heads] buffer: their extents meet, their elements do not."""
+    rotary._calls.clear()
+    base, row = 1 << 20, 12 * 128
+    q = Fake((7, 8, 128), strides=(row, 128, 1), ptr=base)
+    k = Fake((7, 2, 128), strides=(row, 128, 1), ptr=base + 8 * 128 * 2)
+    call = _apart(monkeypatch, q, k)
+    assert call.meet[0] < k.data.ptr - q.data.ptr < call.meet[1]  # the extents do meet
+    assert call.apart == k.data.ptr - q.data.ptr  # remembered: later calls only compare
+    separate = Fake((7, 2, 128), ptr=base + (1 << 24))
+    assert _apart(monkeypatch, Fake((7, 8, 128), ptr=base), separate).apart is None  # extents apart: no search
+    v = Fake((7, 2, 128), strides=(row, 128, 1), ptr=base + 7 * 128 * 2)  # heads 7, 8 of the buffer
+    with pytest.raises(ValueError, match="key overlaps query"):
+        _apart(monkeypatch, q, v)
 
 
 def test_host_arrays_are_rejected_by_name():
@@ -381,16 +465,6 @@ def test_vector_width():
 # --------------------------------------------------------------------------------- compilation (CPU)
 
 
-def _entries(ptx: str) -> dict:
-    return {sec.split("(")[0].strip(): sec for sec in ptx.split(".entry ")[1:]}
-
-
-@pytest.fixture(scope="module", params=["sm_80", "sm_90"])
-def compiled(request):
-    insts = rotary.instantiations()
-    return insts, compile_program(rotary.SOURCE, insts, arch=request.param)
-
-
 def test_instantiations_generated_and_modest():
     insts = rotary.instantiations()
     names = {i.expression for i in insts}
@@ -404,33 +478,46 @@ def test_instantiations_generated_and_modest():
     assert rotary.check_instantiation(np.int64).expression in names
 
 
-def test_every_instantiation_compiles_without_spills_or_local_memory(compiled):
-    insts, prog = compiled
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_instantiation_compiles_without_spills_or_local_memory(arch):
+    prog = compiled(rotary.SOURCE, arch)
     res = prog.resources()
-    entries = _entries(prog.ptx)
-    for inst in insts:
+    for inst in rotary.instantiations():
         lowered = prog.lowered[inst.expression]
         assert lowered in res, inst.expression
         r = res[lowered]
         assert r["spill_stores"] == r["spill_loads"] == r["stack"] == 0, (inst.expression, r)
         # the launch bound caps the rotation at 64 registers (half the SM's threads resident), spill-free
         assert r["registers"] <= 64, (inst.expression, r)
-        assert ".local" not in entries[lowered], inst.expression
+        assert ".local" not in prog.kernel_ptx(inst), inst.expression
 
 
-def test_vectorized_instantiations_use_16_byte_accesses(compiled):
-    insts, prog = compiled
-    entries = _entries(prog.ptx)
-    for inst in insts:
+@pytest.mark.parametrize("arch", ARCHS)
+def test_vectorized_instantiations_use_16_byte_accesses(arch):
+    prog = compiled(rotary.SOURCE, arch)
+    for inst in rotary.instantiations():
         if inst.name != "rotary_embedding":
             continue
-        body = entries[prog.lowered[inst.expression]]
+        body = prog.kernel_ptx(inst)
         dtype, vec = np.dtype(inst.args[0]), inst.args[2]
         wide = re.search(r"ld\.global(\.\w+)*\.v4", body) and re.search(r"st\.global(\.\w+)*\.v4", body)
         if vec > 1:
             assert vec * dtype.itemsize == 16 and wide, inst.expression
         else:
             assert not re.search(r"\.global(\.\w+)*\.v\d", body), inst.expression
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rotation_is_never_contracted_into_fma(arch):
+    """Every instantiation rotates with separately rounded multiplies and adds, so the 16-byte and the
+    element-wise paths give the same bits (an fma in one path and not the other changed the last bit)."""
+    prog = compiled(rotary.SOURCE, arch)
+    for inst in rotary.instantiations():
+        if inst.name != "rotary_embedding":
+            continue
+        body = prog.kernel_ptx(inst)
+        assert "fma.rn.f32" not in body, inst.expression
+        assert "mul.rn.f32" in body and "sub.rn.f32" in body and "add.rn.f32" in body, inst.expression
 
 
 # ------------------------------------------------------------------------------------------ GPU tests
@@ -470,7 +557,7 @@ def run_case(rng, *, tokens, nh, nkv, hs, rot, dtype, is_neox, kind="contiguous"
     flat = cupy.asarray(host)
     q = _view(cupy, flat, qo, qs, (tokens, nh, hs))
     k = _view(cupy, flat, ko, ks, (tokens, nkv, hs)) if nkv else None
-    cache_host = rotary.rope_cache_host(max_position, rot, 10000.0).astype(cache_dtype)
+    cache_host = rope_cache_host(max_position, rot, 10000.0).astype(cache_dtype)
     pos_host = rng.integers(0, max_position, tokens).astype(pos_dtype)
     if knobs is None:
         rotary.rotary_embedding(cupy.asarray(pos_host), q, k, cupy.asarray(cache_host), is_neox=is_neox,
@@ -490,10 +577,15 @@ def run_case(rng, *, tokens, nh, nkv, hs, rot, dtype, is_neox, kind="contiguous"
         np.concatenate([rng.choice(tokens, sample, replace=False), [0, tokens - 1]]))
     q0 = _view(np, host, qo, qs, (tokens, nh, hs))[rows]
     k0 = _view(np, host, ko, ks, (tokens, nkv, hs))[rows] if nkv else None
-    want = reference.rotary_embedding(pos_host[rows], q0, k0, cache_host, is_neox=is_neox, inverse=inverse)
-    assert_close(_view(np, after, qo, qs, (tokens, nh, hs))[rows], want[0], dtype, "query")
+    got = [_view(np, after, qo, qs, (tokens, nh, hs))[rows]]
     if nkv:
-        assert_close(_view(np, after, ko, ks, (tokens, nkv, hs))[rows], want[1], dtype, "key")
+        got.append(_view(np, after, ko, ks, (tokens, nkv, hs))[rows])
+    want = reference.rotary_embedding(pos_host[rows], q0, k0, cache_host, is_neox=is_neox, inverse=inverse)
+    exact = reference.rotary_embedding_emulated(pos_host[rows], q0, k0, cache_host, is_neox=is_neox,
+                                                inverse=inverse)
+    for g, w, e in zip(got, want, exact):
+        assert_close(g, w, dtype)
+        np.testing.assert_array_equal(bits(g), bits(e))
 
 
 def _matrix():
@@ -565,13 +657,19 @@ def test_inverse_undoes_rotation(rng, dtype, is_neox):
     k0 = cupy.asarray(_random(rng, 64 * 2 * 128, dtype).reshape(64, 2, 128))
     q, k = q0.copy(), k0.copy()
     pos = cupy.asarray(rng.integers(0, 4096, 64))
-    cache = rotary.rope_cache(4096, 128)
+    cache = rope_cache(4096, 128)
     rotary.rotary_embedding(pos, q, k, cache, is_neox=is_neox)
     assert not cupy.array_equal(q, q0)
     rotary.rotary_embedding(pos, q, k, cache, is_neox=is_neox, inverse=True)
-    for got, want in ((q, q0), (k, k0)):
+    there = reference.rotary_embedding_emulated(pos, q0, k0, cache, is_neox=is_neox)
+    back = reference.rotary_embedding_emulated(pos, *there, cache, is_neox=is_neox, inverse=True)
+    eps = float(ml_dtypes.finfo(dtype).eps)
+    for got, exact, want in ((q, back[0], q0), (k, back[1], k0)):
+        np.testing.assert_array_equal(bits(got.get()), bits(exact))
+        # each rotation's rounding moves an element by up to an ulp of its pair's length, so the bound is
+        # relative to the largest value, not to each element
         g, w = got.get().astype(np.float64), want.get().astype(np.float64)
-        assert np.abs(g - w).max() <= 4 * EPS[np.dtype(dtype)] * np.abs(w).max()
+        assert np.abs(g - w).max() <= 4 * eps * np.abs(w).max()
 
 
 @pytest.mark.gpu
@@ -587,7 +685,7 @@ def test_out_of_range_positions(rng, pos_dtype):
     q0 = _random(rng, tokens * 4 * 64, BFLOAT16).reshape(tokens, 4, 64)
     k0 = _random(rng, tokens * 64, BFLOAT16).reshape(tokens, 1, 64)
     q, k = cupy.asarray(q0), cupy.asarray(k0)
-    cache_host = rotary.rope_cache_host(rows, 64).astype(np.float32)
+    cache_host = rope_cache_host(rows, 64).astype(np.float32)
     pos, cache = cupy.asarray(pos_host), cupy.asarray(cache_host)
 
     with pytest.raises(IndexError, match=r"positions\[12345\] = -1 is outside cos_sin_cache's 512 rows"):
@@ -601,8 +699,8 @@ def test_out_of_range_positions(rng, pos_dtype):
     for t in bad:
         np.testing.assert_array_equal(bits(qa[t]), bits(q0[t]))
         np.testing.assert_array_equal(bits(ka[t]), bits(k0[t]))
-    assert_close(qa, want[0], BFLOAT16, "query")
-    assert_close(ka, want[1], BFLOAT16, "key")
+    assert_close(qa, want[0], BFLOAT16)
+    assert_close(ka, want[1], BFLOAT16)
 
 
 @pytest.mark.gpu
@@ -614,10 +712,10 @@ def test_position_check_accepts_strided_positions_and_last_row(rng):
     pos2[1] = 1000  # skipped by the stride
     q0 = _random(rng, 9 * 2 * 32, F32).reshape(9, 2, 32)
     q = cupy.asarray(q0)
-    cache_host = rotary.rope_cache_host(100, 32).astype(np.float32)
+    cache_host = rope_cache_host(100, 32).astype(np.float32)
     rotary.rotary_embedding(pos2[::2], q, None, cupy.asarray(cache_host), is_neox=False)
     want = reference.rotary_embedding(pos2[::2].get(), q0, None, cache_host, is_neox=False)
-    assert_close(q.get(), want[0], F32, "query")
+    assert_close(q.get(), want[0], F32)
 
 
 @pytest.mark.gpu
@@ -626,11 +724,11 @@ def test_wide_cache_and_partial_rotary_dim(rng):
 
     q0 = _random(rng, 5 * 2 * 64, BFLOAT16).reshape(5, 2, 64)
     q = cupy.asarray(q0)
-    cache_host = rotary.rope_cache_host(50, 64).astype(np.float32)
+    cache_host = rope_cache_host(50, 64).astype(np.float32)
     pos_host = rng.integers(0, 50, 5)
     rotary.rotary_embedding(cupy.asarray(pos_host), q, None, cupy.asarray(cache_host), rotary_dim=48)
     want = reference.rotary_embedding(pos_host, q0, None, cache_host, rotary_dim=48)
-    assert_close(q.get(), want[0], BFLOAT16, "query")
+    assert_close(q.get(), want[0], BFLOAT16)
     np.testing.assert_array_equal(bits(q.get()[..., 48:]), bits(q0[..., 48:]))
 
 
@@ -639,14 +737,14 @@ def test_runs_on_current_stream_and_zero_tokens(rng):
     import cupy
 
     q0 = _random(rng, 16 * 4 * 64, F16).reshape(16, 4, 64)
-    cache_host = rotary.rope_cache_host(64, 64).astype(np.float32)
+    cache_host = rope_cache_host(64, 64).astype(np.float32)
     pos_host = rng.integers(0, 64, 16)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         q = cupy.asarray(q0)
         rotary.rotary_embedding(cupy.asarray(pos_host), q, None, cupy.asarray(cache_host))
         stream.synchronize()
-    assert_close(q.get(), reference.rotary_embedding(pos_host, q0, None, cache_host)[0], F16, "query")
+    assert_close(q.get(), reference.rotary_embedding(pos_host, q0, None, cache_host)[0], F16)
     empty = cupy.empty((0, 4, 64), F16)
     assert rotary.rotary_embedding(cupy.empty(0, np.int64), empty, None, cupy.asarray(cache_host)) is None
 
@@ -654,9 +752,9 @@ def test_runs_on_current_stream_and_zero_tokens(rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=str)
 def test_rope_cache_on_device(dtype):
-    got = rotary.rope_cache(300, 64, scaling=LLAMA31, dtype=dtype)
+    got = rope_cache(300, 64, scaling=LLAMA31, dtype=dtype)
     assert got.dtype == dtype and got.shape == (300, 64)
-    want = rotary.rope_cache_host(300, 64, scaling=LLAMA31).astype(dtype)
+    want = rope_cache_host(300, 64, scaling=LLAMA31).astype(dtype)
     np.testing.assert_array_equal(bits(got.get()), bits(want))
 
 
@@ -665,7 +763,7 @@ def test_gpu_validation_errors():
     import cupy
 
     q = cupy.zeros((4, 2, 64), np.float32)
-    cache = rotary.rope_cache(16, 64)
+    cache = rope_cache(16, 64)
     pos = cupy.zeros(4, np.int64)
     with pytest.raises(TypeError, match="query is a numpy.ndarray"):
         rotary.rotary_embedding(pos, q.get(), None, cache)
@@ -698,11 +796,78 @@ def test_more_than_2_31_elements(rng):
         q[check] = cupy.asarray(q0)
         k[check] = cupy.asarray(k0)
         pos = cupy.random.randint(0, 8192, tokens, dtype=np.int64)
-        cache_host = rotary.rope_cache_host(8192, hs).astype(np.float32)
+        cache_host = rope_cache_host(8192, hs).astype(np.float32)
         rotary.rotary_embedding(pos, q, k, cupy.asarray(cache_host))
         want = reference.rotary_embedding(pos[check].get(), q0, k0, cache_host)
-        assert_close(q[check].get(), want[0], BFLOAT16, "query")
-        assert_close(k[check].get(), want[1], BFLOAT16, "key")
+        assert_close(q[check].get(), want[0], BFLOAT16)
+        assert_close(k[check].get(), want[1], BFLOAT16)
     finally:
         q = k = pos = None
         cupy.get_default_memory_pool().free_all_blocks()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("cache_is_f32", [True, False])
+@pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=str)
+def test_placement_does_not_change_the_bits(rng, dtype, cache_is_f32, is_neox):
+    """The same heads rotated from 16-byte aligned buffers (the vector path) and from buffers one element
+    further (the element-wise path) give the same bits, which are the exact emulation's: a token's result
+    does not depend on where it sits in a fused buffer."""
+    import cupy
+
+    tokens, nh, nkv, hs, rows = 37, 4, 2, 128, 4096
+    cache_host = rope_cache_host(rows, hs).astype(F32 if cache_is_f32 else dtype)
+    cache = cupy.asarray(cache_host)
+    pos_host = rng.integers(0, rows, tokens)
+    pos = cupy.asarray(pos_host)
+    q0 = _random(rng, tokens * nh * hs, dtype).reshape(tokens, nh, hs)
+    k0 = _random(rng, tokens * nkv * hs, dtype).reshape(tokens, nkv, hs)
+    exact = reference.rotary_embedding_emulated(pos_host, q0, k0, cache_host, is_neox=is_neox)
+    for shift in (0, 1):
+        qbuf, kbuf = cupy.empty(q0.size + shift, dtype), cupy.empty(k0.size + shift, dtype)
+        q, k = qbuf[shift:].reshape(q0.shape), kbuf[shift:].reshape(k0.shape)
+        q[...], k[...] = cupy.asarray(q0), cupy.asarray(k0)
+        vec = rotary.vector_width(q, k, cache, hs, is_neox, hs // 2)
+        assert (vec > 1) == (shift == 0), (shift, vec)
+        rotary.rotary_embedding(pos, q, k, cache, is_neox=is_neox)
+        np.testing.assert_array_equal(bits(q.get()), bits(exact[0]), err_msg=f"query, shift {shift}")
+        np.testing.assert_array_equal(bits(k.get()), bits(exact[1]), err_msg=f"key, shift {shift}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key_heads", [None, 0])
+def test_zero_heads_still_check_positions(key_heads):
+    import cupy
+
+    q = cupy.zeros((4, 0, 64), np.float32)
+    k = None if key_heads is None else cupy.zeros((4, key_heads, 64), np.float32)
+    cache = rope_cache(16, 64)
+    with pytest.raises(IndexError, match=r"positions\[1\] = 99"):
+        rotary.rotary_embedding(cupy.asarray([0, 99, 1, 2]), q, k, cache)
+    rotary.rotary_embedding(cupy.asarray([0, 99, 1, 2]), q, k, cache, check_positions=False)
+    rotary.rotary_embedding(cupy.asarray([0, 15, 1, 2]), q, k, cache)
+
+
+@pytest.mark.gpu
+def test_key_overlapping_query_is_refused_and_fused_views_are_not(rng):
+    import cupy
+
+    tokens, hs = 5, 64
+    cache = rope_cache(16, hs)
+    pos = cupy.asarray(rng.integers(0, 16, tokens))
+    qkv = cupy.asarray(_random(rng, tokens * 6 * hs, F16).reshape(tokens, 6 * hs))
+    before = qkv.copy()
+    q = qkv[:, : 4 * hs].reshape(tokens, 4, hs)
+    for k in (q, qkv[:, 3 * hs: 5 * hs].reshape(tokens, 2, hs), q[:, 1:3]):
+        with pytest.raises(ValueError, match="key overlaps query"):
+            rotary.rotary_embedding(pos, q, k, cache)
+        assert bool((qkv == before).all()), "a refused call must leave query and key as they were"
+    k = qkv[:, 4 * hs: 5 * hs].reshape(tokens, 1, hs)
+    for _ in range(2):  # the second call finds the layout already decided
+        rotary.rotary_embedding(pos, q, k, cache)
+    want = reference.rotary_embedding_emulated(pos, before[:, : 4 * hs].reshape(tokens, 4, hs),
+                                               before[:, 4 * hs: 5 * hs].reshape(tokens, 1, hs), cache)
+    twice = reference.rotary_embedding_emulated(pos, *want, cache)
+    np.testing.assert_array_equal(bits(q.get()), bits(twice[0]))
+    np.testing.assert_array_equal(bits(k.get()), bits(twice[1]))

@@ -1,4 +1,5 @@
-"""A non-editable wheel, installed into a fresh venv, finds its kernel sources and compiles a kernel."""
+"""A non-editable wheel, installed into a fresh venv, holds every package and every family's kernel source,
+and compiles a kernel."""
 
 import os
 import subprocess
@@ -9,10 +10,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 CHECK = """
-import cukern, cukern._compile as c, cukern.rmsnorm as r
+import cukern, cukern._compile as c, cukern.lab, cukern.rmsnorm as r
+from cukern import families
 from cukern._dtypes import BFLOAT16
 assert "site-packages" in cukern.__file__, cukern.__file__
 assert str(c.source_dir()).startswith(cukern.__path__[0]), c.source_dir()
+missing = [f.SOURCE for f in families.all_families() if not (c.source_dir() / f"{f.SOURCE}.cu").is_file()]
+assert not missing, missing
 inst = r.plan(4096, 1, 8, 2).instantiation(BFLOAT16, BFLOAT16, False)
 out = c.compile_program("rms_norm", [inst], "sm_90")
 assert "ld.global.v4.u32" in out.ptx
@@ -26,13 +30,14 @@ def test_wheel_installs_and_compiles(tmp_path):
                    check=True, timeout=600)
     (wheel,) = wheels.glob("cukern-*.whl")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
     # the venv borrows this environment's packages (cupy, NVRTC) through a .pth line, not its editable cukern
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     Path(site, "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index",
+                    str(wheel)], check=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # NVRTC's library sits in this environment's nvidia wheel; the loader finds it through the library path
     import nvidia.cuda_nvrtc

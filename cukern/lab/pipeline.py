@@ -7,6 +7,9 @@ caches and per-stream workspaces), so the captured calls neither compile, nor al
 synchronize; arrays they return are kept with the graph, which writes into them on every replay.
 ``graph_replay_time`` times replays of such a graph with :func:`cukern.timing.benchmark`'s CUDA events: the
 time a decode step sees once its launches are in a graph.
+
+The benchmark's pipeline records come from the calls of a decode step that the families register
+(:func:`register`): each call's graph-replayed time at 1, 8 and 64 tokens, and for some the host cost of one call.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 
-from . import timing
+from .. import timing
 
 
 def host_overhead_rounds(fn, *args, n: int = 2000, rounds: int = 5, warmup: int = 100, sync_every: int = 256,
@@ -134,59 +138,47 @@ def per_call(t: timing.Timing, calls: int, bytes_moved=None) -> timing.Timing:
 
 
 DECODE_TOKENS = (1, 8, 64)
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 4096, 32, 8, 128
 
 
-def _decode_inputs(tokens: int):
-    import cupy
+@dataclass(frozen=True)
+class DecodeCall:
+    """One bfloat16 call of a decode step. ``make(tokens)`` -> ``(fn, args, kwargs)`` on fresh inputs, as a
+    graph captures it; ``shape(tokens)``: the record's shape; ``bytes(tokens)``: what one call moves.
+    ``host_op`` names the record of the host cost of one call at one token and ``host(tokens)`` -> ``(fn,
+    args, kwargs)`` is the call timed there (None: no host record)."""
 
-    from ._dtypes import BFLOAT16
-    from .rotary import rope_cache
+    op: str
+    shape: Callable
+    bytes: Callable
+    make: Callable
+    host_op: str | None = None
+    host: Callable | None = None
 
-    rng = cupy.random.default_rng(0)
 
-    def bf16(*shape):
-        return rng.standard_normal(shape, dtype=np.float32).astype(BFLOAT16)
+CALLS: list = []
 
-    return {"x": bf16(tokens, HIDDEN), "r": bf16(tokens, HIDDEN), "w": bf16(HIDDEN), "out": bf16(tokens, HIDDEN),
-            "q": bf16(tokens, HEADS, HEAD_DIM), "k": bf16(tokens, KV_HEADS, HEAD_DIM),
-            "pos": rng.integers(0, 8192, tokens, dtype=np.int64), "cache": rope_cache(8192, HEAD_DIM)}
+
+def register(call: DecodeCall) -> None:
+    CALLS.append(call)
 
 
 def records(peak: float, *, repeat: int = 100, warmup: int = 10, n: int = 2000) -> list:
-    """The benchmark's pipeline records: host overhead per call (``op`` ``host_overhead`` for ``rms_norm``
-    on ``[1, 4096]``, ``host_overhead_rotary`` for one token of 32 + 8 heads of 128, bfloat16; the rotation
-    with ``check_positions=False``, the form a decode loop uses; ``median_us`` the lowest of five rounds'
-    medians, see :func:`host_overhead`), then for 1, 8 and 64 tokens the
-    graph-replayed time of ``rms_norm`` (into a preallocated ``out``), ``fused_add_rms_norm`` and
-    ``rotary_embedding`` (``impl`` ``cukern-graph``), each captured 8 calls to a graph. ``peak``: the copy
-    bandwidth in GB/s the percentages are of."""
-    from .rmsnorm import bytes_moved as rms_bytes
-    from .rmsnorm import fused_add_rms_norm, rms_norm
-    from .rotary import bytes_moved as rope_bytes
-    from .rotary import rotary_embedding
-
-    one = _decode_inputs(1)
-    out = [
-        {"op": "host_overhead", "impl": "cukern", "shape": [1, HIDDEN], "dtype": "bfloat16",
-         "median_us": round(host_overhead(rms_norm, one["x"], one["w"], n=n), 3)},
-        {"op": "host_overhead_rotary", "impl": "cukern", "shape": [1, HEADS, HEAD_DIM], "dtype": "bfloat16",
-         "median_us": round(host_overhead(rotary_embedding, one["pos"], one["q"], one["k"], one["cache"], n=n,
-                                          check_positions=False), 3)},
-    ]
+    """The benchmark's pipeline records: for each registered call with a ``host_op``, its host overhead at
+    one token (``median_us`` the lowest of five rounds' medians, see :func:`host_overhead`); then for 1, 8
+    and 64 tokens each call's graph-replayed time (``impl`` ``cukern-graph``, 8 calls captured to a graph).
+    ``peak``: the copy bandwidth in GB/s the percentages are of."""
+    out = []
+    for c in CALLS:
+        if c.host_op is not None:
+            fn, args, kwargs = c.host(1)
+            out.append({"op": c.host_op, "impl": "cukern", "shape": list(c.shape(1)), "dtype": "bfloat16",
+                        "median_us": round(host_overhead(fn, *args, n=n, **kwargs), 3)})
     for tokens in DECODE_TOKENS:
-        a = _decode_inputs(tokens)
-        cases = [
-            ("rms_norm", [tokens, HIDDEN], rms_bytes((tokens, HIDDEN), "bfloat16", "bfloat16"),
-             rms_norm, (a["x"], a["w"]), {"out": a["out"]}),
-            ("fused_add_rms_norm", [tokens, HIDDEN], rms_bytes((tokens, HIDDEN), "bfloat16", "bfloat16", fused=True),
-             fused_add_rms_norm, (a["x"], a["r"], a["w"]), {"out": a["out"]}),
-            ("rotary_embedding", [tokens, HEADS, HEAD_DIM], rope_bytes(tokens, HEADS, KV_HEADS, HEAD_DIM, "bfloat16"),
-             rotary_embedding, (a["pos"], a["q"], a["k"], a["cache"]), {"check_positions": False}),
-        ]
-        for op, shape, nbytes, fn, args, kwargs in cases:
-            t = graph_replay_time(fn, *args, calls=8, warmup=warmup, repeat=repeat, bytes_moved=nbytes, **kwargs)
-            out.append({"op": op, "impl": "cukern-graph", "shape": shape, "dtype": "bfloat16",
+        for c in CALLS:
+            fn, args, kwargs = c.make(tokens)
+            t = graph_replay_time(fn, *args, calls=8, warmup=warmup, repeat=repeat, bytes_moved=c.bytes(tokens),
+                                  **kwargs)
+            out.append({"op": c.op, "impl": "cukern-graph", "shape": list(c.shape(tokens)), "dtype": "bfloat16",
                         "median_us": round(t.median_us, 3), "gbps": round(t.gbps, 1),
                         "pct_of_peak": round(100 * t.gbps / peak, 1)})
     return out

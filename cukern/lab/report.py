@@ -2,17 +2,21 @@
 roofline --plot roofline.png``.
 
 Both draw with matplotlib's Agg backend (no display needed; ``pip install cukern[plot]``). The bandwidth
-plot reads a results document (:func:`cukern.bench.run`); the roofline takes every kernel's bytes and FLOPs
-from its card (:mod:`cukern.card`), so the two plots and ``explain`` count the same bytes.
+plot reads a results document (:func:`cukern.lab.bench.run`); the roofline takes every kernel's bytes and
+FLOPs from its card (:mod:`cukern.lab.card`), so the two plots and ``explain`` count the same bytes.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
-from ._dtypes import dtype_name
+from .._dtypes import dtype_name
+from . import bench
+from .card import CARDS, measure_us, resolve
+from .device import Device, current_device, gpu_present, profile
 
-from .card import CARDS, Device, current_device, gpu_present, measure_us, profile, resolve
+_VARIANT = re.compile(r"[a-z0-9_]+?_v(\d+)_")
 
 
 def _pyplot():
@@ -28,26 +32,23 @@ def _pyplot():
 
 def _case_bytes() -> dict:
     """``(case op, shape, dtype) -> bytes`` for every benchmark case, from the benchmark's own count."""
-    from .bench import OPS
-
-    return {(c.op, tuple(c.shape), c.dtype): b.bytes(c) for b in OPS.values() for c in b.cases}
+    return {(c.op, tuple(c.shape), c.dtype): b.bytes(c) for b in bench.OPS.values() for c in b.cases}
 
 
 def _panels() -> dict:
     """Case op -> the benchmark op (panel) it belongs to."""
-    from .bench import OPS
-
-    return {c.op: key for key, b in OPS.items() for c in b.cases}
+    return {c.op: key for key, b in bench.OPS.items() for c in b.cases}
 
 
 def bandwidth_series(doc: dict) -> dict:
     """``{panel: {(case op, impl, dtype): [(bytes moved, GB/s), ...] sorted by size}}`` from a results
-    document's records, one panel per benchmarked op (ladder rungs excluded: ``cukern ladder --plot`` draws
-    those). Bytes are the benchmark's count for the case (GB/s x time for cases it no longer has)."""
+    document's records, one panel per benchmarked op (the families' record sets excluded: the ladder's
+    rungs are one size, drawn by ``cukern ladder --plot``). Bytes are the benchmark's count for the case
+    (GB/s x time for cases it no longer has)."""
     counts, panels = _case_bytes(), _panels()
     out: dict = {}
     for r in doc["records"]:
-        if r["op"] == "reduce_ladder" or not r.get("gbps"):
+        if r["op"] in bench.RECORD_SETS or not r.get("gbps"):
             continue
         nbytes = counts.get((r["op"], tuple(r["shape"]), r["dtype"]), r["gbps"] * r["median_us"] * 1e3)
         series = out.setdefault(panels.get(r["op"], r["op"]), {})
@@ -102,13 +103,14 @@ def plot_bandwidth(doc: dict, path) -> None:
 
 
 def _measured_from_results(doc: dict) -> dict:
-    """``(card op, shape, dtype) -> median µs`` for cukern's own records in a results document."""
+    """``(card op, shape, dtype) -> median µs`` for cukern's own records in a results document. A record
+    set's record whose impl is a variant ``{op}_v{N}_{what}`` (a ladder rung) is card ``{set}.v{N}``."""
     out = {}
     for r in doc["records"]:
-        if r["op"] == "reduce_ladder":
-            number = r["impl"].split("_")[1].lstrip("v") if r["impl"].startswith("reduce_v") else None
-            if number and number.isdigit():
-                out[(f"reduce_ladder.v{number}", tuple(r["shape"]), r["dtype"])] = r["median_us"]
+        if r["op"] in bench.RECORD_SETS:
+            variant = _VARIANT.match(r["impl"])
+            if variant:
+                out[(f"{r['op']}.v{variant.group(1)}", tuple(r["shape"]), r["dtype"])] = r["median_us"]
         elif r["impl"] == "cukern":
             out[(r["op"], tuple(r["shape"]), r["dtype"])] = r["median_us"]
     return out
@@ -137,7 +139,7 @@ def roofline_points(ops=None, *, results: dict | None = None, measure: bool | No
         source = "results file" if us is not None else None
         if us is None and measure and r.described.measure is not None:
             us, source = measure_us(r.described), "measured"
-        p = profile(r.described, device, us)
+        p = profile(r.described.bytes, r.described.flops, device, us)
         intensity = p["flops"] / p["bytes"]
         points.append({
             "op": op, "shape": list(r.shape), "dtype": name, "bytes": p["bytes"], "flops": p["flops"],
@@ -175,7 +177,7 @@ def plot_roofline(points: list, device: Device, path) -> None:
         ax.scatter([p["intensity"]], [y], s=36, facecolors="none" if hollow else colors[family],
                    edgecolors=colors[family], label=None if family in labelled else family, zorder=3)
         labelled.add(family)
-        label = p["op"].replace("reduce_ladder.", "") + ("" if p["dtype"] == "float32" else f" {p['dtype']}")
+        label = p["op"].rpartition(".")[2] + ("" if p["dtype"] == "float32" else f" {p['dtype']}")
         ax.annotate(label if len(points) <= 40 else "",
                     (p["intensity"], y), fontsize=6, xytext=(3, 2), textcoords="offset points")
     ax.set_xscale("log")

@@ -1,0 +1,229 @@
+// The sum ladder: ten kernels from the textbook first try to the production kernel, one change per rung,
+// each headed by what changed from the rung before and why, with a prediction (cukern/ladder.py runs
+// them; each rung is a complete sum: the multi-pass rungs are applied again to their per-block partials
+// until one value is left). The rungs stay as they were written, inline shuffles and all: each is a lesson.
+//   v1  interleaved addressing, divergent branch            (tid % (2s) == 0)
+//   v2  interleaved addressing, strided index               (no divergence, shared-memory bank conflicts)
+//   v3  sequential addressing                               (conflict-free, half the threads idle at once)
+//   v4  first add during the global load                    (every thread busy in the first step)
+//   v5  last warp unrolled with __syncwarp                  (no barriers in the last six steps)
+//   v6  warp-shuffle reduction                              (registers instead of shared memory)
+//   v7  grid-stride loop, grid sized from the SM count      (many elements per thread, tiny second pass)
+//   v8  16-byte vector loads                                (a quarter of the load instructions)
+//   v9  last block done                                     (one launch: the last block combines partials)
+//   v10 four independent 16-byte loads in flight            (the production kernel, same body as reduce_full)
+//
+// The production file is included, not copied: v8 and v9 read with its span and finish with its
+// last-block combine, and v10 is its full-reduction body itself, so the last rung measures the kernel
+// cukern.sum runs.
+#include "reduce.cu"
+
+namespace cukern {
+
+// This thread's element of a one-element-per-thread block (v1-v3), or the accumulator's zero past n.
+template <typename T, typename A> __device__ __forceinline__ A load_one(const T* x, long long n) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  return i < n ? to_acc<A>(x[i]) : A(0);
+}
+
+// This thread's two elements, BLOCK apart, of a block covering 2 * BLOCK elements (v4-v6), added.
+template <typename T, typename A, int BLOCK> __device__ __forceinline__ A load_two(const T* x, long long n) {
+  const long long i = static_cast<long long>(blockIdx.x) * (2 * BLOCK) + threadIdx.x;
+  A v = i < n ? to_acc<A>(x[i]) : A(0);
+  if (i + BLOCK < n) v += to_acc<A>(x[i + BLOCK]);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The ladder. T is the element type, A the accumulator (float, or double for float64); each multi-pass
+// rung writes one partial per block and cukern/ladder.py launches it again on the partials.
+
+template <typename T, typename A, int BLOCK>
+__global__ void __launch_bounds__(BLOCK) reduce_v1_interleaved_divergent(A* out, const T* x, long long n) {
+  // The textbook start: one element per thread into shared memory, then pairs at distance 1, 2, 4, ...
+  // Only threads with tid % (2s) == 0 work: every warp stays busy in step one but the active threads
+  // are scattered, so warps diverge and the % (an integer division on a runtime value) costs more than
+  // the add. Predicted: far below bandwidth (a few % of the copy peak).
+  __shared__ A s[BLOCK];
+  const unsigned tid = threadIdx.x;
+  s[tid] = load_one<T, A>(x, n);
+  __syncthreads();
+  for (unsigned stride = 1; stride < blockDim.x; stride *= 2) {
+    if (tid % (2 * stride) == 0) s[tid] += s[tid + stride];
+    __syncthreads();
+  }
+  if (tid == 0) out[blockIdx.x] = s[0];
+}
+
+template <typename T, typename A, int BLOCK>
+__global__ void __launch_bounds__(BLOCK) reduce_v2_interleaved_strided_index(A* out, const T* x, long long n) {
+  // Changed from v1: thread tid works on index 2 * s * tid, so active threads are the low, contiguous
+  // ones and whole warps retire together (no divergence, no modulo). New flaw: a warp's accesses are
+  // 2s words apart, so from s = 16 on (4-byte A) many lanes hit the same shared-memory bank and the access
+  // replays. Predicted: about 1.5-2x over v1.
+  __shared__ A s[BLOCK];
+  const unsigned tid = threadIdx.x;
+  s[tid] = load_one<T, A>(x, n);
+  __syncthreads();
+  for (unsigned stride = 1; stride < blockDim.x; stride *= 2) {
+    const unsigned index = 2 * stride * tid;
+    if (index < blockDim.x) s[index] += s[index + stride];
+    __syncthreads();
+  }
+  if (tid == 0) out[blockIdx.x] = s[0];
+}
+
+template <typename T, typename A, int BLOCK>
+__global__ void __launch_bounds__(BLOCK) reduce_v3_sequential_addressing(A* out, const T* x, long long n) {
+  // Changed from v2: fold the upper half onto the lower half (distance blockDim/2, /4, ...), so lanes read
+  // consecutive words: no bank conflicts. New flaw: half the threads are idle from the first step, and
+  // each thread loaded only one element. Predicted: modest gain over v2.
+  __shared__ A s[BLOCK];
+  const unsigned tid = threadIdx.x;
+  s[tid] = load_one<T, A>(x, n);
+  __syncthreads();
+  for (unsigned stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (tid < stride) s[tid] += s[tid + stride];
+    __syncthreads();
+  }
+  if (tid == 0) out[blockIdx.x] = s[0];
+}
+
+template <typename T, typename A, int BLOCK>
+__global__ void __launch_bounds__(BLOCK) reduce_v4_first_add_during_load(A* out, const T* x, long long n) {
+  // Changed from v3: each block covers 2 * BLOCK elements and every thread adds its two while loading, so
+  // no thread idles in the first step and the grid (and the shared-memory tree work) halves.
+  // Predicted: close to 2x over v3.
+  __shared__ A s[BLOCK];
+  const unsigned tid = threadIdx.x;
+  s[tid] = load_two<T, A, BLOCK>(x, n);
+  __syncthreads();
+  for (unsigned stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (tid < stride) s[tid] += s[tid + stride];
+    __syncthreads();
+  }
+  if (tid == 0) out[blockIdx.x] = s[0];
+}
+
+template <typename T, typename A, int BLOCK>
+__global__ void __launch_bounds__(BLOCK) reduce_v5_unroll_last_warp(A* out, const T* x, long long n) {
+  // Changed from v4: the block size is a compile-time constant, so the tree unrolls completely, and once
+  // 64 values remain one warp finishes without __syncthreads. Since Volta the lanes of a warp are not
+  // implicitly in lockstep (independent thread scheduling), so the old `volatile` idiom is a data race:
+  // each step here writes its value, __syncwarp, reads its partner, __syncwarp. Predicted: ~1.3x over v4
+  // (the instruction overhead of the tree's barriers and loop control goes away).
+  static_assert(BLOCK >= 64, "the last-warp stage folds 64 values");
+  __shared__ A s[BLOCK];
+  const unsigned tid = threadIdx.x;
+  A v = load_two<T, A, BLOCK>(x, n);
+  s[tid] = v;
+  __syncthreads();
+#pragma unroll
+  for (int stride = BLOCK / 2; stride > 32; stride >>= 1) {
+    if (tid < stride) s[tid] = v = v + s[tid + stride];
+    __syncthreads();
+  }
+  if (tid < 32) {
+    v += s[tid + 32];
+#pragma unroll
+    for (int stride = 16; stride > 0; stride >>= 1) {
+      __syncwarp();
+      s[tid] = v;
+      __syncwarp();
+      v += s[tid + stride];
+    }
+    if (tid == 0) out[blockIdx.x] = v;
+  }
+}
+
+// Sum over the 32 lanes of a warp with shuffles; lane 0 ends with the total.
+template <typename A> __device__ __forceinline__ A warp_sum_down(A v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Block sum with shuffles: each warp sums in registers, lane 0 of each writes one value, warp 0 sums
+// those. Thread 0 gets the result.
+template <int BLOCK, typename A> __device__ __forceinline__ A block_sum_shuffle(A v) {
+  constexpr int kWarps = BLOCK / 32;
+  __shared__ A warp_sums[kWarps];
+  v = warp_sum_down(v);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < kWarps ? warp_sums[threadIdx.x] : A(0);
+    v = warp_sum_down(v);
+  }
+  return v;
+}
+
+template <typename T, typename A, int BLOCK>
+__global__ void __launch_bounds__(BLOCK) reduce_v6_warp_shuffle(A* out, const T* x, long long n) {
+  // Changed from v5: the tree runs in registers with __shfl_down_sync (5 shuffle steps per warp) and
+  // shared memory holds only one value per warp; one barrier per block instead of log2(BLOCK).
+  // Predicted: small gain; the rung is now limited by how little each thread loads (2 elements) and by
+  // the 2^n / 512 blocks each paying launch and tail costs.
+  A v = load_two<T, A, BLOCK>(x, n);
+  v = block_sum_shuffle<BLOCK>(v);
+  if (threadIdx.x == 0) out[blockIdx.x] = v;
+}
+
+template <typename T, typename A, int BLOCK>
+__global__ void __launch_bounds__(BLOCK) reduce_v7_grid_stride(A* out, const T* x, long long n) {
+  // Changed from v6: the grid is a fixed number of resident blocks (the SM count times the blocks that
+  // fit per SM, from the host), and each thread sums many elements with a grid-stride loop before the
+  // block combine. Block-level overhead is paid once per thread instead of once per two elements, and
+  // the second pass shrinks from n / 512 partials to about a thousand. Predicted: a big step, to a large
+  // fraction of the bandwidth, limited by one 4-byte load in flight per iteration.
+  const long long stride = static_cast<long long>(gridDim.x) * BLOCK;
+  A v = A(0);
+  for (long long i = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x; i < n; i += stride) v += to_acc<A>(x[i]);
+  v = block_sum_shuffle<BLOCK>(v);
+  if (threadIdx.x == 0) out[blockIdx.x] = v;
+}
+
+template <typename T, typename A, int BLOCK>
+__global__ void __launch_bounds__(BLOCK) reduce_v8_vector_loads(A* out, const T* x, long long n) {
+  // Changed from v7: each load moves 16 bytes (4 float32, 8 float16/bfloat16) after a scalar head that
+  // reaches the first 16-byte boundary, and a scalar tail. A quarter of the load instructions and the
+  // loop overhead for float32. Predicted: 10-30% over v7, mostly from more bytes in flight per thread.
+  const long long lanes = static_cast<long long>(gridDim.x) * BLOCK;
+  A v = thread_span<T, A, OP_SUM, 1>(x, n, static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x, lanes);
+  v = block_sum_shuffle<BLOCK>(v);
+  if (threadIdx.x == 0) out[blockIdx.x] = v;
+}
+
+template <typename T, typename A, int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+    reduce_v9_last_block_done(A* out, A* partials, unsigned* counter, const T* x, long long n) {
+  // Changed from v8: one launch instead of three. Each block publishes its partial, fences, and bumps a
+  // counter; the block that sees the count reach gridDim.x - 1 is the last, reads all partials in index
+  // order (deterministic) and writes the sum, then resets the counter for the next launch (no memset,
+  // replayable in a CUDA graph). Predicted: the two small launches (a few microseconds each) disappear;
+  // large at mid sizes, ~1% at 2^28.
+  const long long lanes = static_cast<long long>(gridDim.x) * BLOCK;
+  A v = thread_span<T, A, OP_SUM, 1>(x, n, static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x, lanes);
+  v = block_sum_shuffle<BLOCK>(v);
+  if (!last_block_done(partials, counter, v)) return;
+  A w = thread_partials<OP_SUM>(partials);
+  __syncthreads();  // block_sum_shuffle's scratch is reused
+  w = block_sum_shuffle<BLOCK>(w);
+  if (threadIdx.x == 0) {
+    *out = w;
+    *counter = 0;
+  }
+}
+
+template <typename T, typename A, int BLOCK, int UNROLL>
+__global__ void __launch_bounds__(BLOCK)
+    reduce_v10_loads_in_flight(A* out, A* partials, unsigned* counter, const T* x, long long n) {
+  // Changed from v9: UNROLL independent 16-byte loads per thread per iteration, all issued before the
+  // first is used, each summed into its own accumulator; larger blocks (512) and a grid of two blocks per
+  // SM, so the partials are fewer and each thread streams longer. This is the production kernel
+  // (reduce_full with OP_SUM; same body, same plan). Predicted: from ~85-90% to the copy peak or above
+  // (a read-only stream beats a copy, which also writes).
+  full_reduce_body<T, A, OP_SUM, BLOCK, UNROLL>(out, partials, counter, x, n, 1, FINISH_NONE, 1.0);
+}
+
+}  // namespace cukern

@@ -1,0 +1,182 @@
+"""The benchmark behind ``python -m cukern bench``: cukern against its peers, in one run, against the copy
+peak measured in the same run.
+
+Cases are data (op, shape, dtype); each family's lab module registers, per op, how to build inputs, how to
+call cukern and the CuPy composite peer, and how many bytes it must move (the same function the op module
+exports), and may register record sets that are not (op, case) pairs (the reduction ladder's rungs). The
+pipeline's decode-step records (:mod:`cukern.lab.pipeline`) come last. Peers that need other frameworks
+(torch, Triton) live in the repository's ``bench/peers.py`` and are imported when that file and those
+packages are present.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .. import _tuned, timing
+from .._compile import nvrtc_version, source_sha256
+from .._dtypes import parse_dtype
+from . import pipeline
+from . import tune as tuner  # run() takes a flag named tune
+from .device import gpu_present
+from .progress import Progress
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str
+    shape: tuple
+    dtype: str
+    params: tuple = field(default_factory=tuple)  # extra (key, value) pairs an op needs
+
+
+@dataclass
+class OpBench:
+    """How to benchmark one op: ``setup(case) -> state``; ``run(state)`` calls cukern; ``cupy(state)`` the
+    CuPy composite; ``bytes(case)`` the bytes moved."""
+
+    setup: Callable
+    run: Callable
+    cupy: Callable
+    bytes: Callable
+    cases: list
+
+
+OPS: dict = {}
+RECORD_SETS: dict = {}  # name -> records(peak, repeat=, warmup=) -> list of results records
+
+
+def register(op: str, bench: OpBench) -> None:
+    OPS[op] = bench
+
+
+def register_records(name: str, records: Callable) -> None:
+    RECORD_SETS[name] = records
+
+
+def record_sets() -> dict:
+    """Every record set a full run ends with: the families', then the pipeline's."""
+    return {**RECORD_SETS, "pipeline": pipeline.records}
+
+
+def load_peers():
+    """``bench/peers.py`` from the repository checkout, if it is there (not part of an installed wheel)."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "peers.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("cukern_bench_peers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tuned_impl(case: Case, repeat: int, warmup: int):
+    """``("cukern-tuned", fn)`` for a case whose op has a tuning space: the case is tuned first (the winner
+    goes to the user's tuning cache), ``fn`` launches with the winning knobs on the tunable's own inputs.
+    None for ops without one."""
+    found = tuner.tunable_for_case(case)
+    if found is None:
+        return None
+    tunable, shape = found
+    result = tuner.tune(tunable.op, shape, case.dtype, repeat=max(repeat // 2, 10), warmup=warmup, progress=False)
+    return "cukern-tuned", tunable.run(tunable.setup(shape, parse_dtype(case.dtype)), result.knobs)
+
+
+def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, progress=None,
+        tune: bool = True) -> dict:
+    """Run every case of ``ops`` (all when None; record set names count as ops) for cukern and every peer;
+    return the results document.
+
+    ``cukern`` is the heuristic plan (the tuning cache is ignored while it is timed); with ``tune``, ops
+    that have a tuning space are tuned for each case and also timed as ``cukern-tuned``. A progress bar
+    runs on stderr when it is a terminal; ``progress(record)`` is called after each record."""
+    import cupy
+
+    peak = timing.peak_bandwidth()
+    extra = load_peers() if peers else None
+    records = []
+    cases = [(b, case) for op, b in OPS.items() if not ops or op in ops for case in b.cases]
+    sets = {name: fn for name, fn in record_sets().items() if not ops or name in ops}
+    bar = Progress(len(cases) + len(sets), "bench")
+    for b, case in cases:
+        bar.step(f"{case.op} {'x'.join(map(str, case.shape))} {case.dtype}", n=0)
+        state = b.setup(case)
+        nbytes = b.bytes(case)
+        impls = [("cukern", lambda s=state: b.run(s)), ("cupy", lambda s=state: b.cupy(s))]
+        tuned = _tuned_impl(case, repeat, warmup) if tune else None
+        if tuned is not None:
+            impls.insert(1, tuned)
+        if extra is not None:
+            impls += [(name, fn) for name, fn in extra.peers(case)]
+        for impl, fn in impls:
+            heuristic = _tuned.heuristic_only() if impl == "cukern" else contextlib.nullcontext()
+            try:
+                with heuristic:
+                    t = timing.benchmark(fn, warmup=warmup, repeat=repeat, bytes_moved=nbytes)
+            except Exception as err:  # a peer that cannot run this case is reported, not fatal
+                if impl.startswith("cukern"):
+                    raise
+                bar.clear()
+                print(f"  {impl} skipped for {case.op} {case.shape}: {type(err).__name__}: {err}")
+                continue
+            records.append({
+                "op": case.op, "impl": impl, "shape": list(case.shape), "dtype": case.dtype,
+                "median_us": round(t.median_us, 3), "gbps": round(t.gbps, 1),
+                "pct_of_peak": round(100 * t.gbps / peak, 1),
+            })
+            if progress:
+                bar.clear()
+                progress(records[-1])
+        del state, impls, tuned
+        cupy.get_default_memory_pool().free_all_blocks()
+        bar.step(f"{case.op} {'x'.join(map(str, case.shape))} {case.dtype}")
+    for name, fn in sets.items():
+        bar.step(name, n=0)
+        records += fn(peak, repeat=repeat, warmup=warmup)
+        bar.step(name)
+    bar.close()
+    dev = cupy.cuda.Device()
+    return {
+        "device": cupy.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(),
+        "cupy_version": cupy.__version__,
+        "source_sha256": source_sha256(),
+        "peak_copy_gbps": round(peak, 1),
+        "records": records,
+    }
+
+
+def format_table(records) -> str:
+    rows = [("op", "impl", "shape", "dtype", "µs", "GB/s", "% peak")]
+    rows += [(r["op"], r["impl"], "x".join(map(str, r["shape"])), r["dtype"], f"{r['median_us']:.2f}",
+              f"{r['gbps']:.0f}" if "gbps" in r else "-", f"{r['pct_of_peak']:.1f}" if "pct_of_peak" in r else "-")
+             for r in records]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def write_results(doc: dict, path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def info() -> dict:
+    """Device, versions and the measured copy peak (when a GPU is present)."""
+    import cupy
+
+    doc = {"python": platform.python_version(), "nvrtc": nvrtc_version(), "cupy": cupy.__version__}
+    if gpu_present():
+        dev = cupy.cuda.Device()
+        props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+        doc.update(device=props["name"].decode(), compute_capability=dev.compute_capability,
+                   sm_count=props["multiProcessorCount"], l2_bytes=props["l2CacheSize"],
+                   peak_copy_gbps=round(timing.peak_bandwidth(), 1))
+    else:
+        doc["device"] = None
+    return doc

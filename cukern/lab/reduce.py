@@ -1,0 +1,182 @@
+"""Reductions in the lab: the benchmark's cases (full, row and column sums) and CuPy peer, the tuning spaces
+of the full and row kernels, and the cards of every reduction, each from the op's own rules (``TUNING`` in
+:mod:`cukern.reduce`; ``plan``, ``plan_instantiations`` and ``bytes_moved`` in :mod:`cukern.reduce_plan`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from .. import reduce, reduce_plan
+from .._dtypes import dtype_name, parse_dtype
+from . import bench, card, tune
+from .bench import Case
+
+
+def inputs(shape, dtype):
+    """Standard normal values of ``dtype``."""
+    import cupy
+
+    return cupy.random.default_rng(0).standard_normal(shape, dtype=np.float32).astype(dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The benchmark: param axis (None: everything).
+
+
+def _bench_setup(case: Case) -> dict:
+    return {"x": inputs(case.shape, parse_dtype(case.dtype)), "axis": dict(case.params).get("axis")}
+
+
+def _bench_bytes(case: Case) -> int:
+    return reduce_plan.bytes_moved(case.shape, parse_dtype(case.dtype), dict(case.params).get("axis"))
+
+
+_CASES = [Case("sum", (n,), "float32") for n in (1 << 29, 1 << 20, 1 << 24)]
+_CASES += [Case("sum", (1 << 30,), "bfloat16"), Case("sum_rows", (32768, 16384), "float32", (("axis", -1),)),
+           Case("sum_cols", (16384, 32768), "float32", (("axis", 0),))]
+bench.register("sum", bench.OpBench(_bench_setup, lambda s: reduce.sum(s["x"], axis=s["axis"]),
+                                    lambda s: s["x"].sum(axis=s["axis"]), _bench_bytes, _CASES))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tuning: ``sum`` over everything (shape ``(n,)``, the full kernel) and ``sum_rows`` (shape ``(rows,
+# length)``, axis -1, the rows kernel), as the ops look them up; every reduction uses the sum's knobs.
+
+SPACES = {
+    "sum": {"full_block": [256, 512, 1024], "full_blocks_per_sm": [1, 2, 4], "full_unroll": [2, 4, 8]},
+    "sum_rows": {"row_items": [4, 8, 16], "row_max_tpr": [128, 256, 512], "row_unroll": [2, 4, 8],
+                 "row_threads_per_sm": [1024, 2048], "row_waves": [None, 4, 8, 16]},
+}
+
+
+def _tunable(op: str) -> tune.Tunable:
+    axis = None if op == "sum" else -1
+
+    def run(s, knobs):
+        return lambda: reduce._reduce("sum", s, axis, None, False, None, knobs=knobs)
+
+    def signature(shape, dtype, knobs, sm):
+        return reduce_plan.plan(shape, dtype, axis, sm_count=sm, knobs=knobs)
+
+    return tune.Tunable(
+        rule=reduce.TUNING[op], space=SPACES[op], setup=inputs, run=run,
+        bytes=lambda shape, dtype: reduce_plan.bytes_moved(shape, dtype, axis), signature=signature,
+        from_case=(lambda shape, params: (math.prod(shape),)) if op == "sum" else None)
+
+
+tune.register(_tunable("sum"))
+tune.register(_tunable("sum_rows"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The cards: param axis, as an int, a tuple or text ("0", "(0, 1)", "none").
+
+# the column and strided kernels take no knobs: their cards show the constants that size them
+_FIXED = {"cols": {"col_block": reduce_plan.COL_BLOCK, "col_waves": reduce_plan.COL_WAVES,
+                   "col_min_rows": reduce_plan.COL_MIN_ROWS},
+          "strided": {"strided_block": reduce_plan.STRIDED_BLOCK, "strided_waves": reduce_plan.STRIDED_WAVES}}
+
+
+def _parse_axis(axis):
+    if axis is None or isinstance(axis, (int, tuple)):
+        return axis
+    text = str(axis).strip().lower()
+    if text in ("none", ""):
+        return None
+    parts = tuple(int(a) for a in text.strip("()").split(",") if a.strip())
+    return parts[0] if len(parts) == 1 else parts
+
+
+def _describe(name: str):
+    def describe(shape, dt, params, device, knobs):
+        axis = _parse_axis(params["axis"])
+        op = reduce_plan.OPS[name]
+        final = reduce_plan.default_dtype(name, dt)
+        o = dt if op.kernel_op in (reduce_plan.OP_MAX, reduce_plan.OP_MIN) else final
+        knobs = reduce_plan.DEFAULT_KNOBS if knobs is None else knobs
+        pl = reduce_plan.plan(shape, dt, axis, op=name, sm_count=device.sm_count, knobs=knobs)
+        insts = reduce_plan.plan_instantiations(pl, dt, o, op.kernel_op)
+        kind, p = pl.layout.kind, pl.kernel
+        launches = []
+        if insts:
+            role = f"{kind} kernel" + (", pass 1 of 2" if pl.cols2 else "")
+            launches.append(card.Launch(insts[0], p.grid, p.block, role))
+        if pl.cols2 is not None:
+            launches.append(card.Launch(insts[1], pl.cols2.grid, pl.cols2.block, "cols kernel, pass 2 of 2 (partials)"))
+        outputs, count = pl.layout.outputs, pl.layout.count
+        size, acc = dt.itemsize, reduce_plan.acc_dtype(o)
+        if kind == "full":
+            per_thread = -(-count // (p.grid * p.block))
+            thread = f"about {per_thread} elements, {p.unroll} 16-byte loads in flight"
+            block = f"a grid-stride share of all {count:,} elements, to one partial; the last block combines {p.grid}"
+        elif kind == "rows":
+            thread = f"1/{p.tpr} of a row ({-(-count // p.tpr)} elements)"
+            block = f"{p.block // p.tpr} row(s) at a time ({p.tpr} threads per row), looping when the grid is capped"
+        elif kind == "cols":
+            thread = f"{p.vec} adjacent columns down {-(-p.rows_per_slice // (p.block // p.cw))} rows"
+            block = f"a strip of {p.cw * p.vec} columns x {p.rows_per_slice} rows ({p.slices} row slices)"
+        elif kind == "strided":
+            thread = "1/32 of one output's elements"
+            block = f"{p.block // 32} outputs, one per warp"
+        else:
+            thread = block = "no kernel: each output is one input element"
+        tile = {"kind": kind, "grid": getattr(p, "grid", None), "block": getattr(p, "block", None),
+                "outputs": outputs, "elements_per_output": count, "one_block_computes": block,
+                "one_thread_computes": thread}
+        nbytes = reduce_plan.bytes_moved(shape, dt, axis, op=name)
+        written = outputs * final.itemsize
+        if kind == "cols":
+            width = f"{p.vec * size} B per row ({p.vec} columns)" if p.vector else f"{size} B ({p.vec} scalar loads)"
+            coalesced = "yes: a warp's threads own adjacent column packs, so each row read is contiguous"
+        elif kind == "strided":
+            width, coalesced = f"{size} B", "no: a warp walks one output's strided elements"
+        else:
+            width, coalesced = "16 B (scalar head and tail)", "yes: contiguous spans read as 16-byte vectors"
+        re_read = ["nothing: every element is read once"]
+        if pl.cols2 is not None:
+            re_read = [f"partials ({outputs * p.slices * acc.itemsize:,} B) written by pass 1, read by pass 2 "
+                       "from L2"]
+        traffic = {"bytes_read": nbytes - written, "bytes_written": written,
+                   "counted_by": f"cukern.reduce.bytes_moved(shape, dtype, axis, op={name!r})",
+                   "access_bytes": width, "coalesced": coalesced, "re_read": re_read}
+        combine = {"full": f"shuffle butterfly, shared memory across warps, then the last of {getattr(p, 'grid', 0)} "
+                           "blocks combines the partials in index order",
+                   "rows": "shuffle butterfly per row group (shared memory when a block owns the row)",
+                   "cols": "row lanes combined through shared memory" + (", then a second pass over the slices"
+                                                                         if pl.cols2 else ""),
+                   "strided": "shuffle butterfly per warp"}.get(kind, "none")
+        accumulation = {"reduces": f"{name} of {count:,} elements per output",
+                        "precision": f"{dtype_name(acc)} accumulators, result {dtype_name(final)}",
+                        "order": "fixed by the plan (no atomics): bit-identical run to run", "combine": combine,
+                        "passes": len(launches)}
+        notes = []
+        if pl.copy:
+            notes.append("the input is first copied to contiguous (reduced axes last); that copy is not in the count")
+        prefix = {"full": "full_", "rows": "row_"}.get(kind)
+        if prefix:
+            knob_values = {k: v for k, v in dataclasses.asdict(knobs).items() if k.startswith(prefix)}
+        else:
+            knob_values = _FIXED.get(kind, {})
+        flops = outputs * count * (2 if op.kernel_op == reduce_plan.OP_SUMSQ else 1)
+
+        def measure():
+            x, fn = inputs(shape, dt), getattr(reduce, name)
+            return lambda: fn(x, axis=axis)
+
+        return card.Described(launches=launches, tile=tile, traffic=traffic, accumulation=accumulation,
+                              knobs=knob_values, bytes=nbytes, bytes_written=written, flops=flops,
+                              measure=measure, notes=notes)
+
+    return describe
+
+
+for _name, _op in reduce_plan.OPS.items():
+    card.register(card.CardSpec(_name, (1 << 29,), "float32", _describe(_name), {"axis": None}, "reduce",
+                                dtypes=_op.inputs))
+card.register(card.CardSpec("sum_rows", (32768, 16384), "float32", _describe("sum"), {"axis": -1}, "reduce",
+                            dtypes=reduce_plan.OPS["sum"].inputs))
+card.register(card.CardSpec("sum_cols", (16384, 32768), "float32", _describe("sum"), {"axis": 0}, "reduce",
+                            dtypes=reduce_plan.OPS["sum"].inputs))

@@ -1,0 +1,204 @@
+"""RMSNorm in the lab: the benchmark's cases, inputs and CuPy composite peer, the tuning space, the
+decode-step calls and the cards of ``rms_norm`` and ``fused_add_rms_norm``, each from
+:mod:`cukern.rmsnorm`'s own rules (its ``TUNING``, ``widest_vector``, ``vector_width``, ``plan`` and
+``bytes_moved``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from .. import rmsnorm
+from .._dtypes import BFLOAT16, dtype_name, parse_dtype
+from .._layout import ArraySpec
+from . import bench, card, pipeline, tune
+from .bench import Case
+from .device import fits_l2
+
+OPS = {False: "rms_norm", True: "fused_add_rms_norm"}
+DECODE_HIDDEN = 4096
+
+
+def inputs(shape, dtype, fused: bool) -> dict:
+    """Standard normal x and weight of ``dtype``, the residual (None unless ``fused``) and an output."""
+    import cupy
+
+    rng = cupy.random.default_rng(0)
+    x = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+    w = rng.standard_normal(shape[-1], dtype=np.float32).astype(dtype)
+    r = rng.standard_normal(shape, dtype=np.float32).astype(dtype) if fused else None
+    return {"x": x, "w": w, "r": r, "out": cupy.empty_like(x)}
+
+
+def _run(s):
+    """The public call on the inputs of :func:`inputs`."""
+    if s["r"] is not None:
+        return rmsnorm.fused_add_rms_norm(s["x"], s["r"], s["w"], out=s["out"])
+    return rmsnorm.rms_norm(s["x"], s["w"], out=s["out"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The benchmark.
+
+
+def _bench_setup(case: Case) -> dict:
+    return inputs(case.shape, parse_dtype(case.dtype), case.op == OPS[True])
+
+
+def _cupy(s):
+    """The composite a CuPy user would write: float32 mean of squares, reciprocal square root, scale."""
+    import cupy
+
+    dt = s["x"].dtype
+    x = s["x"].astype(cupy.float32)
+    if s["r"] is not None:
+        x = (x + s["r"].astype(cupy.float32)).astype(dt)
+        s["r"][...] = x
+        x = x.astype(cupy.float32)
+    rstd = cupy.reciprocal(cupy.sqrt(cupy.mean(x * x, axis=-1, keepdims=True) + 1e-6))
+    return (x * rstd * s["w"].astype(cupy.float32)).astype(dt)
+
+
+def _bench_bytes(case: Case) -> int:
+    dt = parse_dtype(case.dtype)
+    return rmsnorm.bytes_moved(case.shape, dt, dt, fused=case.op == OPS[True])
+
+
+_CASES = [Case("rms_norm", s, "bfloat16") for s in ((16384, 4096), (16384, 8192), (4096, 4096), (256, 4096))]
+_CASES += [Case("rms_norm", (16384, 4096), d) for d in ("float16", "float32")]
+bench.register("rms_norm", bench.OpBench(_bench_setup, _run, _cupy, _bench_bytes, _CASES))
+bench.register("fused_add_rms_norm", bench.OpBench(_bench_setup, _run, _cupy, _bench_bytes,
+                                                   [Case("fused_add_rms_norm", (16384, 4096), "bfloat16")]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tuning: shapes are the input's shape, as the op looks them up.
+
+SPACE = {"items_target": [1, 2, 4, 8], "small_block": [64, 128, 256], "waves": [None, 2, 4, 8]}
+
+
+def _tunable(fused: bool) -> tune.Tunable:
+    def run(s, knobs):
+        return lambda: rmsnorm._run(fused, s["x"], s["r"], s["w"], 1e-6, 0.0, s["out"], knobs)
+
+    def signature(shape, dtype, knobs, sm):
+        hidden, itemsize = shape[-1], dtype.itemsize
+        return rmsnorm.plan(hidden, math.prod(shape[:-1]), rmsnorm.widest_vector(hidden, itemsize), itemsize, sm,
+                            knobs, fused=fused)
+
+    return tune.Tunable(rule=rmsnorm.TUNING[fused], space=SPACE, setup=lambda shape, dtype: inputs(shape, dtype, fused),
+                        run=run, bytes=lambda shape, dtype: rmsnorm.bytes_moved(shape, dtype, dtype, fused=fused),
+                        signature=signature)
+
+
+tune.register(_tunable(False))
+tune.register(_tunable(True))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The decode step: one call of each op per layer, into a preallocated output; the host cost is timed on
+# the plain call.
+
+
+def _decode_shape(tokens: int) -> tuple:
+    return (tokens, DECODE_HIDDEN)
+
+
+def _decode_call(fused: bool, **host) -> pipeline.DecodeCall:
+    def make(tokens):
+        s = inputs(_decode_shape(tokens), BFLOAT16, fused)
+        if fused:
+            return rmsnorm.fused_add_rms_norm, (s["x"], s["r"], s["w"]), {"out": s["out"]}
+        return rmsnorm.rms_norm, (s["x"], s["w"]), {"out": s["out"]}
+
+    return pipeline.DecodeCall(
+        OPS[fused], shape=_decode_shape, make=make,
+        bytes=lambda tokens: rmsnorm.bytes_moved(_decode_shape(tokens), BFLOAT16, BFLOAT16, fused=fused), **host)
+
+
+def _host(tokens):
+    s = inputs(_decode_shape(tokens), BFLOAT16, False)
+    return rmsnorm.rms_norm, (s["x"], s["w"]), {}
+
+
+pipeline.register(_decode_call(False, host_op="host_overhead", host=_host))
+pipeline.register(_decode_call(True))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The card.
+
+
+def _measure(shape, dtype, fused: bool):
+    s = inputs(shape, dtype, fused)
+    return lambda: _run(s)
+
+
+def _describe(fused: bool):
+    def describe(shape, dt, params, device, knobs):
+        knobs = rmsnorm.DEFAULT_KNOBS if knobs is None else knobs
+        w_dt = parse_dtype(params["weight_dtype"] or dtype_name(dt))
+        hidden, rows, size = shape[-1], math.prod(shape[:-1]), dt.itemsize
+        vec = rmsnorm.vector_width(hidden, [ArraySpec.fresh(shape, dt)], ArraySpec.fresh((hidden,), w_dt))
+        p = rmsnorm.plan(hidden, rows, vec, size, device.sm_count, knobs, fused=fused)
+        inst = p.instantiation(dt, w_dt, fused)
+        groups = -(-rows // p.rows_per_block)
+        per_block = -(-groups // p.grid)
+        tensors = "residual + x" if fused else "x"
+        if p.kernel == "rows":
+            thread = (f"{p.items} vectors of {p.vec} elements ({p.items * p.vec * size} B) of one row, held in "
+                      "registers from load to store")
+            block = f"{p.rows_per_block} row(s) at a time, {p.tpr} threads per row"
+        else:
+            thread = (f"{p.items} vectors of {p.vec} elements per {p.block * p.items * p.vec}-element chunk of one "
+                      "row, streamed twice (sum of squares, then scale)")
+            block = "one row at a time, the whole block on it"
+        tile = {"grid": p.grid, "block": p.block, "kernel": p.kernel, "rows_per_block": p.rows_per_block,
+                "threads_per_row": p.tpr, "one_block_computes": block, "one_thread_computes": thread,
+                "row_groups": groups, "row_groups_per_block": per_block,
+                "grid_rule": ("capped at knobs.waves x resident blocks; blocks loop over row groups"
+                              if per_block > 1 else "one block per row group")}
+        nbytes = rmsnorm.bytes_moved(shape, dt, w_dt, fused=fused)
+        written = (2 if fused else 1) * math.prod(shape) * size
+        re_read = [f"weight ({fits_l2(hidden * w_dt.itemsize, device)}) by every row group: "
+                   f"{rows * hidden * w_dt.itemsize:,} B from L1/L2, should stay in L2"]
+        if p.kernel == "wide":
+            row_bytes = hidden * size * (2 if fused else 1)
+            live = min(p.grid, device.sm_count * (2048 // p.block)) * row_bytes
+            re_read.append(f"each row of {tensors} a second time for the scaling pass: {rows * row_bytes:,} B "
+                           f"from L2 (rows in flight: {fits_l2(live, device)})")
+        traffic = {"bytes_read": nbytes - written, "bytes_written": written,
+                   "counted_by": f"cukern.rmsnorm.bytes_moved(shape, dtype, weight_dtype, fused={fused})",
+                   "access_bytes": p.vec * size,
+                   "coalesced": (f"yes: lane k of a row's {p.tpr} threads takes vector k + j*{p.tpr}, so a warp "
+                                 f"reads {min(p.tpr, 32) * p.vec * size} contiguous bytes per row per access"),
+                   "re_read": re_read}
+        if vec == 1:
+            traffic["access_note"] = f"hidden={hidden} is not a multiple of {16 // size}: element accesses"
+        steps = int(math.log2(min(p.tpr, 32))) if p.tpr > 1 else 0
+        combine = f"butterfly shuffle over {min(p.tpr, 32)} lanes ({steps} steps)"
+        if p.tpr > 32 or p.kernel == "wide":
+            combine += f", then warp sums through shared memory ({2 * (p.block // 32)} floats)"
+        accumulation = {"reduces": f"sum of squares of each row's {hidden} elements of {tensors}",
+                        "precision": "float32 (inputs widened on load), output rounded once to " + dtype_name(dt),
+                        "order": (f"each thread sums its {p.items * p.vec} elements in order"
+                                  if p.kernel == "rows" else "each thread sums its elements chunk by chunk"),
+                        "combine": combine,
+                        "passes": ("one launch; the row never leaves registers" if p.kernel == "rows"
+                                   else "one launch; the row is read twice"),
+                        "batch_invariant": "yes: the reduction order depends on hidden and the knobs, not rows"}
+        return card.Described(
+            launches=[card.Launch(inst, p.grid, p.block, f"{p.kernel} kernel")], tile=tile, traffic=traffic,
+            accumulation=accumulation, knobs=dataclasses.asdict(knobs), bytes=nbytes, bytes_written=written,
+            flops=math.prod(shape) * (5 if fused else 4),
+            measure=lambda: _measure(shape, dt, fused),
+        )
+
+    return describe
+
+
+_PARAMS = {"weight_dtype": None}
+card.register(card.CardSpec("rms_norm", (16384, 4096), "bfloat16", _describe(False), _PARAMS, "rms_norm"))
+card.register(card.CardSpec("fused_add_rms_norm", (16384, 4096), "bfloat16", _describe(True), _PARAMS, "rms_norm"))

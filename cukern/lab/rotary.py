@@ -1,0 +1,191 @@
+"""Rotary embedding in the lab: the benchmark's cases, inputs and CuPy composite peer, the tuning spaces of
+both styles, the decode-step call and the cards, each from :mod:`cukern.rotary`'s own rules (its
+``TUNING``, ``widest_vector``, ``vector_width``, ``plan`` and ``bytes_moved``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .. import rotary
+from .._dtypes import BFLOAT16, dtype_name, parse_dtype
+from .._layout import ArraySpec
+from ..rope_cache import rope_cache
+from . import bench, card, pipeline, tune
+from .bench import Case
+from .device import fits_l2
+
+MAX_POSITION = 8192  # cache rows; positions are drawn below it
+DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_SIZE = 32, 8, 128
+
+
+def inputs(tokens: int, num_heads: int, num_kv_heads: int, head_size: int, dtype, qkv_view: bool = False) -> dict:
+    """Query and key as views into one fused [tokens, (nh + 2 nkv) hd] qkv buffer when ``qkv_view``, else
+    separate contiguous arrays; random positions below :data:`MAX_POSITION` into a float32 cache."""
+    import cupy
+
+    rng = cupy.random.default_rng(0)
+    nh, nkv, hd = num_heads, num_kv_heads, head_size
+    if qkv_view:
+        qkv = rng.standard_normal((tokens, (nh + 2 * nkv) * hd), dtype=np.float32).astype(dtype)
+        q = qkv[:, : nh * hd].reshape(tokens, nh, hd)
+        k = qkv[:, nh * hd: (nh + nkv) * hd].reshape(tokens, nkv, hd)
+    else:
+        q = rng.standard_normal((tokens, nh, hd), dtype=np.float32).astype(dtype)
+        k = rng.standard_normal((tokens, nkv, hd), dtype=np.float32).astype(dtype)
+    return {"q": q, "k": k, "cache": rope_cache(MAX_POSITION, hd),
+            "pos": rng.integers(0, MAX_POSITION, tokens, dtype=np.int64)}
+
+
+def _rotate(s, neox: bool) -> None:
+    """The public call on the inputs of :func:`inputs`, without the position check (as a decode loop calls it)."""
+    rotary.rotary_embedding(s["pos"], s["q"], s["k"], s["cache"], is_neox=neox, check_positions=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The benchmark: case shape (tokens, num_heads, head_size), params kv_heads, neox and qkv_view.
+
+
+def _bench_setup(case: Case) -> dict:
+    p = dict(case.params)
+    tokens, nh, hd = case.shape
+    return {**inputs(tokens, nh, p["kv_heads"], hd, parse_dtype(case.dtype), p.get("qkv_view", False)),
+            "neox": p.get("neox", True)}
+
+
+def _cupy(s) -> None:
+    """The composite a CuPy user would write: gather cos/sin rows, rotate in float32, write back."""
+    import cupy
+
+    half = s["cache"].shape[1] // 2
+    cos = s["cache"][s["pos"], :half][:, None, :]
+    sin = s["cache"][s["pos"], half:][:, None, :]
+    for t in (s["q"], s["k"]):
+        x = t.astype(cupy.float32)
+        if s["neox"]:
+            x1, x2 = x[..., :half], x[..., half:]
+            t[...] = cupy.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(t.dtype)
+        else:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            t[..., 0::2] = (x1 * cos - x2 * sin).astype(t.dtype)
+            t[..., 1::2] = (x2 * cos + x1 * sin).astype(t.dtype)
+
+
+def _bench_bytes(case: Case) -> int:
+    tokens, nh, hd = case.shape
+    return rotary.bytes_moved(tokens, nh, dict(case.params)["kv_heads"], hd, parse_dtype(case.dtype))
+
+
+def _case(op, tokens, **params) -> Case:
+    return Case(op, (tokens, 32, 128), "bfloat16", tuple(sorted({"kv_heads": 8, **params}.items())))
+
+
+_CASES = [_case("rotary_embedding", 16384), _case("rotary_embedding_gptj", 16384, neox=False),
+          _case("rotary_embedding_qkv_view", 16384, qkv_view=True)]
+_CASES += [_case("rotary_embedding", t) for t in (1, 8, 64, 4096)]
+bench.register("rotary_embedding", bench.OpBench(_bench_setup, lambda s: _rotate(s, s["neox"]), _cupy, _bench_bytes,
+                                                 _CASES))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tuning: shape (tokens, num_heads, num_kv_heads, head_size), contiguous q and k, float32 cache, as the op
+# looks it up.
+
+SPACE = {"items": [1, 2, 4], "target_block": [128, 256], "waves": [None, 4], "min_blocks": [1, 2, 4]}
+
+
+def _tunable(neox: bool) -> tune.Tunable:
+    def run(s, knobs):
+        return lambda: rotary._run(s["pos"], s["q"], s["k"], s["cache"], neox, None, False, False, knobs)
+
+    def signature(shape, dtype, knobs, sm):
+        tokens, nh, nkv, hd = shape
+        return rotary.plan(tokens, nh, nkv, hd, rotary.widest_vector(hd, dtype.itemsize), neox, sm, knobs)
+
+    return tune.Tunable(
+        rule=rotary.TUNING[neox], space=SPACE, setup=lambda shape, dtype: inputs(*shape, dtype), run=run,
+        bytes=lambda shape, dtype: rotary.bytes_moved(*shape, dtype), signature=signature,
+        from_case=lambda shape, params: (shape[0], shape[1], params.get("kv_heads", 8), shape[2]))
+
+
+tune.register(_tunable(True))
+tune.register(_tunable(False))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The decode step: one NeoX rotation of 32 + 8 heads of 128 per layer.
+
+
+def _decode(tokens: int):
+    s = inputs(tokens, DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_SIZE, BFLOAT16)
+    return rotary.rotary_embedding, (s["pos"], s["q"], s["k"], s["cache"]), {"check_positions": False}
+
+
+pipeline.register(pipeline.DecodeCall(
+    "rotary_embedding", shape=lambda tokens: (tokens, DECODE_HEADS, DECODE_HEAD_SIZE), make=_decode,
+    bytes=lambda tokens: rotary.bytes_moved(tokens, DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_SIZE, BFLOAT16),
+    host_op="host_overhead_rotary", host=_decode))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The cards: shape (tokens, num_heads, head_size), params as the benchmark's.
+
+
+def _measure(tokens, nh, nkv, hd, dtype, neox: bool, qkv_view: bool):
+    s = inputs(tokens, nh, nkv, hd, dtype, qkv_view)
+    return lambda: _rotate(s, neox)
+
+
+def _describe(shape, dt, params, device, knobs):
+    tokens, nh, hd = shape
+    nkv, neox = int(params["kv_heads"]), bool(int(params["neox"]))
+    rot = int(params["rotary_dim"] or hd)
+    cache_dt = np.dtype(np.float32)
+    heads = nh + 2 * nkv if int(params["qkv_view"]) else nh
+    strides = tuple(s * dt.itemsize for s in (heads * hd, hd, 1))
+    q = ArraySpec((tokens, nh, hd), strides, dt)
+    k = ArraySpec((tokens, nkv, hd), strides, dt)
+    vec = rotary.vector_width(q, k, ArraySpec.fresh((MAX_POSITION, rot), cache_dt), rot, neox, rot // 2)
+    knobs = rotary.DEFAULT_KNOBS if knobs is None else knobs
+    p = rotary.plan(tokens, nh, nkv, rot, vec, neox, device.sm_count, knobs)
+    launches = []
+    if bool(int(params["check_positions"])):
+        launches.append(card.Launch(rotary.check_instantiation(np.int64), 1, rotary.CHECK_BLOCK,
+                                    "position check (then one host synchronization)"))
+    launches.append(card.Launch(p.instantiation(dt, cache_dt), p.grid, p.block, "rotation"))
+    elems = tokens * (nh + nkv) * rot
+    nbytes = rotary.bytes_moved(tokens, nh, nkv, rot, dt, cache_dt, np.int64)
+    written = elems * dt.itemsize
+    tile = {"grid": p.grid, "block": p.block, "tokens_per_block": p.tokens_per_block,
+            "threads_per_token": f"{p.threads_per_token} ({p.lanes} lanes x {p.groups} head groups)",
+            "one_block_computes": f"{p.tokens_per_block} token(s): all {p.heads} q and k heads of each",
+            "one_thread_computes": (f"unit u of {p.heads_per_thread} head(s): {p.pairs} pair(s) a head, "
+                                    f"{p.items} head(s) loaded before any is rotated"),
+            "style": "NeoX (halves)" if neox else "GPT-J (interleaved)", "rotary_dim": rot}
+    traffic = {"bytes_read": nbytes - written, "bytes_written": written,
+               "counted_by": "cukern.rotary.bytes_moved(tokens, num_heads, num_kv_heads, rotary_dim, dtype)",
+               "access_bytes": vec * dt.itemsize,
+               "coalesced": "yes: the lanes of a warp take consecutive units of a head, then the next head",
+               "re_read": [f"the token's cos/sin row ({rot * cache_dt.itemsize} B) by each of its {p.groups} head "
+                           "groups, from L1", "positions once per thread, from L1",
+                           "cos/sin rows repeat across tokens at equal positions: the cache should sit in L2 "
+                           f"({fits_l2(MAX_POSITION * rot * cache_dt.itemsize, device)} for {MAX_POSITION} "
+                           "positions)"]}
+    accumulation = {"reduces": "nothing: each output is two float32 products and one add",
+                    "precision": "float32, rounded once to " + dtype_name(dt), "combine": "none", "passes": "one"}
+    notes = []
+    if bool(int(params["check_positions"])):
+        notes.append("the profile measures the rotation (check_positions=False, as the benchmark does)")
+    return card.Described(
+        launches=launches, tile=tile, traffic=traffic, accumulation=accumulation, knobs=dataclasses.asdict(knobs),
+        bytes=nbytes, bytes_written=written, flops=3 * elems,
+        measure=lambda: _measure(tokens, nh, nkv, hd, dt, neox, bool(int(params["qkv_view"]))), notes=notes)
+
+
+_PARAMS = {"kv_heads": 8, "neox": 1, "rotary_dim": None, "check_positions": 1, "qkv_view": 0}
+card.register(card.CardSpec("rotary_embedding", (16384, 32, 128), "bfloat16", _describe, _PARAMS, "rotary"))
+card.register(card.CardSpec("rotary_embedding_gptj", (16384, 32, 128), "bfloat16", _describe, {**_PARAMS, "neox": 0},
+                            "rotary"))
+card.register(card.CardSpec("rotary_embedding_qkv_view", (16384, 32, 128), "bfloat16", _describe,
+                            {**_PARAMS, "qkv_view": 1}, "rotary", tuning_op="rotary_embedding"))

@@ -1,0 +1,591 @@
+"""Reductions, planned: dtype rules, the op table, how a layout maps onto the kernels, launch plans and the
+instantiations they need. Pure: nothing here touches a GPU, so all of it is tested on a CPU.
+
+Dispatch (:func:`classify`). The kept and the reduced dimensions are each collapsed into as few (size,
+stride) levels as the strides allow (reduced ones in any order, largest stride first). Then, in order:
+
+* ``empty``: no outputs; nothing to compute;
+* ``fill``: no element to reduce; every output is the op's value of an empty reduction (0, NaN for mean);
+* ``none``: every reduced axis has size 1; each output is its one input element (an elementwise copy);
+* ``full``: nothing kept, one reduced level of any stride: ``reduce_full``, one launch (last block done);
+* ``rows``: the reduced level is contiguous: ``reduce_rows``;
+* ``cols``: the reduced level is strided and the kept inner level contiguous: ``reduce_cols`` (coalesced
+  across columns), and a second launch over per-slice partials when the rows are split;
+* ``strided``: any other layout of at most two kept and two reduced levels: ``reduce_strided``;
+* ``copy``: deeper layouts; the plan copies the input to contiguous (reduced axes last) and reduces that.
+
+Memory traffic, the count every GB/s figure uses: x read once, the result written once (:func:`bytes_moved`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._compile import Instantiation
+from ._dtypes import BFLOAT16, dtype_name, parse_dtype
+from ._launch import LaunchConfig
+from ._layout import collapse, contiguous_strides
+
+SOURCE = "reduce"
+
+OP_SUM, OP_SUMSQ, OP_MAX, OP_MIN = 0, 1, 2, 3
+FINISH_NONE, FINISH_DIVIDE, FINISH_SQRT = 0, 1, 2
+
+F32, F64, F16 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)
+I32, I64, BOOL = np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.bool_)
+FLOATS = (F32, F64, F16, BFLOAT16)
+INTS = (I32, I64)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The tuning space of the full and row kernels (the lab's tuner sweeps it).
+
+    Full reduction: blocks of ``full_block`` threads, ``full_blocks_per_sm`` of them per SM at most,
+    ``full_unroll`` 16-byte loads in flight per thread. Two 512-thread blocks fill an SM's 2048 threads by
+    half, which keeps 2 * 512 * 4 * 16 = 64 KiB of loads in flight per SM, about twice the latency-bandwidth
+    product.
+
+    Rows: threads per row from (4, 32, 128, ``row_max_tpr``), the smallest that leaves each thread about
+    ``row_items`` 16-byte vectors; up to 32 threads per row share blocks of ``ROW_SMALL_BLOCK``, more get a
+    block of their own. ``row_unroll`` independent 16-byte loads in flight per thread. ``row_threads_per_sm``
+    caps the registers: ``__launch_bounds__(block, row_threads_per_sm / block)`` (1024: 64 registers).
+    ``row_waves``: grid cap in waves of those resident blocks, the blocks then looping over rows (None: a
+    block per row group).
+
+    The defaults are the H200 sweep's winners (bench/NOTES.md, "Reductions").
+    """
+
+    full_block: int = 512
+    full_blocks_per_sm: int = 2
+    full_unroll: int = 4
+    row_items: int = 8
+    row_max_tpr: int = 256
+    row_unroll: int = 4
+    row_threads_per_sm: int = 1024
+    row_waves: int | None = 32
+
+
+DEFAULT_KNOBS = Knobs()
+_KNOB_NAMES = frozenset(f.name for f in dataclasses.fields(Knobs))
+
+
+def make_knobs(d: dict) -> Knobs:
+    """Knobs from a stored dict; names Knobs does not have are ignored."""
+    return Knobs(**{k: v for k, v in d.items() if k in _KNOB_NAMES})
+
+
+FULL_BLOCK, FULL_BLOCKS_PER_SM, FULL_UNROLL = (
+    DEFAULT_KNOBS.full_block, DEFAULT_KNOBS.full_blocks_per_sm, DEFAULT_KNOBS.full_unroll)
+FULL_PARTIALS = 4096  # per-block partials the workspace holds (8 bytes each); plans use blocks_per_sm * SMs
+ROW_SMALL_BLOCK = 128
+ROW_INDEX32_LIMIT = 2**30  # rows shorter than this index within the row in 32 bits (fewer registers)
+COL_BLOCK = 256
+COL_ACC_BYTES = 32  # column packs: at most this many accumulator bytes a thread (VEC accumulators)
+COL_WAVES = 2  # target blocks for the column pass, in waves of resident blocks
+COL_MIN_ROWS = 64  # fewest rows a slice is given (fewer slices for short columns)
+STRIDED_BLOCK = 128
+STRIDED_WAVES = 8
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Ops and dtypes.
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    kernel_op: int
+    finalize: int
+    inputs: tuple  # accepted input dtypes
+
+    @property
+    def minmax(self) -> bool:
+        return self.kernel_op in (OP_MAX, OP_MIN)
+
+
+_ALL = FLOATS + INTS + (BOOL,)
+_NO_BOOL = FLOATS + INTS
+OPS = {
+    "sum": Op("sum", OP_SUM, FINISH_NONE, _ALL),
+    "mean": Op("mean", OP_SUM, FINISH_DIVIDE, _ALL),
+    "sum_of_squares": Op("sum_of_squares", OP_SUMSQ, FINISH_NONE, _NO_BOOL),
+    "norm": Op("norm", OP_SUMSQ, FINISH_SQRT, _NO_BOOL),
+    "amax": Op("amax", OP_MAX, FINISH_NONE, _NO_BOOL),
+    "amin": Op("amin", OP_MIN, FINISH_NONE, _NO_BOOL),
+}
+
+
+def acc_dtype(result_dtype) -> np.dtype:
+    """The accumulator for a result dtype (``acc_t`` in reduce.cu)."""
+    r = np.dtype(result_dtype)
+    if r == F64:
+        return F64
+    if r in INTS:
+        return I64
+    return F32
+
+
+def default_dtype(op: str, dtype) -> np.dtype:
+    """NumPy's result dtype when ``dtype=None``: integer sums widen to int64, integer means and norms are
+    float64, floats (half types included) keep their dtype."""
+    t = np.dtype(dtype)
+    if op in ("amax", "amin"):
+        return t
+    if t in FLOATS:
+        return t
+    return I64 if op in ("sum", "sum_of_squares") else F64
+
+
+def kernel_dtypes(op: str, dtype) -> tuple:
+    """The result dtypes the kernels produce directly for ``op`` on ``dtype`` (``dtype=`` may pick any)."""
+    t = np.dtype(dtype)
+    if op in ("amax", "amin"):
+        return (t,)
+    floats = tuple(dict.fromkeys((t, F32, F64))) if t in FLOATS else (F32, F64)
+    if op in ("mean", "norm"):
+        return floats
+    return floats if t in FLOATS else (I32, I64, F32, F64)
+
+
+def result_dtype(op: str, dtype, requested=None) -> np.dtype:
+    """The result dtype of ``op`` on ``dtype`` with ``dtype=requested``; TypeError for one it cannot give."""
+    t = np.dtype(dtype)
+    if requested is None:
+        return default_dtype(op, t)
+    r = parse_dtype(requested)
+    if op in ("amax", "amin"):
+        if r not in _NO_BOOL:
+            raise TypeError(f"dtype={dtype_name(r)} is not supported; use one of {_names(_NO_BOOL)}")
+        return r
+    allowed = kernel_dtypes(op, t)
+    if r not in allowed:
+        raise TypeError(
+            f"dtype={dtype_name(r)} is not supported for {op} of {dtype_name(t)}; use one of {_names(allowed)} "
+            f"(or convert the result with .astype)"
+        )
+    return r
+
+
+def _names(dtypes) -> str:
+    return ", ".join(dtype_name(d) for d in dtypes)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Layout analysis.
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a reduction maps onto the kernels.
+
+    ``kind``: one of the module notes' kinds. ``kept`` and ``red`` are the (size, stride-in-elements) levels
+    of the kept and the reduced dimensions, outermost first: collapsed, except for ``empty`` and ``fill``,
+    whose levels are the axes as they are (only their sizes matter).
+    """
+
+    kind: str
+    kept: tuple
+    red: tuple
+
+    @property
+    def outputs(self) -> int:
+        return math.prod(n for n, _ in self.kept)
+
+    @property
+    def count(self) -> int:
+        return math.prod(n for n, _ in self.red)
+
+
+def normalize_axis(axis, ndim: int) -> tuple:
+    """``axis`` (None, an int or a tuple of ints) as a sorted tuple of distinct non-negative axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    items = axis if isinstance(axis, tuple) else (axis,)
+    out = []
+    for a in items:
+        if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)):
+            raise TypeError(f"axis must be None, an int or a tuple of ints, got {axis!r}")
+        a = operator.index(a)
+        if not -ndim <= a < ndim:
+            raise np.exceptions.AxisError(f"axis {a} is out of bounds for an array of dimension {ndim}")
+        out.append(a % ndim if ndim else a)
+    if len(set(out)) != len(out):
+        raise ValueError(f"axis {axis!r} repeats an axis")
+    return tuple(sorted(out))
+
+
+def result_shape(shape, axes, keepdims: bool) -> tuple:
+    """The result's shape: ``shape`` without the reduced ``axes``, or with them as size 1 (``keepdims``)."""
+    if keepdims:
+        return tuple(1 if i in axes else n for i, n in enumerate(shape))
+    return tuple(n for i, n in enumerate(shape) if i not in axes)
+
+
+def _levels(shape, strides) -> tuple:
+    sizes, (sts,) = collapse(tuple(shape), [tuple(strides)])
+    return tuple(zip(sizes, sts))
+
+
+def classify(shape, strides, axes) -> Layout:
+    """Which kernel reduces ``axes`` of an array of ``shape`` with ``strides`` (in elements)."""
+    kept_axes = [i for i in range(len(shape)) if i not in axes]
+    if any(shape[i] == 0 for i in range(len(shape))):
+        # Checked before any collapsing: a zero-size dimension merges with anything, so levels would lie.
+        kept = tuple((shape[i], strides[i]) for i in kept_axes)
+        red = tuple((shape[i], strides[i]) for i in axes)
+        return Layout("empty" if math.prod(n for n, _ in kept) == 0 else "fill", kept, red)
+    kept = _levels([shape[i] for i in kept_axes], [strides[i] for i in kept_axes])
+    # Reduced dimensions may be visited in any order: largest stride first lets a transposed contiguous
+    # array collapse to one level.
+    red_axes = sorted(axes, key=lambda i: -abs(strides[i]))
+    red = _levels([shape[i] for i in red_axes], [strides[i] for i in red_axes])
+    if not red:
+        return Layout("none", kept, red)
+    if not kept:
+        return Layout("full" if len(red) == 1 else "copy", kept, red)
+    if len(kept) > 2 or len(red) > 2:
+        return Layout("copy", kept, red)
+    if len(red) == 1 and red[0][1] == 1:
+        return Layout("rows", kept, red)
+    if len(red) == 1 and kept[-1][1] == 1:
+        return Layout("cols", kept, red)
+    return Layout("strided", kept, red)
+
+
+def cols_geometry(layout: Layout) -> tuple:
+    """(outer, s_outer, rows, s_row, cols) of a "cols" layout: ``outer`` matrices ``s_outer`` apart, each
+    ``rows`` rows ``s_row`` apart of ``cols`` contiguous columns."""
+    (rows, s_row), = layout.red
+    outer, s_outer = layout.kept[0] if len(layout.kept) == 2 else (1, 0)
+    return outer, s_outer, rows, s_row, layout.kept[-1][0]
+
+
+def two_level(levels) -> tuple:
+    """(inner, s0, s1) addressing index i as (i // inner) * s0 + (i % inner) * s1 over one or two levels."""
+    if len(levels) == 1:
+        return levels[0][0], 0, levels[0][1]
+    (_, s0), (n1, s1) = levels
+    return n1, s0, s1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Launch plans.
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _OneLaunch:
+    """A plan launching ``grid`` blocks of ``block`` threads (fields of the dataclasses below)."""
+
+    @property
+    def config(self) -> LaunchConfig:
+        return LaunchConfig(grid=(self.grid,), block=(self.block,))
+
+
+@dataclass(frozen=True)
+class FullPlan(_OneLaunch):
+    block: int
+    grid: int
+    unroll: int
+
+
+def plan_full(n: int, itemsize: int, sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> FullPlan:
+    """Grid for ``reduce_full``: enough blocks that each thread has at least one unrolled iteration
+    (``knobs.full_unroll`` 16-byte vectors), at most ``knobs.full_blocks_per_sm`` per SM and no more than
+    the workspace has partials for. Depends only on ``n``, the item size, the SM count and the knobs, so
+    the combine order, and the result, never depend on timing."""
+    block, unroll = knobs.full_block, knobs.full_unroll
+    per_block = block * unroll * (16 // itemsize)
+    grid = max(1, min(_cdiv(n, per_block), knobs.full_blocks_per_sm * sm_count, FULL_PARTIALS))
+    return FullPlan(block, grid, unroll)
+
+
+@dataclass(frozen=True)
+class RowsPlan(_OneLaunch):
+    tpr: int
+    block: int
+    grid: int
+    unroll: int = 4
+    min_blocks: int = 8  # __launch_bounds__ minimum resident blocks per SM (the register cap)
+    index32: bool = True  # 32-bit indices within a row (rows shorter than ROW_INDEX32_LIMIT)
+
+
+def row_tprs(knobs: Knobs = DEFAULT_KNOBS) -> tuple:
+    """Threads per row the planner picks from."""
+    return tuple(sorted({t for t in (4, 32, 128) if t < knobs.row_max_tpr} | {knobs.row_max_tpr}))
+
+
+def row_block(tpr: int) -> int:
+    """Threads per block for rows of ``tpr`` threads: rows of up to 32 share ROW_SMALL_BLOCK, longer ones
+    get a block each."""
+    return ROW_SMALL_BLOCK if tpr <= 32 else tpr
+
+
+def _row_min_blocks(block: int, knobs: Knobs) -> int:
+    return max(1, min(2048 // block, knobs.row_threads_per_sm // block))
+
+
+def plan_rows(length: int, rows: int, itemsize: int, sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> RowsPlan:
+    """Threads per row: the smallest of :func:`row_tprs` that leaves each thread about ``knobs.row_items``
+    16-byte vectors (so several loads are in flight). The grid covers the rows, capped at
+    ``knobs.row_waves`` waves of resident blocks (``min_blocks`` per SM, guaranteed by the register cap).
+    ``tpr`` depends only on the row length: a row's result does not depend on the batch."""
+    nvec = _cdiv(length, 16 // itemsize)
+    tprs = row_tprs(knobs)
+    tpr = next((t for t in tprs if t * knobs.row_items >= nvec), tprs[-1])
+    block = row_block(tpr)
+    min_blocks = _row_min_blocks(block, knobs)
+    per_block = block // tpr
+    grid = _cdiv(rows, per_block)
+    if knobs.row_waves is not None:
+        grid = min(grid, knobs.row_waves * sm_count * min_blocks)
+    # RowCursor splits row indices below 2^31 with 32-bit division.
+    grid = max(1, min(grid, (2**31 - 1) // per_block))
+    return RowsPlan(tpr, block, grid, knobs.row_unroll, min_blocks, length < ROW_INDEX32_LIMIT)
+
+
+@dataclass(frozen=True)
+class ColsPlan:
+    vec: int  # adjacent columns a thread owns
+    vector: bool  # one aligned pack load per row (else vec scalar loads)
+    cw: int  # column lanes per block (the other BLOCK / cw lanes split the rows)
+    slices: int
+    rows_per_slice: int
+    strips: int
+    outer: int
+
+    block: int = COL_BLOCK
+
+    @property
+    def grid(self) -> int:
+        return self.strips * self.slices * self.outer
+
+    @property
+    def config(self) -> LaunchConfig:
+        return LaunchConfig(grid=(self.grid,), block=(self.block,))
+
+
+def col_vector_width(itemsize: int, acc_itemsize: int) -> int:
+    """Columns a thread owns: a 16-byte pack, but at most COL_ACC_BYTES of accumulators."""
+    return min(16 // itemsize, COL_ACC_BYTES // acc_itemsize)
+
+
+def plan_cols(outer: int, rows: int, cols: int, vec: int, vector: bool, sm_count: int = 132, *,
+              slices: int | None = None) -> ColsPlan:
+    """Column lanes: 256 (a block spans 256 * vec columns) when the columns fill that, else 32 with 8 row
+    lanes. Slices: enough row slices that the grid makes ``COL_WAVES`` waves of resident blocks, each slice
+    at least ``COL_MIN_ROWS`` rows. ``slices`` forces a count (1 for the second pass over the partials,
+    which is short, so it takes 32 column lanes: 8x the blocks of 256)."""
+    cw = COL_BLOCK if cols >= COL_BLOCK * vec and slices is None else 32
+    strips = _cdiv(cols, cw * vec)
+    if slices is None:
+        target = COL_WAVES * sm_count * (2048 // COL_BLOCK)
+        slices = max(1, min(_cdiv(target, strips * outer), rows // COL_MIN_ROWS))
+    rows_per_slice = _cdiv(rows, slices) if rows else 1
+    slices = max(1, _cdiv(rows, rows_per_slice))
+    if strips * slices * outer >= 2**31:
+        raise ValueError(f"column reduction of {outer} x {rows} x {cols} needs too many blocks")
+    return ColsPlan(vec, vector, cw, slices, rows_per_slice, strips, outer)
+
+
+@dataclass(frozen=True)
+class StridedPlan(_OneLaunch):
+    block: int
+    grid: int
+
+
+def plan_strided(outputs: int, sm_count: int = 132) -> StridedPlan:
+    warps = STRIDED_BLOCK // 32
+    resident = sm_count * (2048 // STRIDED_BLOCK)
+    return StridedPlan(STRIDED_BLOCK, max(1, min(_cdiv(outputs, warps), STRIDED_WAVES * resident)))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Instantiations, generated from the same tables the dispatcher uses.
+
+
+def _full_inst(t, o, op: int, p: FullPlan) -> Instantiation:
+    return Instantiation(SOURCE, "reduce_full", (t, o, op, p.block, p.unroll))
+
+
+def _rows_inst(t, o, op: int, p: RowsPlan) -> Instantiation:
+    index = I32 if p.index32 else I64
+    return Instantiation(SOURCE, "reduce_rows", (t, o, op, p.block, p.unroll, p.min_blocks, index))
+
+
+def _row_plans(knobs: Knobs = DEFAULT_KNOBS) -> list:
+    """A rows plan for each threads-per-row choice and index width (the instantiation depends on the block
+    and the index width only)."""
+    out = []
+    for tpr in row_tprs(knobs):
+        block = row_block(tpr)
+        for index32 in (True, False):
+            out.append(RowsPlan(tpr, block, 1, knobs.row_unroll, _row_min_blocks(block, knobs), index32))
+    return out
+
+
+def _cols_inst(t, p_dtype, op: int, vec: int) -> Instantiation:
+    return Instantiation(SOURCE, "reduce_cols", (t, p_dtype, op, vec, COL_BLOCK))
+
+
+def _strided_inst(t, o, op: int) -> Instantiation:
+    return Instantiation(SOURCE, "reduce_strided", (t, o, op, STRIDED_BLOCK))
+
+
+def _combine_op(op: int) -> int:
+    return OP_SUM if op == OP_SUMSQ else op
+
+
+def kernel_combos() -> list:
+    """Every (input dtype, kernel result dtype, kernel op) the public ops can ask for."""
+    out = set()
+    for name, op in OPS.items():
+        for t in op.inputs:
+            for o in kernel_dtypes(name, t):
+                out.add((t, o, op.kernel_op))
+    return sorted(out, key=lambda c: (c[2], dtype_name(c[0]), dtype_name(c[1])))
+
+
+def instantiations() -> list:
+    """Every production instantiation the dispatcher can launch: for each combo, the full, rows and strided
+    kernels, and the column kernel writing results (one pass), writing partials (first of two passes) and
+    reading partials (second pass)."""
+    out = set()
+    for t, o, op in kernel_combos():
+        a = acc_dtype(o)
+        out.add(_full_inst(t, o, op, plan_full(1, t.itemsize)))
+        for rp in _row_plans():
+            out.add(_rows_inst(t, o, op, rp))
+        out.add(_strided_inst(t, o, op))
+        vec = col_vector_width(t.itemsize, a.itemsize)
+        out.add(_cols_inst(t, o, op, vec))
+        out.add(_cols_inst(t, a, op, vec))
+        out.add(_cols_inst(a, o, _combine_op(op), col_vector_width(a.itemsize, a.itemsize)))
+    return sorted(out, key=lambda i: (i.name, i.expression))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The whole plan of one reduction.
+
+
+def _cols_aligned(ptr: int, vec: int, itemsize: int, strides) -> bool:
+    """Whether the base address and the row and matrix strides keep every column pack aligned."""
+    return ptr % (vec * itemsize) == 0 and all(s % vec == 0 for s in strides)
+
+
+KERNEL_KINDS = ("full", "rows", "cols", "strided")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every launch one reduction makes: ``copy`` (the input is first copied to contiguous, reduced axes
+    last; ``layout`` then describes the copy), then the kernel for ``layout.kind`` with its plan; ``cols2``
+    is the second column pass over the per-slice partials (None when the rows were not split), which need
+    ``partials`` bytes of the stream's workspace."""
+
+    layout: Layout
+    copy: bool
+    kernel: object  # FullPlan, RowsPlan, ColsPlan, StridedPlan; None for "empty", "fill" and "none"
+    cols2: ColsPlan | None = None
+    partials: int = 0
+
+
+def plan(shape, dtype, axis=None, *, strides=None, ptr: int = 0, op: str = "sum", out_dtype=None,
+         sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> Plan:
+    """The launches for reducing ``axis`` of an array of ``shape`` and ``dtype`` with ``strides`` (in
+    elements; default contiguous) at address ``ptr`` (only its alignment matters), for ``op`` producing
+    ``out_dtype`` (default: ``op``'s NumPy result dtype). Depends on nothing else."""
+    shape = tuple(shape)
+    t = np.dtype(dtype)
+    o = np.dtype(out_dtype) if out_dtype is not None else default_dtype(op, t)
+    strides = contiguous_strides(shape) if strides is None else tuple(strides)
+    axes = normalize_axis(axis, len(shape))
+    layout = classify(shape, strides, axes)
+    copy = layout.kind == "copy"
+    if copy:
+        # Kept axes first, reduced last, contiguous: one kept and one reduced level, so "rows" or "full".
+        order = [i for i in range(len(shape)) if i not in axes] + list(axes)
+        moved = tuple(shape[i] for i in order)
+        layout = classify(moved, contiguous_strides(moved), tuple(range(len(shape) - len(axes), len(shape))))
+        ptr = 0
+    kind = layout.kind
+    if kind not in KERNEL_KINDS:
+        return Plan(layout, copy, None)
+    if kind == "full":
+        return Plan(layout, copy, plan_full(layout.count, t.itemsize, sm_count, knobs))
+    if kind == "rows":
+        return Plan(layout, copy, plan_rows(layout.count, layout.outputs, t.itemsize, sm_count, knobs))
+    if kind == "strided":
+        return Plan(layout, copy, plan_strided(layout.outputs, sm_count))
+    outer, s_outer, rows, s_row, cols = cols_geometry(layout)
+    a = acc_dtype(o)
+    vec = col_vector_width(t.itemsize, a.itemsize)
+    first = plan_cols(outer, rows, cols, vec, _cols_aligned(ptr, vec, t.itemsize, (s_row, s_outer)), sm_count)
+    if first.slices == 1:
+        return Plan(layout, copy, first)
+    vec2 = col_vector_width(a.itemsize, a.itemsize)
+    second = plan_cols(outer, first.slices, cols, vec2, _cols_aligned(0, vec2, a.itemsize, (cols,)), sm_count,
+                       slices=1)
+    return Plan(layout, copy, first, second, outer * first.slices * cols * a.itemsize)
+
+
+def plan_instantiations(pl: Plan, t, o, op: int) -> list:
+    """The kernels plan ``pl`` launches, in order, for input dtype ``t``, kernel result dtype ``o`` and
+    kernel op ``op``."""
+    t, o = np.dtype(t), np.dtype(o)
+    p, kind = pl.kernel, pl.layout.kind
+    if kind == "full":
+        return [_full_inst(t, o, op, p)]
+    if kind == "rows":
+        return [_rows_inst(t, o, op, p)]
+    if kind == "strided":
+        return [_strided_inst(t, o, op)]
+    if kind == "cols":
+        if pl.cols2 is None:
+            return [_cols_inst(t, o, op, p.vec)]
+        a = acc_dtype(o)
+        return [_cols_inst(t, a, op, p.vec), _cols_inst(a, o, _combine_op(op), pl.cols2.vec)]
+    return []
+
+
+def temporary(pl: Plan, *, aligned: bool, converts: bool, out_direct: bool | None) -> str | None:
+    """Why a call with plan ``pl`` would go through a temporary array (a copy of x, or a result written
+    before it is converted or copied into ``out``), with the way around it; None when it writes its result
+    straight into its destination. A CUDA-graph capture must not record such a call: the temporary returns
+    to the memory pool when the call ends while the graph keeps writing it.
+
+    ``aligned``: x's address is a multiple of its item size. ``converts``: amax or amin converting to another
+    dtype (``dtype=``). ``out_direct``: None without ``out``, else whether ``out`` is C-contiguous and
+    aligned to its item size. Zero-size and size-1 reductions write any destination elementwise."""
+    kind = pl.layout.kind
+    if kind in ("empty", "fill"):
+        return None
+    if not aligned:
+        return "x's address is not a multiple of its item size, so x is copied first; pass an aligned x"
+    if kind == "none":
+        return None
+    if pl.copy:
+        return ("x's layout is first copied to contiguous, kept axes then reduced ones; make that copy before the "
+                "capture (cupy.ascontiguousarray(x.transpose(...))) and reduce its last axes")
+    if converts:
+        return ("the result is converted from x's dtype afterwards; leave dtype=None, pass an out of x's dtype "
+                "and convert outside the graph")
+    if out_direct is False:
+        return "out is not C-contiguous (or not aligned to its item size); pass a C-contiguous out"
+    return None
+
+
+def bytes_moved(shape, dtype, axis=None, *, op: str = "sum", keepdims: bool = False) -> int:
+    """Bytes the reduction must move: x read once, the result written once (in ``op``'s default dtype)."""
+    shape = tuple(shape)
+    axes = normalize_axis(axis, len(shape))
+    out = math.prod(result_shape(shape, axes, keepdims))
+    return math.prod(shape) * np.dtype(dtype).itemsize + out * default_dtype(op, dtype).itemsize

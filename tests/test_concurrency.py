@@ -1,0 +1,180 @@
+"""Many host threads and a long mixed soak (issue 12).
+
+* Eight threads, each on its own non-blocking stream, call every public op at the same moment, on shapes
+  and dtypes no other test uses, so their first calls compile and plan concurrently; every result must be
+  bit-identical to the same calls made afterwards from one thread.
+* 100,000 mixed calls on small shapes: the memory pool's bytes in use are the same after the soak as after
+  a warm-up round (nothing is kept per call).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import cukern
+from cukern._dtypes import BFLOAT16
+
+F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
+I32, I64 = np.dtype(np.int32), np.dtype(np.int64)
+
+THREADS = 8
+ROUNDS = 3
+JOIN_S = 600
+
+
+def _inputs(rng) -> dict:
+    """Host inputs of the threaded workload (uncommon sizes and dtype pairs, so the kernels and plans they
+    need are first made inside the threads)."""
+    def normal(shape, dtype):
+        return rng.standard_normal(shape).astype(dtype)
+
+    return {
+        "x16": normal((9, 1531), F16), "w32": normal(1531, F32),
+        "xb": normal((5, 2050), BFLOAT16), "rb": normal((5, 2050), BFLOAT16),
+        "q": normal((11, 6, 80), F16), "k": normal((11, 2, 80), F16),
+        "pos": rng.integers(0, 61, 11).astype(I32),
+        "i32": rng.integers(-100, 101, (37, 1029)).astype(I32),
+        "h": normal((13, 4999), F16),
+        "i64": rng.integers(-100, 101, 100003).astype(I64),
+        "b16": normal((7, 3, 257), BFLOAT16),
+        "f64": normal((301, 17), F64),
+        "f32": normal(70001, F32),
+        "bool": rng.random(1000) < 0.3,
+    }
+
+
+def _workload(a: dict) -> list:
+    """Every public op once on the device arrays ``a`` (which it updates in place where the ops do): the
+    results and the in-place arrays, in a fixed order."""
+    cache = cukern.rope_cache(61, 48, 500000.0, scaling={"type": "linear", "factor": 2.0}, dtype=F16)
+    out = [
+        cukern.rms_norm(a["x16"], a["w32"], 1e-5, offset=1.0),
+        cukern.fused_add_rms_norm(a["xb"], a["rb"], out=a["xb"]),
+        cache,
+        cukern.sum(a["i32"], axis=0),
+        cukern.mean(a["h"], axis=1),
+        cukern.sum_of_squares(a["i64"]),
+        cukern.norm(a["b16"], axis=(0, 2)),
+        cukern.amax(a["f64"], axis=0),
+        cukern.amin(a["f32"][::-1]),
+        cukern.sum(a["bool"]),
+        cukern.mean(a["f64"][::3], axis=-1, keepdims=True, dtype=F32),
+    ]
+    cukern.rotary_embedding(a["pos"], a["q"], a["k"], cache, is_neox=False, rotary_dim=48)
+    return out + [a["xb"], a["rb"], a["q"], a["k"]]
+
+
+def _on_device(host: dict) -> dict:
+    import cupy
+
+    return {n: cupy.asarray(v) for n, v in host.items()}
+
+
+def _rounds(stream, host: dict) -> list:
+    """ROUNDS workloads on ``stream`` from a fresh copy of ``host``: every round's results as host bytes."""
+    import cupy
+
+    got = []
+    with stream:
+        a = _on_device(host)
+        for _ in range(ROUNDS):
+            results = _workload(a)
+            stream.synchronize()
+            got.append([cupy.asnumpy(r).tobytes() for r in results])
+    return got
+
+
+@pytest.mark.gpu
+def test_threads_on_their_own_streams_match_one_thread():
+    import cupy
+
+    host = _inputs(np.random.default_rng(12))
+    start = threading.Barrier(THREADS)
+    results: list = [None] * THREADS
+    errors: list = []
+
+    def worker(i):
+        try:
+            stream = cupy.cuda.Stream(non_blocking=True)
+            start.wait()
+            results[i] = _rounds(stream, host)
+        except BaseException as err:  # re-raised on the main thread
+            errors.append(err)
+            start.abort()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+    assert not any(t.is_alive() for t in threads), f"threads still running after {JOIN_S} s"
+    if errors:
+        raise errors[0]
+    want = _rounds(cupy.cuda.Stream.null, host)
+    for i, got in enumerate(results):
+        for r, (g, w) in enumerate(zip(got, want)):
+            differ = [k for k, (gb, wb) in enumerate(zip(g, w)) if gb != wb]
+            assert not differ, f"thread {i}, round {r}: results {differ} differ from the one-thread run"
+    cupy.cuda.Device().synchronize()
+
+
+def _soak_calls(rng) -> list:
+    """Small calls of every op, some writing in place, some allocating their result (dropped at once)."""
+    import cupy
+
+    def dev(shape, dtype):
+        return cupy.asarray(rng.standard_normal(shape).astype(dtype))
+
+    x, w = dev((4, 512), BFLOAT16), dev(512, BFLOAT16)
+    xo, r = dev((3, 100), F32), dev((3, 100), F32)
+    q, k = dev((2, 4, 64), BFLOAT16), dev((2, 1, 64), BFLOAT16)
+    cache = cukern.rope_cache(32, 64)
+    pos = cupy.asarray(np.array([3, 17], I64))
+    m = dev((33, 65), F32)
+    v = dev(4097, F16)
+    i = cupy.asarray(rng.integers(-9, 10, (6, 7)).astype(I32))
+    out = cupy.empty(33, F32)
+    return [
+        lambda: cukern.rms_norm(x, w),
+        lambda: cukern.rms_norm(x, w, out=x),
+        lambda: cukern.fused_add_rms_norm(xo, r, offset=1.0),
+        lambda: cukern.fused_add_rms_norm(xo, r, out=xo),
+        lambda: cukern.rotary_embedding(pos, q, k, cache, check_positions=False),
+        lambda: cukern.rotary_embedding(pos, q, None, cache, is_neox=False, rotary_dim=32),
+        lambda: cukern.rotary_embedding(pos, q, k, cache, inverse=True),
+        lambda: cukern.sum(m),
+        lambda: cukern.sum(m, axis=1, out=out),
+        lambda: cukern.mean(m, axis=0),
+        lambda: cukern.sum_of_squares(v),
+        lambda: cukern.norm(v, dtype=F32),
+        lambda: cukern.amax(m, axis=-1, keepdims=True),
+        lambda: cukern.amin(i, axis=(0, 1)),
+        lambda: cukern.sum(i, axis=0),
+        lambda: cukern.mean(m[::2, 1:], axis=1),
+    ]
+
+
+@pytest.mark.gpu
+def test_soak_keeps_memory_flat():
+    import cupy
+
+    calls = _soak_calls(np.random.default_rng(7))
+    pool = cupy.get_default_memory_pool()
+    for call in calls:  # warm-up: compile, plan, allocate per-stream workspaces
+        call()
+    cupy.cuda.Device().synchronize()
+    gc.collect()
+    used = pool.used_bytes()
+    start = time.perf_counter()
+    for n in range(100_000):
+        calls[n % len(calls)]()
+    cupy.cuda.Device().synchronize()
+    elapsed = time.perf_counter() - start
+    gc.collect()
+    print(f"100,000 calls in {elapsed:.1f} s")
+    assert pool.used_bytes() == used, f"{pool.used_bytes() - used} bytes more in use after the soak"

@@ -1,0 +1,133 @@
+"""The package's shape, read from the source with ``ast`` (no import runs): no import circle anywhere, the
+lab wing imported only by the package face and the CLI, and the op modules importing only downward.
+
+Every import counts, at module level or inside a function. ``from . import x`` is an edge to module ``x``
+when ``x`` is one, else to the package; relative imports are resolved against the importing module.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "cukern"
+
+LAB = "cukern.lab"
+LAB_IMPORTERS = {"cukern", "cukern.__main__", "cukern.cli"}  # the package face and the command line
+OPS = ("cukern.rmsnorm", "cukern.rotary", "cukern.reduce", "cukern.reduce_plan", "cukern.rope_cache")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict:
+    """Module name -> source path, for every module under cukern/."""
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(name: str, path: Path, known) -> list:
+    """``(imported module, line)`` for every import in the module, cukern's own modules only."""
+    is_package = path.name == "__init__.py"
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                drop = node.level - 1 if is_package else node.level
+                base = base[: len(base) - drop] if drop else base
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                out.append((sub if sub in known else target, node.lineno))
+    return [(m, line) for m, line in out if m in known]
+
+
+def graph() -> dict:
+    """Module -> {imported module: first line importing it}."""
+    mods = modules()
+    edges = {}
+    for name, path in mods.items():
+        edges[name] = {}
+        for target, line in imports(name, path, mods):
+            if target != name:
+                edges[name].setdefault(target, line)
+    return edges
+
+
+def where(edges, a, b) -> str:
+    return f"{a} -> {b} ({modules()[a].relative_to(ROOT)}:{edges[a][b]})"
+
+
+def find_cycle(edges) -> list | None:
+    """One import circle as a list of modules (first == last), or None."""
+    state = {}
+    stack = []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in sorted(edges[m]):
+            if state.get(n) == "open":
+                return stack[stack.index(n):] + [n]
+            if n not in state:
+                found = visit(n)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = "done"
+        return None
+
+    for m in sorted(edges):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_the_graph_sees_every_module_and_resolves_relative_imports():
+    edges = graph()
+    assert {"cukern", "cukern.lab", "cukern.lab.bench", "cukern.rmsnorm", "cukern._tuned"} <= set(edges)
+    assert "cukern.rmsnorm" in edges["cukern.lab.rmsnorm"]  # from .. import rmsnorm
+    assert "cukern.lab.bench" in edges["cukern.lab.rmsnorm"]  # from . import bench
+    assert "cukern._tuned" in edges["cukern.rmsnorm"]
+    assert "cukern.lab.rmsnorm" in edges["cukern.lab"]  # an __init__'s "from . import" is its own package's
+
+
+def test_find_cycle_names_the_circle():
+    assert find_cycle({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b": 1}, "b": {}, "c": {"a": 1, "b": 1}}) is None
+
+
+def test_no_import_circle():
+    edges = graph()
+    cycle = find_cycle(edges)
+    assert cycle is None, "import circle: " + "; ".join(where(edges, a, b) for a, b in zip(cycle, cycle[1:]))
+
+
+def test_only_the_package_face_and_the_cli_import_the_lab():
+    edges = graph()
+    bad = [where(edges, a, b) for a in edges for b in edges[a]
+           if (b == LAB or b.startswith(LAB + ".")) and not (a == LAB or a.startswith(LAB + "."))
+           and a not in LAB_IMPORTERS]
+    assert not bad, "only cukern/__init__.py, __main__.py and cli.py may import cukern.lab: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_op_modules_import_only_downward(op):
+    edges = graph()
+    assert op in edges, f"{op} is gone: update OPS"
+    allowed = set(OPS) | {m for m in edges if m.count(".") == 1 and m.startswith("cukern._")
+                          and not m.startswith("cukern.__")}
+    bad = [where(edges, op, b) for b in edges[op] if b not in allowed]
+    assert not bad, ("an op module imports only cukern's underscore modules and the other op modules (no timing, "
+                     "lab, cli or dask): " + "; ".join(bad))
