@@ -79,6 +79,10 @@ def peers(case):
             out.append(("torch", fused))
     elif case.op.startswith("rotary_embedding"):
         out += _torch_rope(torch, case, dt)
+    elif case.op.startswith("sum"):
+        x = torch.randn(case.shape, device="cuda", dtype=dt)
+        axis = dict(case.params).get("axis")
+        out.append(("torch", (lambda: torch.sum(x)) if axis is None else (lambda: torch.sum(x, dim=axis))))
     return out
 
 

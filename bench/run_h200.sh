@@ -2,7 +2,8 @@
 # The GPU job: the GPU test suite, then compute-sanitizer over bench/sanitize.py, then the benchmark, writing
 # bench/results/h200.json, the two plots, the rms_norm card and bench/results/sanitizer_h200.json (and
 # copies of the results and logs.tar.gz under $OUT when the device tool runs it).
-# Usage: bench/run_h200.sh [all|tests|sanitize|bench] [pytest args...]   (default all; the parts fit one
+# Usage: bench/run_h200.sh [all|PART[,PART...]] [pytest args...], PART one of tests, sanitize, bench
+# (default all; e.g. tests,bench for the suite and the benchmark in one call; the parts fit one
 # device call each when a call's time limit is too short for all; SANITIZE_TOOLS="memcheck racecheck"
 # runs a subset of the four tools)
 set -u -o pipefail
@@ -19,13 +20,14 @@ part=${1:-all}
 [ $# -gt 0 ] && shift
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$logs/gpu.txt"
 tests=0 bench=0
-if [ "$part" = all ] || [ "$part" = tests ]; then
+want() { [ "$part" = all ] || [[ ",$part," == *",$1,"* ]]; }
+if want tests; then
   if [ $# -gt 0 ]; then paths=("$@"); else paths=(tests bench); fi
   python3 -m pytest -m gpu -q -p no:cacheprovider --durations=15 "${paths[@]}" 2>&1 | tee "$logs/gpu_tests.log"
   tests=$?
 fi
 sanitize=0
-if [ "$part" = all ] || [ "$part" = sanitize ]; then
+if want sanitize; then
   # One tool per run, each log in $logs/sanitize_<tool>.log. A finding, a Python error in the script or a
   # missing compute-sanitizer all count as errors: the job fails rather than claim a check it did not make.
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -55,7 +57,7 @@ with open(path, "w") as f:
     f.write("\n")' bench/results/sanitizer_h200.json "${outcomes[@]}" || sanitize=1
   cp bench/results/sanitizer_h200.json "$out/" 2>/dev/null
 fi
-if [ "$part" = all ] || [ "$part" = bench ]; then
+if want bench; then
   r=bench/results
   python3 -m cukern bench --json $r/h200.json --plot $r/bandwidth_h200.png 2>&1 | tee "$logs/bench.log"
   bench=$?

@@ -1,31 +1,60 @@
 // The production reductions behind cukern.sum / amax / amin / mean / sum_of_squares / norm. The teaching
 // ladder (ten rungs from the textbook first try to reduce_full) is cuda_src/reduce_ladder.cu.
 //
+// One tree per reduced length (issue 13). Each output reduces n values v_i = lift(x_i), i the C-order index
+// over the reduced axes of x as the caller sees them (strides, alignment and memory order play no part):
+//   * leaves of LEAF = 256 consecutive indices; in leaf k, chain c (c < 32) adds v_{256k + c + 32m},
+//     m = 0..7, one after another into the identity (0 for sums, -inf / +inf for max / min);
+//   * the chain values, in order of 32k + c, are the leaves of a perfect binary tree with neighbours
+//     paired first ((p0 + p1) + (p2 + p3)) + ..., their count padded to a power of two with the identity.
+// Every kernel below is a different split of that one tree over threads, warps, blocks and launches, so
+// the bits of a result depend on the values, n, the dtypes and the op only: not on the number of outputs,
+// the grid, the block, the tuning knobs, the SM count, the stream or the GPU. Sums add with __fadd_rn /
+// __dadd_rn and square with __fmul_rn / __dmul_rn (never contracted into an FMA, so every architecture
+// rounds the same); max and min are commutative bit for bit (+0 beats -0 in max, -0 in min; a NaN gives
+// a NaN). Integer sums are exact and wrap as int64, so their order is immaterial. cukern/reference.py
+// (`*_emulated`) evaluates the same tree in NumPy with no launch parameter at all.
+//
 // The six questions (cukern/reduce_plan.py keeps the launch math as pure plans):
-// 1. Output tile: reduce_full: the whole array, one value, from a fixed grid (a few blocks per SM);
-//    reduce_rows: one row per group of tpr threads (a sub-warp group, or the whole block for long rows);
-//    reduce_cols: a strip of cw * VEC adjacent columns by a slice of rows per block; reduce_strided: one
-//    output per warp, for layouts neither rows nor columns fit.
-// 2. Input traffic: every element read once. Contiguous spans (full, rows) are read as a scalar head up to
-//    the first 16-byte boundary, then 16-byte vectors, then a scalar tail, so misaligned views (x[1:]) keep
-//    vector loads. Columns: each thread owns VEC adjacent columns and walks down the rows, so a warp reads
-//    32 * 16 contiguous bytes per row: coalesced with no transpose.
+// 1. Output tile: reduce_full: the whole array, one value: each warp takes an aligned span of chunks (a
+//    chunk is the 32 lanes' share of 16 / sizeof(T) leaves at most), the block combines its warps, the
+//    last block to finish combines the blocks; reduce_rows: one row per group of tpr threads (a sub-warp
+//    group for rows of one chunk, else tpr / 32 warps, each with its span of chunks); reduce_cols: a strip
+//    of columns by a span of leaves per block, 32 / Q row lanes each owning Q chains, and reduce_cols_fold
+//    for the spans' partials when a column has more than one span; reduce_strided: one output per warp,
+//    one chain per lane.
+// 2. Input traffic: every element read once. Contiguous spans whose start is 16-byte aligned are read as
+//    16-byte vectors (each lane's vector holds its next CV chains); any other start or stride reads the
+//    same elements one by one into the same chains. Columns: each thread owns VEC adjacent columns, so a
+//    warp reads a contiguous run of every row it visits: coalesced with no transpose.
 // 3. Accumulation: in acc_t<O>: float for float32/float16/bfloat16 results, double for float64, long long
-//    for integer results. Each thread combines its elements in a fixed order (UNROLL independent
-//    accumulators, combined in order), then the warp and block reductions of common/reduce.cuh (a shuffle
-//    butterfly, then the warp values in warp order). The final combine of per-block partials (full: last
-//    block done; columns: a second tiny pass) reads them in index order. No float atomics anywhere: results
-//    are bit-identical run to run for a given input, its alignment and the plan, and the plan depends only
-//    on sizes, dtypes and the SM count.
-// 4. Staging: registers; shared memory only for the block-level combine (and the column kernel's
-//    cross-row-lane combine).
-// 5. Tuning: block sizes, blocks per SM, tpr and slices come from cukern/reduce_plan.py `plan_*`.
+//    for integer results, along the tree above: chains sequentially, then pairs through the lanes' own
+//    values, shuffles, shared memory (tree_push / tree_result for spans) and the last block. No float
+//    atomics anywhere.
+// 4. Staging: registers; shared memory for the warps' span stacks, the block-level combine and the column
+//    kernel's cross-row-lane combine.
+// 5. Tuning: block size, blocks per SM, loads in flight, threads per row, grid caps: all splits of the one
+//    tree, so any of them gives the same bits (cukern/reduce_plan.py `Knobs`).
 // 6. Profile: one add per element against sizeof(T) bytes: memory-bound; the target is the copy bandwidth.
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
 
 namespace cukern {
+
+// The tree (cukern/reduce_plan.py TREE_CHAINS and TREE_CHAIN_LENGTH must say the same).
+constexpr int CHAINS = 32;
+constexpr int CHAIN_LENGTH = 8;
+constexpr int LEAF = CHAINS * CHAIN_LENGTH;
+// Levels of a span stack: spans of up to 2^39 chunks, more than any array a GPU holds.
+constexpr int STACK_DEPTH = 40;
+// Partials the last block of reduce_full combines per thread (the planner keeps the grid within it).
+constexpr int FULL_FOLD = 8;
+constexpr int COL_BLOCK = 256;
+constexpr int COL_LOADS = 4;  // rows in flight per column thread
+constexpr int COL_STACK_DEPTH = 20;
+constexpr int FOLD_BLOCK = 128;
+constexpr int FOLD_DEPTH = 8;  // up to 128 column spans
 
 // ---------------------------------------------------------------------------------------------------------
 // Element types, accumulators and the four reduction operators.
@@ -68,19 +97,50 @@ template <> struct Limits<long long> {
   __device__ __forceinline__ static long long highest() { return 0x7fffffffffffffffll; }
 };
 
-// NaN-aware max and min (a != a only for NaN): a NaN anywhere wins, as in NumPy. Both operands are treated
-// alike, so combining in any fixed order gives the same NaN-or-not answer.
+// Correctly rounded and never fused: the default -fmad=true would otherwise turn a square and an add into
+// one FMA on some paths and not on others.
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ long long add_rn(long long a, long long b) { return a + b; }
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ long long mul_rn(long long a, long long b) { return a * b; }
+
+template <typename A> __device__ __forceinline__ bool is_negative_zero(A) { return false; }
+__device__ __forceinline__ bool is_negative_zero(float a) { return __float_as_uint(a) == 0x80000000u; }
+__device__ __forceinline__ bool is_negative_zero(double a) {
+  return __double_as_longlong(a) == static_cast<long long>(0x8000000000000000ull);
+}
+
+struct SumRn {
+  template <typename A> __device__ __forceinline__ static A identity() { return A(0); }
+  template <typename A> __device__ __forceinline__ static A apply(A a, A b) { return add_rn(a, b); }
+};
+
+// Max and min as NumPy propagates NaN (a NaN anywhere gives a NaN), commutative bit for bit as the
+// shuffle trees need: a NaN operand gives the sum (a NaN), and of two equal values max keeps +0 over -0
+// and min -0 over +0.
 struct Max {
   template <typename A> __device__ __forceinline__ static A identity() { return Limits<A>::lowest(); }
-  template <typename A> __device__ __forceinline__ static A apply(A a, A b) { return (a != a || a > b) ? a : b; }
+  template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
+    if (a != a || b != b) return add_rn(a, b);
+    if (a > b) return a;
+    if (b > a) return b;
+    return is_negative_zero(a) ? b : a;
+  }
 };
 struct Min {
   template <typename A> __device__ __forceinline__ static A identity() { return Limits<A>::highest(); }
-  template <typename A> __device__ __forceinline__ static A apply(A a, A b) { return (a != a || a < b) ? a : b; }
+  template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
+    if (a != a || b != b) return add_rn(a, b);
+    if (a < b) return a;
+    if (b < a) return b;
+    return is_negative_zero(a) ? a : b;
+  }
 };
 
 // The combine of each op: sums and sums of squares add (a square is lifted once, then added).
-template <int OP> struct CombineOf { using type = Sum; };
+template <int OP> struct CombineOf { using type = SumRn; };
 template <> struct CombineOf<OP_MAX> { using type = Max; };
 template <> struct CombineOf<OP_MIN> { using type = Min; };
 template <int OP> using combine_t = typename CombineOf<OP>::type;
@@ -90,72 +150,102 @@ template <int OP, typename A> __device__ __forceinline__ A combine(A a, A b) { r
 
 // What one element contributes (its square for OP_SUMSQ).
 template <int OP, typename A> __device__ __forceinline__ A lift(A v) {
-  if constexpr (OP == OP_SUMSQ) return v * v;
+  if constexpr (OP == OP_SUMSQ) return mul_rn(v, v);
   else return v;
 }
 
 // Partials are combined, not lifted again: a sum of squares combines its partial sums by adding them.
 template <int OP> __host__ __device__ constexpr int combine_op() { return OP == OP_SUMSQ ? OP_SUM : OP; }
 
-// The result from the accumulator: as it is, divided (mean) or square-rooted (norm). Max and min never
-// finish (so their kernels carry no double-precision sqrt slow path).
+// The result from the accumulator: as it is, divided (mean) or square-rooted (norm), both in double
+// (IEEE, correctly rounded), then rounded to O. Max and min never finish (so their kernels carry no
+// double-precision sqrt slow path).
 template <typename O, int OP, typename A> __device__ __forceinline__ O finish(A a, int finalize, double divisor) {
   if (OP == OP_MAX || OP == OP_MIN || finalize == FINISH_NONE) return Store<O>::from(a);
   const double d = static_cast<double>(a);
   return Store<O>::from(finalize == FINISH_DIVIDE ? d / divisor : sqrt(d));
 }
 
-// Shared by the kernels below and by the ladder (reduce_ladder.cu includes this file).
-
-// Elements before the first 16-byte boundary of x (all of them when x is not even element-aligned).
-template <typename T> __device__ __forceinline__ long long aligned_head(const T* x, long long n) {
-  const unsigned long long addr = reinterpret_cast<unsigned long long>(x);
-  if (addr % sizeof(T)) return n;
-  const long long head = static_cast<long long>(((16 - addr % 16) % 16) / sizeof(T));
-  return head < n ? head : n;
+// Elements a lane reads per chain step: its next CV chains, one 16-byte vector (8 bytes for bool).
+template <typename T> __host__ __device__ constexpr int lane_elements() {
+  return 16 / static_cast<int>(sizeof(T)) < 8 ? 16 / static_cast<int>(sizeof(T)) : 8;
 }
 
-// One thread's share of n contiguous elements: elements lane, lane + lanes, ... as a scalar head to the
-// first 16-byte boundary, then UNROLL independent 16-byte loads per iteration (all issued before any is
-// used, each with its own accumulator), then the leftover vectors and a scalar tail. Accumulators are
-// combined in index order, so the result depends only on (n, alignment, lane, lanes). I is the index type:
-// long long for any n, or int (fewer registers) when n + UNROLL * lanes * 16 stays below 2^31.
-template <typename T, typename A, int OP, int UNROLL, typename I = long long>
-__device__ __forceinline__ A thread_span(const T* x, I n, I lane, I lanes) {
-  constexpr int VEC = 16 / sizeof(T);
-  A acc[UNROLL];
+template <typename T> __device__ __forceinline__ bool aligned16(const T* p) {
+  return reinterpret_cast<unsigned long long>(p) % 16 == 0;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// One lane's chains of one chunk.
+
+// Adds chains e0 .. e0 + CV - 1 of the leaf e0 lies in (elements e0 + j + 32 m, m = 0..7, those below n)
+// into acc[j], in m order. Interior chains of a 16-byte aligned span (`vector`) take UNROLL 16-byte loads
+// at a time; any other chain reads its elements x[i * stride] one by one, below n only, into the same
+// order, so both give the same bits. I is the index type: int (fewer registers) when n + a chunk stays
+// below 2^31.
+template <typename T, typename A, int OP, int CV, int UNROLL, typename I>
+__device__ __forceinline__ void add_chains(A (&acc)[CV], const T* x, I n, I e0, I stride, bool vector) {
+  static_assert(CHAIN_LENGTH % UNROLL == 0, "UNROLL divides the chain length");
+  constexpr int C = combine_op<OP>();
+  if (vector && e0 + (CHAIN_LENGTH - 1) * CHAINS + CV <= n) {
 #pragma unroll
-  for (int k = 0; k < UNROLL; ++k) acc[k] = identity<OP, A>();
-  const I head = static_cast<I>(aligned_head(x, static_cast<long long>(n)));
-  const I nvec = (n - head) / VEC;
-  const T* body = x + head;
-  for (I i = lane; i < head; i += lanes) acc[0] = combine<OP>(acc[0], lift<OP>(to_acc<A>(x[i])));
-  I i = lane;
-  for (; i + (UNROLL - 1) * lanes < nvec; i += UNROLL * lanes) {
-    Pack<T, VEC> p[UNROLL];
+    for (int m0 = 0; m0 < CHAIN_LENGTH; m0 += UNROLL) {
+      Pack<T, CV> p[UNROLL];
 #pragma unroll
-    for (int k = 0; k < UNROLL; ++k) load(p[k], body + (i + k * lanes) * VEC);
+      for (int u = 0; u < UNROLL; ++u) load(p[u], x + e0 + (m0 + u) * CHAINS);
 #pragma unroll
-    for (int k = 0; k < UNROLL; ++k) {
+      for (int u = 0; u < UNROLL; ++u) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) acc[k] = combine<OP>(acc[k], lift<OP>(to_acc<A>(p[k].v[j])));
+        for (int j = 0; j < CV; ++j) acc[j] = combine<C>(acc[j], lift<OP>(to_acc<A>(p[u].v[j])));
+      }
+    }
+    return;
+  }
+  // A few steps' values in flight, at most 64 bytes of them.
+  constexpr int BY_SIZE = 64 / (CV * static_cast<int>(sizeof(A)));
+  constexpr int STEPS = BY_SIZE < 1 ? 1 : (BY_SIZE < UNROLL ? BY_SIZE : UNROLL);
+#pragma unroll
+  for (int m0 = 0; m0 < CHAIN_LENGTH; m0 += STEPS) {
+    A v[STEPS][CV];
+#pragma unroll
+    for (int u = 0; u < STEPS; ++u) {
+#pragma unroll
+      for (int j = 0; j < CV; ++j) {
+        const I i = e0 + (m0 + u) * CHAINS + j;
+        v[u][j] = i < n ? lift<OP>(to_acc<A>(x[i * stride])) : identity<C, A>();
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < STEPS; ++u) {
+#pragma unroll
+      for (int j = 0; j < CV; ++j) acc[j] = combine<C>(acc[j], v[u][j]);
     }
   }
-  for (; i < nvec; i += lanes) {
-    Pack<T, VEC> p;
-    load(p, body + i * VEC);
+}
+
+// The subtree of one chunk of a group of `group` lanes (a power of two, a multiple of CHAINS / CV): this
+// lane's chains start at element e0. Every lane of the warp must call it; every lane of the group gets
+// the chunk's value.
+template <typename T, typename A, int OP, int CV, int UNROLL, typename I>
+__device__ __forceinline__ A chunk_value(const T* x, I n, I e0, I stride, bool vector, int group) {
+  using Comb = combine_t<combine_op<OP>()>;
+  A acc[CV];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) acc[0] = combine<OP>(acc[0], lift<OP>(to_acc<A>(p.v[j])));
-  }
-  for (I t = head + nvec * VEC + lane; t < n; t += lanes) acc[0] = combine<OP>(acc[0], lift<OP>(to_acc<A>(x[t])));
-#pragma unroll
-  for (int k = 1; k < UNROLL; ++k) acc[0] = combine<OP>(acc[0], acc[k]);
-  return acc[0];
+  for (int j = 0; j < CV; ++j) acc[j] = Comb::template identity<A>();
+  add_chains<T, A, OP, CV, UNROLL, I>(acc, x, n, e0, stride, vector);
+  return group_tree_reduce<Comb>(tree_reduce<Comb>(acc), group);
+}
+
+// Where lane `lane` of a group starts in its group's chunk: chain (lane % (CHAINS / CV)) * CV of leaf
+// lane / (CHAINS / CV).
+template <int CV> __device__ __forceinline__ int lane_start(int lane) {
+  constexpr int kLanesPerLeaf = CHAINS / CV;
+  return (lane / kLanesPerLeaf) * LEAF + (lane % kLanesPerLeaf) * CV;
 }
 
 // Last block done: thread 0 publishes the block's partial v, fences, and bumps the counter; returns (in
 // every thread of the block) whether this block was the last to finish, in which case every partial is
-// visible to it. Callers then combine partials[0 .. gridDim.x) in index order and reset the counter.
+// visible to it. The caller then combines partials[0 .. gridDim.x) and resets the counter.
 template <typename A> __device__ __forceinline__ bool last_block_done(A* partials, unsigned* counter, A v) {
   __shared__ bool last;
   if (threadIdx.x == 0) {
@@ -168,44 +258,54 @@ template <typename A> __device__ __forceinline__ bool last_block_done(A* partial
   return last;
 }
 
-// This thread's share of the partials, in index order (threads stride by the block).
-template <int OP, typename A> __device__ __forceinline__ A thread_partials(const A* partials) {
-  A w = identity<OP, A>();
-  for (unsigned i = threadIdx.x; i < gridDim.x; i += blockDim.x) w = combine<OP>(w, __ldcg(partials + i));
-  return w;
-}
-
 // ---------------------------------------------------------------------------------------------------------
 // The kernels.
 
-// The same share of n elements `stride` apart (any stride but 1): scalar loads, one accumulator.
-template <typename T, typename A, int OP>
-__device__ __forceinline__ A thread_span_strided(const T* x, long long n, long long stride, long long lane,
-                                                 long long lanes) {
-  A acc = identity<OP, A>();
-  for (long long i = lane; i < n; i += lanes) acc = combine<OP>(acc, lift<OP>(to_acc<A>(x[i * stride])));
-  return acc;
-}
-
-// The whole-array reduction in one launch: every block reduces its grid-stride share, publishes a
-// partial, and the last block to finish combines the partials in index order and writes the result. The
-// counter is reset by that block, so the buffer needs zeroing only once, when it is allocated.
+// The whole-array reduction in one launch, element i at x[i * stride] (any stride, either sign). The
+// gridDim.x * BLOCK / 32 warps split the chunks into equal aligned spans (a power of two each, so every
+// span, every block's run of spans and the grid are subtrees of the one tree, whatever the grid); each
+// block combines its warps and publishes a partial, and the last block to finish combines the partials
+// (at most FULL_FOLD * BLOCK) and writes the result. The counter is reset by that block, so the buffer
+// needs zeroing only once, when it is allocated.
 template <typename T, typename O, int OP, int BLOCK, int UNROLL>
 __device__ __forceinline__ void full_reduce_body(O* out, acc_t<O>* partials, unsigned* counter, const T* x,
                                                  long long n, long long stride, int finalize, double divisor) {
   using A = acc_t<O>;
-  constexpr int C = combine_op<OP>();
-  __shared__ A scratch[2 * (BLOCK / 32)];
-  const long long lanes = static_cast<long long>(gridDim.x) * BLOCK;
-  const long long lane = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
-  A v = stride == 1 ? thread_span<T, A, OP, UNROLL>(x, n, lane, lanes)
-                    : thread_span_strided<T, A, OP>(x, n, stride, lane, lanes);
-  v = block_reduce<BLOCK, combine_t<C>>(v, scratch, 0);
+  constexpr int F = combine_op<OP>();
+  using Comb = combine_t<F>;
+  constexpr int CV = lane_elements<T>();
+  constexpr int kWarps = BLOCK / 32;
+  constexpr long long kChunk = 32LL * CV * CHAIN_LENGTH;
+  __shared__ A scratch[2 * kWarps];
+  __shared__ A stacks[kWarps][STACK_DEPTH];
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const long long chunks = (n + kChunk - 1) / kChunk;
+  const long long warps = static_cast<long long>(gridDim.x) * kWarps;
+  long long span = 1;
+  while (span * warps < chunks) span *= 2;
+  const long long first = (static_cast<long long>(blockIdx.x) * kWarps + warp) * span;
+  const long long left = chunks - first;
+  const long long count = left < 0 ? 0 : (left < span ? left : span);
+  const bool vector = stride == 1 && aligned16(x);
+  const long long start = lane_start<CV>(lane);
+  for (long long k = 0; k < count; ++k) {
+    const A c = chunk_value<T, A, OP, CV, UNROLL, long long>(x, n, (first + k) * kChunk + start, stride, vector, 32);
+    if (lane == 0) tree_push<Comb>(stacks[warp], c, k);  // every lane holds c; lane 0 owns the stack
+  }
+  const A mine[1] = {lane == 0 ? tree_result<Comb>(stacks[warp], count) : Comb::template identity<A>()};
+  const A v = block_tree_reduce<BLOCK, Comb>(mine, scratch, 0);
   if (!last_block_done(partials, counter, v)) return;
-  A w = thread_partials<C>(partials);
-  w = block_reduce<BLOCK, combine_t<C>>(w, scratch, 1);
+  A p[FULL_FOLD];
+#pragma unroll
+  for (int i = 0; i < FULL_FOLD; ++i) {
+    const unsigned at = threadIdx.x * FULL_FOLD + i;
+    p[i] = at < gridDim.x ? __ldcg(partials + at) : Comb::template identity<A>();
+  }
+  const A folded[1] = {tree_reduce<Comb>(p)};
+  const A w = block_tree_reduce<BLOCK, Comb>(folded, scratch, 1);
   if (threadIdx.x == 0) {
-    *out = finish<O, C>(w, finalize, divisor);
+    *out = finish<O, F>(w, finalize, divisor);
     *counter = 0;
   }
 }
@@ -238,155 +338,239 @@ struct RowCursor {
   }
 };
 
-// Rows of `length` contiguous elements; row i starts at (i / inner) * s0 + (i % inner) * s1. A group of
-// tpr threads owns a row: tpr <= 32 packs blockDim / tpr rows into a block, tpr == blockDim gives a row a
-// block (blockDim == MAX_BLOCK, a power of two). Out is contiguous, one value per row. Each row's
-// order depends only on its length, alignment, tpr and UNROLL (UNROLL independent 16-byte loads in flight
-// per thread). MIN_BLOCKS caps the registers (__launch_bounds__) so that MIN_BLOCKS blocks of MAX_BLOCK
-// threads stay resident per SM: the planner sizes the grid from it. I indexes within a row: int (fewer
-// registers) for rows shorter than 2^30 elements, long long otherwise. Half-type inputs with 8-byte
-// accumulators (eight doubles or int64 per 16-byte pack, UNROLL of them) get half that occupancy: at 64
-// registers they spill.
-template <typename T, typename O> __host__ __device__ constexpr int row_min_blocks(int min_blocks) {
+// Rows of `length` contiguous elements; row i starts at (i / inner) * s0 + (i % inner) * s1. tpr threads
+// own a row: tpr < 32 (a sub-warp group, blockDim / tpr rows to a block) only when one chunk of tpr lanes
+// covers the row; otherwise tpr / 32 warps (blockDim == tpr == MAX_BLOCK, a power of two), each with an
+// aligned span of the row's chunks, combined across warps in warp order. Out is contiguous, one value per
+// row. MIN_BLOCKS caps the registers (__launch_bounds__) so that MIN_BLOCKS blocks of MAX_BLOCK threads
+// stay resident per SM: the planner sizes the grid from it. I indexes within a row: int (fewer registers)
+// for rows shorter than 2^30 elements, long long otherwise. Half-type inputs with 8-byte accumulators
+// (eight doubles or int64 per 16-byte vector) get half that occupancy: at 64 registers they spill; so do
+// some 64-bit-index instantiations, whose rows are so long that a launch has few blocks: they go uncapped.
+template <typename T, typename O, typename I> __host__ __device__ constexpr int row_min_blocks(int min_blocks) {
+  if (sizeof(I) == 8) return 1;
   return sizeof(T) == 2 && sizeof(acc_t<O>) == 8 && min_blocks > 1 ? min_blocks / 2 : min_blocks;
 }
 
 template <typename T, typename O, int OP, int MAX_BLOCK, int UNROLL, int MIN_BLOCKS, typename I>
-__global__ void __launch_bounds__(MAX_BLOCK, row_min_blocks<T, O>(MIN_BLOCKS))
+__global__ void __launch_bounds__(MAX_BLOCK, row_min_blocks<T, O, I>(MIN_BLOCKS))
     reduce_rows(O* out, const T* x, long long rows, long long length, long long inner, long long s0, long long s1,
                 int tpr, int finalize, double divisor) {
   using A = acc_t<O>;
-  constexpr int C = combine_op<OP>();
+  constexpr int F = combine_op<OP>();
+  using Comb = combine_t<F>;
+  constexpr int CV = lane_elements<T>();
   __shared__ A scratch[2 * (MAX_BLOCK / 32)];
-  const int lane = static_cast<int>(threadIdx.x) % tpr;
+  __shared__ A stacks[MAX_BLOCK / 32][STACK_DEPTH];
+  const int group = tpr < 32 ? tpr : 32;
+  const int groups = tpr / group;
+  const int t = static_cast<int>(threadIdx.x) % tpr;
   const int slot = static_cast<int>(threadIdx.x) / tpr;
   const int per_block = static_cast<int>(blockDim.x) / tpr;
+  const I chunk = static_cast<I>(group) * CV * CHAIN_LENGTH;
+  const I chunks = (static_cast<I>(length) + chunk - 1) / chunk;
+  I span = 1;
+  while (span * groups < chunks) span *= 2;
+  const I first = static_cast<I>(t / group) * span;
+  const I left = chunks - first;
+  const I count = left < 0 ? 0 : (left < span ? left : span);
+  const I start = static_cast<I>(lane_start<CV>(t % group));
+  A* stack = stacks[threadIdx.x >> 5];
+  const bool lane0 = (threadIdx.x & 31) == 0;
   const long long step = static_cast<long long>(gridDim.x) * per_block;
-  const long long first = static_cast<long long>(blockIdx.x) * per_block;
-  RowCursor at(first + slot, step, inner);
+  const long long base0 = static_cast<long long>(blockIdx.x) * per_block;
+  RowCursor at(base0 + slot, step, inner);
   int parity = 0;
-  for (long long base = first; base < rows; base += step, at.advance()) {
+  for (long long base = base0; base < rows; base += step, at.advance()) {
     const long long row = base + slot;
-    A v = identity<C, A>();
-    if (row < rows) {
-      v = thread_span<T, A, OP, UNROLL, I>(x + at.q * s0 + at.r * s1, static_cast<I>(length), static_cast<I>(lane),
-                                           static_cast<I>(tpr));
+    // A group past the last row still takes part in the warp's shuffles, reading nothing.
+    const bool live = row < rows;
+    const T* p = live ? x + at.q * s0 + at.r * s1 : x;
+    const I n = live ? static_cast<I>(length) : 0;
+    const bool vector = aligned16(p);
+    A v = Comb::template identity<A>();
+    for (I k = 0; k < count; ++k) {
+      const A c = chunk_value<T, A, OP, CV, UNROLL, I>(p, n, (first + k) * chunk + start, 1, vector, group);
+      if (span == 1) {
+        v = c;
+      } else if (lane0) {  // every lane holds c; lane 0 owns its warp's stack and alone needs v
+        tree_push<Comb>(stack, c, static_cast<unsigned long long>(k));
+      }
     }
-    if (tpr > 32) {
-      v = block_reduce<MAX_BLOCK, combine_t<C>>(v, scratch, parity);
+    if (span > 1 && lane0) v = tree_result<Comb>(stack, static_cast<unsigned long long>(count));
+    if (groups > 1) {
+      const A mine[1] = {(threadIdx.x & 31) == 0 ? v : Comb::template identity<A>()};
+      v = block_tree_reduce<MAX_BLOCK, Comb>(mine, scratch, parity);
       parity ^= 1;
-    } else {
-      v = group_reduce<combine_t<C>>(v, tpr);
     }
-    if (lane == 0 && row < rows) out[row] = finish<O, C>(v, finalize, divisor);
+    if (t == 0 && live) out[row] = finish<O, F>(v, finalize, divisor);
   }
 }
 
-// Columns: for each of `outer` matrices at x + o * s_outer, reduce `rows` rows (s_row apart) of `cols`
-// contiguous columns. Block b owns a strip of cw * VEC columns and a slice of rows_per_slice rows;
-// thread (tx, ty) owns VEC adjacent columns and rows ty, ty + BLOCK / cw, ... of the slice, reading one
-// VEC-wide pack per row (16 bytes when VEC = 16 / sizeof(T)), UNROLL rows in flight, when `vector` says
-// every pack is aligned; otherwise VEC scalar loads per row. The BLOCK / cw row
-// lanes are combined in ty order through shared memory. Out is [outer, slices, cols]: partials of type
-// P = acc_t when slices > 1 (a second launch of this kernel over the slices finishes), the result when
-// slices == 1. __maxnreg__(64) (in place of __launch_bounds__, which cannot be combined with it): left
-// to itself ptxas holds some instantiations to 40 registers and spills; 64 x 256 threads still fits four
-// blocks, 64 KiB of loads in flight, per SM.
-template <typename T, typename P, int OP, int VEC, int BLOCK>
-__global__ void __maxnreg__(64)
+// Columns: for each of `outer` matrices at x + o * s_outer, reduce `rows` rows (s_row apart, either sign)
+// of `cols` contiguous columns. Block b owns a strip of COLS = CW * VEC columns and an aligned span of
+// `span` leaves (a power of two); thread (tx, ty) owns VEC adjacent columns and chains Q * ty .. Q * ty +
+// Q - 1 of every leaf, reading one VEC-wide pack per row (aligned packs, when `vector` says so) or VEC
+// scalars. Per leaf, each thread combines its Q chains, the R row lanes' values meet in shared memory and
+// combine across R lanes of one warp, and each column's leaf value joins that column's span stack. Out is
+// [outer, spans, cols]: the span's tree (P = acc_t, finalize = FINISH_NONE) for reduce_cols_fold to finish
+// when spans > 1, the result when spans == 1.
+template <typename T, typename P, int OP, int VEC, int Q>
+__global__ void __launch_bounds__(COL_BLOCK)
     reduce_cols(P* out, const T* x, long long outer, long long rows, long long cols, long long s_outer,
-                long long s_row, long long rows_per_slice, int slices, int strips, int cw, int vector, int finalize,
-                double divisor) {
+                long long s_row, long long span, int spans, int strips, int vector, int finalize, double divisor) {
   using A = acc_t<P>;
-  constexpr int UNROLL = 4;
-  constexpr int C = combine_op<OP>();
-  __shared__ A stage[BLOCK * VEC];
-  const long long span = static_cast<long long>(cw) * VEC;
+  constexpr int F = combine_op<OP>();
+  using Comb = combine_t<F>;
+  constexpr int R = CHAINS / Q;
+  constexpr int CW = COL_BLOCK / R;
+  constexpr int COLS = CW * VEC;
+  constexpr int STEPS = COL_LOADS / Q > 0 ? COL_LOADS / Q : 1;
+  static_assert(CHAIN_LENGTH % STEPS == 0, "steps divide the chain length");
+  // Rows padded so that the R lanes reading one column hit R different banks.
+  __shared__ A stage[R][COLS + 32 / R];
+  __shared__ A stacks[COLS][COL_STACK_DEPTH];
   // The grid is below 2^31 blocks, so the block index splits with 32-bit division.
   const unsigned b = blockIdx.x;
   const long long strip = b % static_cast<unsigned>(strips);
   const unsigned rest = b / static_cast<unsigned>(strips);
-  const long long slice = rest % static_cast<unsigned>(slices);
-  const long long o = rest / static_cast<unsigned>(slices);
-  const int tx = static_cast<int>(threadIdx.x) % cw;
-  const int ty = static_cast<int>(threadIdx.x) / cw;
-  const int lanes = BLOCK / cw;
-  const long long c0 = strip * span + static_cast<long long>(tx) * VEC;
-  const long long r_begin = slice * rows_per_slice;
-  const long long r_end = r_begin + rows_per_slice < rows ? r_begin + rows_per_slice : rows;
+  const long long sp = rest % static_cast<unsigned>(spans);
+  const long long o = rest / static_cast<unsigned>(spans);
+  const int tx = static_cast<int>(threadIdx.x) % CW;
+  const int ty = static_cast<int>(threadIdx.x) / CW;
+  const long long c0 = strip * COLS + static_cast<long long>(tx) * VEC;
+  const long long leaves = (rows + LEAF - 1) / LEAF;
+  const long long first = sp * span;
+  const long long left = leaves - first;
+  const long long count = left < span ? left : span;
   const T* base = x + o * s_outer + c0;
-
-  A acc[VEC];
+  const bool packs = vector && c0 + VEC <= cols;
+  for (long long k = 0; k < count; ++k) {
+    const long long r0 = (first + k) * LEAF + Q * ty;
+    A acc[Q][VEC];
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) acc[j] = identity<C, A>();
-  if (vector && c0 + VEC <= cols) {
-    long long r = r_begin + ty;
-    for (; r + (UNROLL - 1) * lanes < r_end; r += UNROLL * lanes) {
-      Pack<T, VEC> p[UNROLL];
+    for (int q = 0; q < Q; ++q) {
 #pragma unroll
-      for (int k = 0; k < UNROLL; ++k) load(p[k], base + (r + k * lanes) * s_row);
+      for (int j = 0; j < VEC; ++j) acc[q][j] = Comb::template identity<A>();
+    }
 #pragma unroll
-      for (int k = 0; k < UNROLL; ++k) {
+    for (int m0 = 0; m0 < CHAIN_LENGTH; m0 += STEPS) {
+      A v[STEPS][Q][VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) acc[j] = combine<C>(acc[j], lift<OP>(to_acc<A>(p[k].v[j])));
+      for (int u = 0; u < STEPS; ++u) {
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+          const long long r = r0 + (m0 + u) * CHAINS + q;
+          const T* row = base + r * s_row;
+          if (packs && r < rows) {
+            Pack<T, VEC> pk;
+            load(pk, row);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) v[u][q][j] = lift<OP>(to_acc<A>(pk.v[j]));
+          } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+              v[u][q][j] = r < rows && c0 + j < cols ? lift<OP>(to_acc<A>(row[j])) : Comb::template identity<A>();
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < STEPS; ++u) {
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) acc[q][j] = Comb::apply(acc[q][j], v[u][q][j]);
+        }
       }
     }
-    for (; r < r_end; r += lanes) {
-      Pack<T, VEC> p;
-      load(p, base + r * s_row);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) acc[j] = combine<C>(acc[j], lift<OP>(to_acc<A>(p.v[j])));
-    }
-  } else if (c0 < cols) {
-    for (long long r = r_begin + ty; r < r_end; r += lanes) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        if (c0 + j < cols) acc[j] = combine<C>(acc[j], lift<OP>(to_acc<A>(base[r * s_row + j])));
-      }
-    }
-  }
-  if (lanes > 1) {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) stage[j * BLOCK + threadIdx.x] = acc[j];
-    __syncthreads();
-    if (ty == 0) {
-      for (int t = 1; t < lanes; ++t) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) acc[j] = combine<C>(acc[j], stage[j * BLOCK + t * cw + tx]);
-      }
-    }
-  }
-  if (ty == 0) {
-    P* dst = out + (o * slices + slice) * cols + c0;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      if (c0 + j < cols) dst[j] = finish<P, C>(acc[j], finalize, divisor);
+      A mine[Q];
+#pragma unroll
+      for (int q = 0; q < Q; ++q) mine[q] = acc[q][j];
+      stage[ty][tx * VEC + j] = tree_reduce<Comb>(mine);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int round = 0; round < VEC; ++round) {
+      const int at = round * COL_BLOCK + static_cast<int>(threadIdx.x);
+      const A w = group_tree_reduce<R, Comb>(stage[at % R][at / R]);
+      if (at % R == 0) tree_push<Comb>(stacks[at / R], w, static_cast<unsigned long long>(k));
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int round = 0; round < VEC; ++round) {
+    const int at = round * COL_BLOCK + static_cast<int>(threadIdx.x);
+    const long long c = strip * COLS + at / R;
+    if (at % R == 0 && c < cols) {
+      const A w = tree_result<Comb>(stacks[at / R], static_cast<unsigned long long>(count));
+      out[(o * spans + sp) * cols + c] = finish<P, F>(w, finalize, divisor);
     }
   }
 }
 
-// Any other layout of at most two kept and two reduced levels, without a copy: one warp per output,
-// lanes striding through the `count` reduced elements (element r at (r / r_inner) * r_s0 + (r % r_inner) *
-// r_s1 from the output's base). Correct everywhere, coalesced only when the reduced inner stride is 1.
+// The second pass of a column reduction with `spans` spans a column: partials [outer, spans, cols] of
+// reduce_cols, combined per column in span order along the same tree, finished into out [outer, cols].
+template <typename A, typename O, int OP>
+__global__ void __launch_bounds__(FOLD_BLOCK)
+    reduce_cols_fold(O* out, const A* partials, long long outer, long long cols, int spans, int finalize,
+                     double divisor) {
+  using Comb = combine_t<OP>;
+  __shared__ A stacks[FOLD_BLOCK][FOLD_DEPTH];
+  const long long i = static_cast<long long>(blockIdx.x) * FOLD_BLOCK + threadIdx.x;
+  if (i >= outer * cols) return;
+  const long long o = i / cols, c = i % cols;
+  const A* p = partials + o * spans * cols + c;
+  for (int s = 0; s < spans; ++s) tree_push<Comb>(stacks[threadIdx.x], p[s * cols], static_cast<unsigned long long>(s));
+  out[i] = finish<O, OP>(tree_result<Comb>(stacks[threadIdx.x], static_cast<unsigned long long>(spans)), finalize,
+                         divisor);
+}
+
+// Any other layout of at most two kept and two reduced levels, without a copy: one warp per output, lane
+// c holding chain c of each leaf in turn (element r at (r / r_inner) * r_s0 + (r % r_inner) * r_s1 from
+// the output's base, the division done once a leaf and carried along the chain). Correct everywhere,
+// coalesced only when the reduced inner stride is 1.
 template <typename T, typename O, int OP, int BLOCK>
 __global__ void __launch_bounds__(BLOCK)
     reduce_strided(O* out, const T* x, long long outputs, long long o_inner, long long o_s0, long long o_s1,
                    long long count, long long r_inner, long long r_s0, long long r_s1, int finalize, double divisor) {
   using A = acc_t<O>;
-  constexpr int C = combine_op<OP>();
+  constexpr int F = combine_op<OP>();
+  using Comb = combine_t<F>;
   constexpr int kWarps = BLOCK / 32;
+  __shared__ A stacks[kWarps][STACK_DEPTH];
   const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const long long leaves = (count + LEAF - 1) / LEAF;
+  const long long step_q = CHAINS / r_inner, step_r = CHAINS % r_inner;
   for (long long first = static_cast<long long>(blockIdx.x) * kWarps; first < outputs;
        first += static_cast<long long>(gridDim.x) * kWarps) {
-    const long long o = first + (threadIdx.x >> 5);
+    const long long o = first + warp;
     if (o >= outputs) break;
     const T* base = x + (o / o_inner) * o_s0 + (o % o_inner) * o_s1;
-    A v = identity<C, A>();
-    for (long long r = lane; r < count; r += 32) {
-      v = combine<C>(v, lift<OP>(to_acc<A>(base[(r / r_inner) * r_s0 + (r % r_inner) * r_s1])));
+    for (long long k = 0; k < leaves; ++k) {
+      long long q = (k * LEAF + lane) / r_inner, rem = (k * LEAF + lane) % r_inner;
+      A v[CHAIN_LENGTH];
+#pragma unroll
+      for (int m = 0; m < CHAIN_LENGTH; ++m) {
+        const long long r = k * LEAF + m * CHAINS + lane;
+        v[m] = r < count ? lift<OP>(to_acc<A>(base[q * r_s0 + rem * r_s1])) : Comb::template identity<A>();
+        q += step_q;
+        rem += step_r;
+        if (rem >= r_inner) rem -= r_inner, ++q;
+      }
+      A acc = Comb::template identity<A>();
+#pragma unroll
+      for (int m = 0; m < CHAIN_LENGTH; ++m) acc = Comb::apply(acc, v[m]);
+      const A w = group_tree_reduce<32, Comb>(acc);
+      if (lane == 0) tree_push<Comb>(stacks[warp], w, static_cast<unsigned long long>(k));  // lane 0 owns the stack
     }
-    v = group_reduce<combine_t<C>>(v, 32);
-    if (lane == 0) out[o] = finish<O, C>(v, finalize, divisor);
+    if (lane == 0) {
+      const A v = tree_result<Comb>(stacks[warp], static_cast<unsigned long long>(leaves));
+      out[o] = finish<O, F>(v, finalize, divisor);
+    }
   }
 }
 

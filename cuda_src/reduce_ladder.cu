@@ -13,12 +13,47 @@
 //   v9  last block done                                     (one launch: the last block combines partials)
 //   v10 four independent 16-byte loads in flight            (the production kernel, same body as reduce_full)
 //
-// The production file is included, not copied: v8 and v9 read with its span and finish with its
-// last-block combine, and v10 is its full-reduction body itself, so the last rung measures the kernel
-// cukern.sum runs.
+// The production file is included, not copied: v9 finishes with its last-block counter, and v10 is its
+// full-reduction body itself, so the last rung measures the kernel cukern.sum runs. v8 and v9 read with
+// thread_span below, the grid-stride share the production kernel used before its fixed tree (issue 13).
 #include "reduce.cu"
 
 namespace cukern {
+
+// Elements before the first 16-byte boundary of x (all of them when x is not even element-aligned).
+template <typename T> __device__ __forceinline__ long long aligned_head(const T* x, long long n) {
+  const unsigned long long addr = reinterpret_cast<unsigned long long>(x);
+  if (addr % sizeof(T)) return n;
+  const long long head = static_cast<long long>(((16 - addr % 16) % 16) / sizeof(T));
+  return head < n ? head : n;
+}
+
+// One thread's share of n contiguous elements (v8, v9): elements lane, lane + lanes, ... as a scalar head
+// to the first 16-byte boundary, then 16-byte loads, then a scalar tail, in one accumulator.
+template <typename T, typename A> __device__ __forceinline__ A thread_span(const T* x, long long n, long long lane,
+                                                                          long long lanes) {
+  constexpr int VEC = 16 / sizeof(T);
+  A acc = A(0);
+  const long long head = aligned_head(x, n);
+  const long long nvec = (n - head) / VEC;
+  const T* body = x + head;
+  for (long long i = lane; i < head; i += lanes) acc += to_acc<A>(x[i]);
+  for (long long i = lane; i < nvec; i += lanes) {
+    Pack<T, VEC> p;
+    load(p, body + i * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc += to_acc<A>(p.v[j]);
+  }
+  for (long long t = head + nvec * VEC + lane; t < n; t += lanes) acc += to_acc<A>(x[t]);
+  return acc;
+}
+
+// This thread's share of the partials, in index order (threads stride by the block): v9's combine.
+template <typename A> __device__ __forceinline__ A thread_partials(const A* partials) {
+  A w = A(0);
+  for (unsigned i = threadIdx.x; i < gridDim.x; i += blockDim.x) w += __ldcg(partials + i);
+  return w;
+}
 
 // This thread's element of a one-element-per-thread block (v1-v3), or the accumulator's zero past n.
 template <typename T, typename A> __device__ __forceinline__ A load_one(const T* x, long long n) {
@@ -189,7 +224,7 @@ __global__ void __launch_bounds__(BLOCK) reduce_v8_vector_loads(A* out, const T*
   // reaches the first 16-byte boundary, and a scalar tail. A quarter of the load instructions and the
   // loop overhead for float32. Predicted: 10-30% over v7, mostly from more bytes in flight per thread.
   const long long lanes = static_cast<long long>(gridDim.x) * BLOCK;
-  A v = thread_span<T, A, OP_SUM, 1>(x, n, static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x, lanes);
+  A v = thread_span<T, A>(x, n, static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x, lanes);
   v = block_sum_shuffle<BLOCK>(v);
   if (threadIdx.x == 0) out[blockIdx.x] = v;
 }
@@ -203,10 +238,10 @@ __global__ void __launch_bounds__(BLOCK)
   // replayable in a CUDA graph). Predicted: the two small launches (a few microseconds each) disappear;
   // large at mid sizes, ~1% at 2^28.
   const long long lanes = static_cast<long long>(gridDim.x) * BLOCK;
-  A v = thread_span<T, A, OP_SUM, 1>(x, n, static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x, lanes);
+  A v = thread_span<T, A>(x, n, static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x, lanes);
   v = block_sum_shuffle<BLOCK>(v);
   if (!last_block_done(partials, counter, v)) return;
-  A w = thread_partials<OP_SUM>(partials);
+  A w = thread_partials(partials);
   __syncthreads();  // block_sum_shuffle's scratch is reused
   w = block_sum_shuffle<BLOCK>(w);
   if (threadIdx.x == 0) {
@@ -218,9 +253,9 @@ __global__ void __launch_bounds__(BLOCK)
 template <typename T, typename A, int BLOCK, int UNROLL>
 __global__ void __launch_bounds__(BLOCK)
     reduce_v10_loads_in_flight(A* out, A* partials, unsigned* counter, const T* x, long long n) {
-  // Changed from v9: UNROLL independent 16-byte loads per thread per iteration, all issued before the
-  // first is used, each summed into its own accumulator; larger blocks (512) and a grid of two blocks per
-  // SM, so the partials are fewer and each thread streams longer. This is the production kernel
+  // Changed from v9: UNROLL independent 16-byte loads per thread at a time, all issued before the first is
+  // used, each element summed into its own chain of the fixed tree; larger blocks (512) and a grid of two
+  // blocks per SM, so the partials are fewer and each thread streams longer. This is the production kernel
   // (reduce_full with OP_SUM; same body, same plan). Predicted: from ~85-90% to the copy peak or above
   // (a read-only stream beats a copy, which also writes).
   full_reduce_body<T, A, OP_SUM, BLOCK, UNROLL>(out, partials, counter, x, n, 1, FINISH_NONE, 1.0);

@@ -13,15 +13,18 @@
 //    `lane` of a group moves VEC consecutive elements at vector index lane + k * TPR, so a warp's accesses
 //    are contiguous: 16-byte loads when pointers and row strides allow (VEC = 16 / sizeof(T)), element
 //    loads otherwise.
-// 3. Accumulation: sum of squares in float32, each thread over its ITEMS * VEC elements in order, then a
-//    butterfly over the group (and a two-level shuffle + shared-memory sum when TPR > 32). The order
-//    depends only on the hidden size and the plan, never on the row count: batch-invariant.
+// 3. Accumulation: sum of squares in float32 as one fixed tree that depends on the hidden size alone
+//    (below): per-class sums in index order in each thread, a tree over a thread's classes, a butterfly
+//    over the row's lanes (and the warps' values through shared memory when TPR > 32). Every plan, knob
+//    and vector width adds the same numbers in the same order, so a row's bits depend only on its values,
+//    hidden, the dtypes, eps and offset: not on the batch, the launch or the GPU.
 // 4. Staging: rms_norm_rows keeps its row in registers, as loaded (ITEMS packs a thread, at most 64 bytes:
 //    rmsnorm.MAX_BYTES), between the reduction and the scaling, so each byte crosses DRAM once; shared
-//    memory only for the block sum (2 * BLOCK / 32 floats). rms_norm_wide, for rows longer than the
+//    memory only for the block sum (2 * GROUPS * BLOCK / 32 floats). rms_norm_wide, for rows longer than the
 //    registers of a block can hold, reads the row twice (the second read mostly from L2).
-// 5. Tuning: TPR and ITEMS come from the hidden size (target ITEMS vectors in flight per thread), VEC from
-//    alignment; cukern/rmsnorm.py `plan` picks them.
+// 5. Tuning: the classes C come from the hidden size, VEC from alignment; GROUPS (how many groups of VEC
+//    classes a thread owns, hence TPR = C / (GROUPS * VEC)) and the grid from the knobs. cukern/rmsnorm.py
+//    `plan` picks them; none of them changes the tree.
 // 6. Profile: about 3 flops an element against 2 * sizeof(T) bytes: far under the ridge point, so
 //    memory-bound; the target is the device-to-device copy bandwidth.
 #include "common/dtype.cuh"
@@ -64,16 +67,58 @@ struct RmsNormParams {
   float eps, offset;
 };
 
-template <typename T, typename W, int VEC, int TPR, int ITEMS, int BLOCK, bool FUSED>
+// The sum of squares is one fixed tree that depends on the row length only, so a row's bits never depend
+// on the batch, the grid, the block, the knobs, the alignment, the SM count or the GPU. With C =
+// cukern/rmsnorm.py `tree_classes(hidden)`, element i belongs to class i % C; partial[c] sums its class's
+// squares in increasing index order, and the C partials are combined by common/reduce.cuh's tree.
+//
+// Both kernels lay a row out the same way: thread t of a row's TPR holds vector columns t + k * TPR (k <
+// ITEMS), VEC elements each, so it owns the classes (g * TPR + t) * VEC + j for GROUPS groups g = k %
+// GROUPS and lanes j < VEC, with GROUPS * TPR * VEC = C. It keeps one accumulator per class it owns, so
+// each class is summed in index order; its VEC lanes are the low bits of the class, its lane in the row
+// the next and its group the top ones, which is the order tree_reduce, group_tree_reduce and
+// block_tree_reduce combine them in. Every plan of the same hidden thus adds the same numbers in the same
+// order: a 16-byte path (VEC = 8) and an element path (VEC = 1, more groups) give the same bits.
+//
+// Every multiply and add is written with its rounding (__fmul_rn, __fadd_rn): left to itself the compiler
+// contracts x * x + s into a fused multiply-add on some paths and not on others. The intrinsics say so at
+// the line that needs it, where compiling with -fmad=false would say it for the whole module, out of
+// sight in the build options (it would cost nothing else: integer address math has no such contraction).
+// The finish is correctly rounded, step by step, instead of the approximate rsqrtf; cukern/reference.py
+// `rms_norm_emulated` repeats these roundings on the host, and tests/test_rmsnorm.py checks the PTX for
+// fma.rn.f32 and .approx.
+
+__device__ __forceinline__ float square_add(float acc, float v) { return __fadd_rn(acc, __fmul_rn(v, v)); }
+
+// 1 / sqrt(ss / hidden + eps), each operation rounded to nearest: one formula for both kernels.
+__device__ __forceinline__ float inverse_rms(float ss, int hidden, float eps) {
+  return __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(hidden)), eps)));
+}
+
+// (x * inv) * scale, scale = offset + weight: the one scaling of both kernels, rounded once more to T.
+__device__ __forceinline__ float scaled(float x, float inv, float scale) { return __fmul_rn(__fmul_rn(x, inv), scale); }
+
+template <typename T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> residual_sum(const Pack<T, VEC>& x, const Pack<T, VEC>& r) {
+  // In float32 and rounded once to T: exact for float32, and for 16-bit types the float32 sum is close
+  // enough (24 >= 2 * 11 + 2 bits) that rounding it again gives the correctly rounded sum in T.
+  Pack<T, VEC> s;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) s.v[j] = from_float<T>(__fadd_rn(to_float(x.v[j]), to_float(r.v[j])));
+  return s;
+}
+
+template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK, bool FUSED>
 __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T* x, const W* weight,
                                                    long long rows, RowAddress out_at, RowAddress res_at,
                                                    RowAddress x_at, int hidden, float eps, float offset) {
   static_assert(TPR <= 32 || TPR == BLOCK, "a row is handled by a sub-warp group or by the whole block");
+  static_assert(ITEMS % GROUPS == 0, "every group of classes gets the same number of vectors");
   constexpr int kRowsPerBlock = BLOCK / TPR;
-  __shared__ float scratch[2 * (BLOCK / 32)];
+  __shared__ float scratch[2 * GROUPS * (BLOCK / 32)];
   const int lane = static_cast<int>(threadIdx.x) % TPR;
   const int slot = static_cast<int>(threadIdx.x) / TPR;
-  const float inv_hidden = 1.f / static_cast<float>(hidden);
+  const float unweighted = __fadd_rn(offset, 1.f);
   int parity = 0;
 
   for (long long first = static_cast<long long>(blockIdx.x) * kRowsPerBlock; first < rows;
@@ -88,7 +133,7 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
     // thread can keep twice as many loads in flight; it is widened again for the scaling pass. Every load
     // of a pass is issued before any value is used: ITEMS independent 16-byte loads in flight per thread
     // (interleaving loads and uses serialized them, one load's latency per item). Slots past the row are
-    // zero, so the sum needs no predicate.
+    // zero: their squares add +0, which leaves a class's sum as it is.
     bool in[ITEMS];
     Pack<T, VEC> a[ITEMS];
 #pragma unroll
@@ -111,28 +156,33 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         if (in[k]) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) a[k].v[j] = from_float<T>(to_float(a[k].v[j]) + to_float(r[k].v[j]));
+          a[k] = residual_sum(a[k], r[k]);
           store(rr + (lane + k * TPR) * VEC, a[k]);
         }
       }
     }
-    float ss = 0.f;
+    float acc[GROUPS][VEC];
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float f = to_float(a[k].v[j]);
-        ss += f * f;
+        acc[k % GROUPS][j] = k < GROUPS ? __fmul_rn(f, f) : square_add(acc[k % GROUPS][j], f);
       }
     }
+    float part[GROUPS];
+#pragma unroll
+    for (int g = 0; g < GROUPS; ++g) part[g] = tree_reduce<Sum>(acc[g]);
+    float ss;
     if constexpr (TPR <= 32) {
-      ss = group_sum<TPR>(ss);
+#pragma unroll
+      for (int g = 0; g < GROUPS; ++g) part[g] = group_tree_reduce<TPR, Sum>(part[g]);
+      ss = tree_reduce<Sum>(part);
     } else {
-      ss = block_sum<BLOCK>(ss, scratch, parity);
+      ss = block_tree_reduce<BLOCK, Sum>(part, scratch, parity);
       parity ^= 1;
     }
-    const float rstd = rsqrtf(ss * inv_hidden + eps);
+    const float inv = inverse_rms(ss, hidden, eps);
 
     T* orow = out + out_at(at);
     if (weight != nullptr) {
@@ -146,7 +196,7 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
         if (in[k]) {
           float f[VEC];
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) f[j] = to_float(a[k].v[j]) * rstd * (offset + to_float(w[k].v[j]));
+          for (int j = 0; j < VEC; ++j) f[j] = scaled(to_float(a[k].v[j]), inv, __fadd_rn(offset, to_float(w[k].v[j])));
           Pack<T, VEC> y;
           round_into(y, f);
           store(orow + (lane + k * TPR) * VEC, y);
@@ -158,7 +208,7 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
         if (in[k]) {
           float f[VEC];
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) f[j] = to_float(a[k].v[j]) * rstd * (offset + 1.f);
+          for (int j = 0; j < VEC; ++j) f[j] = scaled(to_float(a[k].v[j]), inv, unweighted);
           Pack<T, VEC> y;
           round_into(y, f);
           store(orow + (lane + k * TPR) * VEC, y);
@@ -168,36 +218,40 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
   }
 }
 
-template <typename T, typename W, int VEC, int TPR, int ITEMS, int BLOCK>
+template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK>
 __global__ void __launch_bounds__(BLOCK)
     rms_norm_rows(T* out, const T* x, const W* weight, const __grid_constant__ RmsNormParams p) {
   const RowAddress out_at{p.inner, p.out_s0, p.out_s1};
-  rms_norm_rows_impl<T, W, VEC, TPR, ITEMS, BLOCK, false>(out, nullptr, x, weight, p.rows, out_at, out_at,
-                                                          RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
-                                                          p.offset);
+  rms_norm_rows_impl<T, W, VEC, TPR, GROUPS, ITEMS, BLOCK, false>(out, nullptr, x, weight, p.rows, out_at, out_at,
+                                                                  RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden,
+                                                                  p.eps, p.offset);
 }
 
-template <typename T, typename W, int VEC, int TPR, int ITEMS, int BLOCK>
+template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK>
 __global__ void __launch_bounds__(BLOCK)
     fused_add_rms_norm_rows(T* out, T* residual, const T* x, const W* weight, const __grid_constant__ RmsNormParams p) {
-  rms_norm_rows_impl<T, W, VEC, TPR, ITEMS, BLOCK, true>(out, residual, x, weight, p.rows,
-                                                         RowAddress{p.inner, p.out_s0, p.out_s1},
-                                                         RowAddress{p.inner, p.res_s0, p.res_s1},
-                                                         RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
-                                                         p.offset);
+  rms_norm_rows_impl<T, W, VEC, TPR, GROUPS, ITEMS, BLOCK, true>(out, residual, x, weight, p.rows,
+                                                                 RowAddress{p.inner, p.out_s0, p.out_s1},
+                                                                 RowAddress{p.inner, p.res_s0, p.res_s1},
+                                                                 RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden,
+                                                                 p.eps, p.offset);
 }
 
 // Rows too long for registers: a block owns a row and streams it twice in chunks of BLOCK * ITEMS * VEC.
 // Pass one sums squares (and, fused, writes the new residual); pass two rescales. Each thread reads back
-// exactly the elements it wrote, so the fused form needs no barrier between passes.
-template <typename T, typename W, int VEC, int ITEMS, int BLOCK, bool FUSED>
+// exactly the elements it wrote, so the fused form needs no barrier between passes. Vector column
+// c * ITEMS + k of chunk c is item k of the rows kernel's layout with TPR = BLOCK, so with GROUPS dividing
+// ITEMS a thread's accumulators are the same classes, each still summed in index order.
+template <typename T, typename W, int VEC, int GROUPS, int ITEMS, int BLOCK, bool FUSED>
 __device__ __forceinline__ void rms_norm_wide_impl(T* out, T* residual, const T* x, const W* weight,
                                                    long long rows, RowAddress out_at, RowAddress res_at,
                                                    RowAddress x_at, int hidden, float eps, float offset) {
-  __shared__ float scratch[2 * (BLOCK / 32)];
+  static_assert(ITEMS % GROUPS == 0, "a chunk holds whole groups of classes");
+  __shared__ float scratch[2 * GROUPS * (BLOCK / 32)];
+  const float unweighted = __fadd_rn(offset, 1.f);
   int parity = 0;
   for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
-    // A wide row holds at least 32K elements, so the row count fits in 32 bits: no 64-bit division here.
+    // A wide row holds over 2048 elements, so the row count fits in 32 bits: no 64-bit division here.
     const unsigned q = static_cast<unsigned>(row) / static_cast<unsigned>(x_at.inner);
     const RowSplit at{q, row - static_cast<long long>(q) * x_at.inner};
     const T* xr = x + x_at(at);
@@ -205,35 +259,43 @@ __device__ __forceinline__ void rms_norm_wide_impl(T* out, T* residual, const T*
     const T* src = FUSED ? rr : xr;
     T* orow = out + out_at(at);
 
-    float ss = 0.f;
+    // Columns are unsigned (they stay under 2^31): with int, whose overflow is undefined, the compiler keeps
+    // a 64-bit address per item live across the loop, and the fused element path spilled.
+    float acc[GROUPS][VEC];
+#pragma unroll
+    for (int g = 0; g < GROUPS; ++g) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[g][j] = 0.f;
+    }
     for (int base = 0; base < hidden; base += BLOCK * ITEMS * VEC) {
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
-        const int col = base + (static_cast<int>(threadIdx.x) + k * BLOCK) * VEC;
-        if (col < hidden) {
+        const unsigned col = static_cast<unsigned>(base) + (threadIdx.x + k * BLOCK) * VEC;
+        if (col < static_cast<unsigned>(hidden)) {
           Pack<T, VEC> a;
           load(a, xr + col);
           if constexpr (FUSED) {
             Pack<T, VEC> r;
             load(r, rr + col);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) a.v[j] = from_float<T>(to_float(a.v[j]) + to_float(r.v[j]));
+            a = residual_sum(a, r);
             store(rr + col, a);
           }
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) ss += to_float(a.v[j]) * to_float(a.v[j]);
+          for (int j = 0; j < VEC; ++j) acc[k % GROUPS][j] = square_add(acc[k % GROUPS][j], to_float(a.v[j]));
         }
       }
     }
-    ss = block_sum<BLOCK>(ss, scratch, parity);
+    float part[GROUPS];
+#pragma unroll
+    for (int g = 0; g < GROUPS; ++g) part[g] = tree_reduce<Sum>(acc[g]);
+    const float inv = inverse_rms(block_tree_reduce<BLOCK, Sum>(part, scratch, parity), hidden, eps);
     parity ^= 1;
-    const float rstd = rsqrtf(ss / static_cast<float>(hidden) + eps);
 
     for (int base = 0; base < hidden; base += BLOCK * ITEMS * VEC) {
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
-        const int col = base + (static_cast<int>(threadIdx.x) + k * BLOCK) * VEC;
-        if (col < hidden) {
+        const unsigned col = static_cast<unsigned>(base) + (threadIdx.x + k * BLOCK) * VEC;
+        if (col < static_cast<unsigned>(hidden)) {
           Pack<T, VEC> a;
           load(a, src + col);
           Pack<T, VEC> y;
@@ -241,10 +303,12 @@ __device__ __forceinline__ void rms_norm_wide_impl(T* out, T* residual, const T*
             Pack<W, VEC> w;
             load(w, weight + col);
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(to_float(a.v[j]) * rstd * (offset + to_float(w.v[j])));
+            for (int j = 0; j < VEC; ++j) {
+              y.v[j] = from_float<T>(scaled(to_float(a.v[j]), inv, __fadd_rn(offset, to_float(w.v[j]))));
+            }
           } else {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(to_float(a.v[j]) * rstd * (offset + 1.f));
+            for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(scaled(to_float(a.v[j]), inv, unweighted));
           }
           store(orow + col, y);
         }
@@ -253,22 +317,23 @@ __device__ __forceinline__ void rms_norm_wide_impl(T* out, T* residual, const T*
   }
 }
 
-template <typename T, typename W, int VEC, int ITEMS, int BLOCK>
+template <typename T, typename W, int VEC, int GROUPS, int ITEMS, int BLOCK>
 __global__ void __launch_bounds__(BLOCK)
     rms_norm_wide(T* out, const T* x, const W* weight, const __grid_constant__ RmsNormParams p) {
   const RowAddress out_at{p.inner, p.out_s0, p.out_s1};
-  rms_norm_wide_impl<T, W, VEC, ITEMS, BLOCK, false>(out, nullptr, x, weight, p.rows, out_at, out_at,
-                                                     RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
-                                                     p.offset);
+  rms_norm_wide_impl<T, W, VEC, GROUPS, ITEMS, BLOCK, false>(out, nullptr, x, weight, p.rows, out_at, out_at,
+                                                             RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
+                                                             p.offset);
 }
 
-template <typename T, typename W, int VEC, int ITEMS, int BLOCK>
+template <typename T, typename W, int VEC, int GROUPS, int ITEMS, int BLOCK>
 __global__ void __launch_bounds__(BLOCK)
     fused_add_rms_norm_wide(T* out, T* residual, const T* x, const W* weight, const __grid_constant__ RmsNormParams p) {
-  rms_norm_wide_impl<T, W, VEC, ITEMS, BLOCK, true>(out, residual, x, weight, p.rows,
-                                                    RowAddress{p.inner, p.out_s0, p.out_s1},
-                                                    RowAddress{p.inner, p.res_s0, p.res_s1},
-                                                    RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps, p.offset);
+  rms_norm_wide_impl<T, W, VEC, GROUPS, ITEMS, BLOCK, true>(out, residual, x, weight, p.rows,
+                                                            RowAddress{p.inner, p.out_s0, p.out_s1},
+                                                            RowAddress{p.inner, p.res_s0, p.res_s1},
+                                                            RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
+                                                            p.offset);
 }
 
 }  // namespace cukern

@@ -33,8 +33,8 @@
 // 6. Profile: 6 flops per pair against 4 * sizeof(T) bytes: memory-bound; the target is copy bandwidth.
 //
 // rotary_first_bad_position is the host-checked mode's guard: one block finds the first token whose
-// position is out of range (reading ahead UNROLL positions a thread), so the host syncs once and raises
-// before the rotation is launched.
+// position is out of range (reading ahead UNROLL positions a thread) and writes it into pinned host memory,
+// so the host syncs once, reads it without a copy and raises before the rotation is launched.
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
 
@@ -247,12 +247,18 @@ __global__ void __launch_bounds__(MAX_BLOCK, MIN_BLOCKS)
   }
 }
 
+// The position check's scalars (cukern/rotary.py CHECK_PARAMS): the positions' stride in elements.
+struct RotaryCheckParams {
+  long long pos_stride, tokens, cache_rows;
+};
+
 // found[0]: the first token whose position is outside [0, cache_rows), or tokens if none; found[1]: that
-// position (0 if none). Launched as exactly one block of BLOCK threads.
+// position (0 if none). found is host memory mapped into the device's address space, read by the host once
+// the stream is synchronized. Launched as exactly one block of BLOCK threads.
 template <typename P, int BLOCK, int UNROLL>
 __global__ void __launch_bounds__(BLOCK)
-    rotary_first_bad_position(long long* found, const P* positions, long long pos_stride, long long tokens,
-                              long long cache_rows) {
+    rotary_first_bad_position(long long* found, const P* positions, const __grid_constant__ RotaryCheckParams p) {
+  const long long pos_stride = p.pos_stride, tokens = p.tokens, cache_rows = p.cache_rows;
   __shared__ long long warp_first[BLOCK / 32];
   long long first = tokens;
   for (long long base = threadIdx.x; base < tokens && first == tokens;

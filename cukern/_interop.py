@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._launch import require_gpu
 from ._layout import contiguous_strides, extent
 
 _DLPACK_CUDA, _DLPACK_CUDA_MANAGED = 2, 13
@@ -158,6 +159,7 @@ def _pointer_device(ptr: int) -> int:
     global _device_count
     runtime = _cupy().cuda.runtime
     if _device_count is None:
+        require_gpu()
         _device_count = runtime.getDeviceCount()
     if not ptr:
         return runtime.getDevice()

@@ -88,8 +88,9 @@ def struct_argument(struct: np.ndarray):
 
 def launch(kernel, config: LaunchConfig, args, signature: Signature | None = None) -> None:
     """Call ``kernel`` (a ``cupy.cuda.Function``) on the current stream. With ``signature`` the arguments are
-    checked and typed here; without, they must already be typed: arrays, :data:`NULL` or ``numpy.uint64``
-    addresses, and a :func:`struct_argument` packed once and cached (a hot loop's host path)."""
+    checked and typed here; without, they must already be typed: arrays (or their ``MemoryPointer``),
+    :data:`NULL` or ``numpy.uint64`` addresses, and :func:`struct_argument` values packed once and cached
+    (a hot loop's host path)."""
     if signature is not None:
         args = signature.convert(args)
     kernel(config.grid, config.block, args, shared_mem=config.shared_mem)

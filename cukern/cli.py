@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import time
+from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from . import _tuned, families, ladder
@@ -117,11 +118,18 @@ def _explain(args) -> int:
     return 0
 
 
+def _check_dtype(name) -> None:
+    try:
+        parse_dtype(name)
+    except TypeError:
+        raise CommandError(f"--dtype {name!r} is not a dtype; give one like bfloat16 or float32") from None
+
+
 def _tune(args) -> int:
     if args.shape and (not args.op or len(args.op) != 1):
         raise CommandError("--shape needs exactly one --op")
     if args.dtype:
-        _dtype(args.dtype)
+        _check_dtype(args.dtype)
     try:
         shape = card.parse_shape(args.shape) if args.shape else None
     except ValueError as err:
@@ -154,13 +162,6 @@ def _tune(args) -> int:
             json.dump(rows, f, indent=1)
         print(f"wrote {args.json}")
     return 0
-
-
-def _dtype(name):
-    try:
-        return parse_dtype(name)
-    except TypeError:
-        raise CommandError(f"--dtype {name!r} is not a dtype; give one like bfloat16 or float32") from None
 
 
 def _roofline(args) -> int:
@@ -205,7 +206,7 @@ def _info(args) -> int:
     return 0
 
 
-def check_arch(arch: str) -> None:
+def _check_arch(arch: str) -> None:
     """A CommandError unless ``arch`` is a real architecture (``sm_90``, ``sm_90a``, ``sm_100f``) that this
     NVRTC compiles for and cukern's kernels build on."""
     m = re.fullmatch(r"(sm|compute)_(\d+)([af]?)", arch)
@@ -225,6 +226,11 @@ def check_arch(arch: str) -> None:
                            f"{', '.join(f'sm_{a}' for a in known)}")
 
 
+def _cpus() -> int:
+    # the CPUs this process may run on (a container's cpuset), not every CPU of the host
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _compile_chunk(source: str, insts: list, arch: str) -> dict:
     """Registers and spills of each instantiation in ``insts``, by expression (run in a worker)."""
     compiled = compile_program(source, insts, arch)
@@ -232,21 +238,46 @@ def _compile_chunk(source: str, insts: list, arch: str) -> dict:
     return {inst.expression: res.get(compiled.lowered[inst.expression], {}) for inst in insts}
 
 
+def _compiled_chunks(chunks, arch: str, jobs: int):
+    """``(source, resources by expression, instantiation count)`` for each chunk as it is compiled, in ``jobs``
+    worker processes when more than one."""
+    if jobs == 1:
+        for src, insts in chunks:
+            yield src, _compile_chunk(src, insts, arch), len(insts)
+        return
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending = {pool.submit(_compile_chunk, src, insts, arch): (src, len(insts)) for src, insts in chunks}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    src, n = pending.pop(fut)
+                    yield src, fut.result(), n
+        finally:  # after a failure or an interrupt, compile nothing more
+            pool.shutdown(cancel_futures=True)
+
+
 def _spill_note(r: dict) -> str:
     stores, loads = r.get("spill_stores", 0), r.get("spill_loads", 0)
     return f"  SPILLS: {stores} B stored, {loads} B loaded" if stores or loads else ""
 
 
+def _local_bytes(r: dict) -> int:
+    """Local memory one instantiation uses: the largest of its spill stores, spill loads and stack frame."""
+    return max(r.get("spill_stores", 0), r.get("spill_loads", 0), r.get("stack", 0))
+
+
 def _compile(args) -> int:
-    check_arch(args.arch)
+    _check_arch(args.arch)
     fams = [families.named(s) for s in dict.fromkeys(args.family)] if args.family else families.all_families()
     todo = {fam.SOURCE: fam.instantiations() for fam in fams}
     chunks = [(src, insts[i:i + COMPILE_CHUNK]) for src, insts in todo.items()
               for i in range(0, len(insts), COMPILE_CHUNK)]
-    jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(chunks)))
+    jobs = max(1, min(args.jobs or _cpus(), len(chunks)))
     total = sum(len(insts) for insts in todo.values())
     start = time.perf_counter()
     found: dict = {src: {} for src in todo}
+    chunks_left = Counter(src for src, _ in chunks)
     spilled: dict = {}
     printed = 0
 
@@ -254,7 +285,7 @@ def _compile(args) -> int:
         # families in order, each as soon as all of its chunks are back
         nonlocal printed
         for src in list(todo)[printed:]:
-            if len(found[src]) < len(todo[src]):
+            if chunks_left[src]:
                 return
             bar.clear()
             print(f"{src}: {len(todo[src])} instantiations for {args.arch} (cuda_src/{src}.cu)")
@@ -267,28 +298,16 @@ def _compile(args) -> int:
             sys.stdout.flush()
             printed += 1
 
-    with Progress(total, f"compile {args.arch}") as bar:
-        if jobs == 1:
-            for src, insts in chunks:
-                bar.step(src, n=0)
-                found[src].update(_compile_chunk(src, insts, args.arch))
-                bar.step(src, n=len(insts))
+    try:
+        with Progress(total, f"compile {args.arch}") as bar:
+            for src, resources, n in _compiled_chunks(chunks, args.arch, jobs):
+                found[src].update(resources)
+                chunks_left[src] -= 1
+                bar.step(src, n=n)
                 print_done_families()
-        else:
-            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-                pending = {pool.submit(_compile_chunk, src, insts, args.arch): (src, len(insts))
-                           for src, insts in chunks}
-                try:
-                    while pending:
-                        done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                        for fut in done:
-                            src, n = pending.pop(fut)
-                            found[src].update(fut.result())
-                            bar.step(src, n=n)
-                        print_done_families()
-                except BaseException:
-                    pool.shutdown(cancel_futures=True)
-                    raise
+    except RuntimeError as err:  # a kernel that does not compile: NVRTC's log says where
+        print(f"cukern compile: {err}", file=sys.stderr)
+        return 1
     print(f"{total} instantiations compiled for {args.arch} in {time.perf_counter() - start:.1f} s "
           f"({jobs} worker{'s' if jobs > 1 else ''})")
     if spilled:
@@ -296,6 +315,14 @@ def _compile(args) -> int:
         print(f"{sum(spilled.values())} instantiations spill to local memory ({where}): marked SPILLS above")
     else:
         print("no instantiation spills")
+    if args.max_local is not None:
+        over = [(src, expr, _local_bytes(r)) for src in todo for expr, r in found[src].items()
+                if _local_bytes(r) > args.max_local]
+        if over:
+            src, expr, used = max(over, key=lambda o: o[2])
+            print(f"cukern compile: {len(over)} instantiations use more than {args.max_local} B of local memory "
+                  f"on {args.arch}; the most: {expr} ({src}), {used} B", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -324,6 +351,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--family", action="append", choices=list(dict.fromkeys(f.SOURCE for f in families.all_families())),
                    help="only the family in cuda_src/FAMILY.cu (repeatable; default: every family)")
     p.add_argument("--jobs", type=int, help="worker processes (default: one per CPU)")
+    p.add_argument("--max-local", type=int, metavar="BYTES",
+                   help="exit 1 when an instantiation uses more local memory (spills or stack) than BYTES")
     p.set_defaults(fn=_compile)
     p = sub.add_parser("explain", help="the six-question card for the launch an op call makes")
     p.add_argument("op", choices=sorted(card.CARDS), metavar="OP", help=f"one of: {', '.join(sorted(card.CARDS))}")

@@ -4,7 +4,6 @@ table. The compile CLI and the compile tests walk this list, so a new family is 
 from __future__ import annotations
 
 from . import ladder, reduce, rmsnorm, rotary
-from ._compile import compile_program
 
 
 def all_families():
@@ -18,7 +17,3 @@ def named(source: str):
             return family
     known = ", ".join(f.SOURCE for f in all_families())
     raise ValueError(f"no kernel family has source {source!r}; the families are {known}")
-
-
-def compile_family(family, arch: str):
-    return compile_program(family.SOURCE, family.instantiations(), arch)

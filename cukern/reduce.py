@@ -14,10 +14,13 @@ allocating the result (or checking ``out`` against ``x``) and launching. Tuning 
 (:func:`_tuned_knobs`), looked up once per call.
 
 Accumulation: float32 for float16/bfloat16/float32 results, float64 for float64, int64 for integer results.
-No float atomics: the same input gives bit-identical results every run. A float32 full sum of n elements
-is one sequential sum per thread over about n / (threads in the grid) elements, in up to 4 interleaved
-accumulators, then trees: its error is bounded by roughly ``(n / threads + log2(threads)) * eps * sum|x|``
-and in practice (random rounding) far smaller.
+Every result is one fixed tree over its n reduced elements (:mod:`cukern.reduce_plan`'s notes): chains of 8
+elements 32 apart, then pairs of neighbours. Its bits depend only on the values, n, the dtypes and the op:
+not on the number of outputs, the layout of x (strides, alignment, memory order), the grid, the tuning
+knobs, the SM count, the stream or the GPU; :func:`cukern.reference.sum_emulated` and its siblings give the
+same bits on the host. A float sum's error is bounded by roughly ``(8 + log2(n / 8)) * eps * sum|x|``.
+Reductions of one element per output are elementwise (no tree): a sum of -0.0 stays -0.0 there, where the
+tree's chains, which start from +0.0, give +0.0.
 
 CUDA graphs. A call made while its stream is capturing records launches into the graph and allocates
 nothing but its result when ``out`` is not given (that array is the caller's: the graph writes it on every
@@ -32,15 +35,16 @@ replay, so keep it as long as the graph). Per layout (see :mod:`cukern.reduce_pl
   elementwise (copied, squared or made absolute; or filled) into the result or any ``out``;
 * refused under capture, because they go through a temporary whose memory would return to the pool while
   the graph keeps writing it: layouts copied to contiguous first (more than two kept or reduced levels that
-  do not merge, or two reduced levels with nothing kept), an x not aligned to its item size, an ``out``
-  that is not C-contiguous, and amax or amin with ``dtype=`` (a conversion).
+  do not merge, or two reduced levels with nothing kept, such as a full reduction of a transposed array),
+  an x not aligned to its item size, an ``out`` that is not C-contiguous, and amax or amin with ``dtype=``
+  (a conversion).
 
 A refusal is a RuntimeError raised before anything is recorded (the capture stays valid); it names the
 reason and the way around it.
 
 Workspaces: per (device, stream), made by the first full or two-pass column reduction on that stream: 32 KiB
 of per-block partials, a counter (the last block resets it, so no memset per call) and scratch for the
-two-pass partials, grown to the largest need seen (at least doubling). They are never freed, nor are
+per-span column partials, grown to the largest need seen (at least doubling). They are never freed, nor are
 buffers they outgrow: a graph may replay a captured reduction at any time and cukern cannot see the graph
 end. Kernels on one stream run in order, so its calls share its workspace safely; a graph's reductions use
 the workspace of the stream they were captured on, so replay it in order with that stream's reductions
@@ -83,38 +87,24 @@ from .reduce_plan import (
     two_level,
 )
 
-# Also read as cukern.reduce.<name>: SOURCE and instantiations by the kernel families, bytes_moved by the
-# benchmarks; the rest by the lab wing until it imports them from cukern.reduce_plan, where they live.
-from .reduce_plan import (  # noqa: F401
-    COL_BLOCK,
-    COL_MIN_ROWS,
-    COL_WAVES,
-    OP_MAX,
-    OP_MIN,
-    SOURCE,
-    STRIDED_BLOCK,
-    STRIDED_WAVES,
-    acc_dtype,
-    bytes_moved,
-    default_dtype,
-    instantiations,
-)
+# The kernel families (cukern.families) read SOURCE and instantiations on the op module, the benchmarks
+# bytes_moved.
+from .reduce_plan import SOURCE, bytes_moved, instantiations  # noqa: F401
 
-# Full sums keyed by element count (shape ``(n,)``); row sums by ``(rows, length)``, whose row-order knobs
-# are kept across the row buckets of one length (batch invariance). Every op uses the sum's knobs.
+# Full sums keyed by element count (shape ``(n,)``); row sums by ``(rows, length)``. No knob changes the
+# order of a reduction (every plan is the one tree), so no knob needs keeping across the buckets of a
+# length. Every op uses the sum's knobs.
 TUNING = {
     "sum": _tuned.Rule("sum", DEFAULT_KNOBS, make_knobs,
                        bucket=lambda s: f"n<={_tuned.rows_bucket(math.prod(s))}"),
     "sum_rows": _tuned.Rule("sum_rows", DEFAULT_KNOBS, make_knobs,
-                            bucket=lambda s: f"length={s[-1]},rows<={_tuned.rows_bucket(math.prod(s[:-1]))}",
-                            invariant=("row_items", "row_max_tpr"), family=lambda s: f"length={s[-1]}"),
+                            bucket=lambda s: f"length={s[-1]},rows<={_tuned.rows_bucket(math.prod(s[:-1]))}"),
 }
 
 _FULL_SIG = Signature(("ptr", "ptr", "ptr", "ptr", "i64", "i64", "i32", "f64"))
 _ROWS_SIG = Signature(("ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i32", "i32", "f64"))
-_COLS_SIG = Signature(
-    ("ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64", "i32", "i32", "i32", "i32", "i32", "f64")
-)
+_COLS_SIG = Signature(("ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64", "i32", "i32", "i32", "i32", "f64"))
+_FOLD_SIG = Signature(("ptr", "ptr", "i64", "i64", "i32", "i32", "f64"))
 _STRIDED_SIG = Signature(("ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i32", "f64"))
 
 _cp = None
@@ -207,8 +197,8 @@ class _Single:
 
 
 class _TwoPass:
-    """The two-pass column reduction, prepared: pass one writes per-slice partials into the stream's
-    workspace scratch, pass two reduces them into the result. Same interface as :class:`_Single`."""
+    """The two-pass column reduction, prepared: pass one writes per-span partials into the stream's
+    workspace scratch, pass two combines them into the result. Same interface as :class:`_Single`."""
 
     __slots__ = ("first", "second", "partials", "shape", "dtype")
 
@@ -232,15 +222,14 @@ def _prepare(pl: Plan, x, o, op: Op, count: int, shape):
     capture that cannot have it is refused before a kernel is even loaded."""
     layout, p = pl.layout, pl.kernel
     kind = layout.kind
-    ws = workspace(pl.partials) if kind == "full" or pl.cols2 is not None else None
+    ws = workspace(pl.partials) if kind == "full" or pl.fold is not None else None
     kernels = [get_kernel(i) for i in plan_instantiations(pl, x.dtype, o, op.kernel_op)]
     tail = (op.finalize, float(count))
     if kind == "full":
+        # Element i at x[i * stride] from x's own first element, whatever the stride's sign: the tree
+        # numbers elements in x's order, never in memory order.
         (n, stride), = layout.red
-        offset = 0
-        if stride < 0:
-            offset, stride = (n - 1) * stride * x.itemsize, -stride
-        return _Single(kernels[0], p.config, _FULL_SIG, (ws.partials.data.ptr, ws.counter.data.ptr), offset,
+        return _Single(kernels[0], p.config, _FULL_SIG, (ws.partials.data.ptr, ws.counter.data.ptr), 0,
                        (n, stride) + tail, shape, o)
     if kind == "rows":
         inner, s0, s1 = two_level(layout.kept)
@@ -252,17 +241,11 @@ def _prepare(pl: Plan, x, o, op: Op, count: int, shape):
         return _Single(kernels[0], p.config, _STRIDED_SIG, (), 0,
                        (layout.outputs, o_inner, o_s0, o_s1, layout.count, r_inner, r_s0, r_s1) + tail, shape, o)
     outer, s_outer, rows, s_row, cols = cols_geometry(layout)
-    if pl.cols2 is None:
-        return _Single(kernels[0], p.config, _COLS_SIG, (), 0,
-                       (outer, rows, cols, s_outer, s_row, p.rows_per_slice, 1, p.strips, p.cw, p.vector) + tail,
-                       shape, o)
-    q = pl.cols2
-    first = _Single(kernels[0], p.config, _COLS_SIG, (), 0,
-                    (outer, rows, cols, s_outer, s_row, p.rows_per_slice, p.slices, p.strips, p.cw, p.vector,
-                     FINISH_NONE, 1.0), shape, o)
-    second = _Single(kernels[1], q.config, _COLS_SIG, (), 0,
-                     (outer, p.slices, cols, p.slices * cols, cols, q.rows_per_slice, 1, q.strips, q.cw, q.vector)
-                     + tail, shape, o)
+    geometry = (outer, rows, cols, s_outer, s_row, p.span, p.spans, p.strips, p.vector)
+    if pl.fold is None:
+        return _Single(kernels[0], p.config, _COLS_SIG, (), 0, geometry + tail, shape, o)
+    first = _Single(kernels[0], p.config, _COLS_SIG, (), 0, geometry + (FINISH_NONE, 1.0), shape, o)
+    second = _Single(kernels[1], pl.fold.config, _FOLD_SIG, (), 0, (outer, cols, p.spans) + tail, shape, o)
     return _TwoPass(first, second, ws.scratch.data.ptr, shape, o)
 
 
@@ -356,13 +339,14 @@ def _elementwise(op: Op, x, dst) -> None:
         cp.multiply(dst, dst, out=dst)
 
 
-def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None = None):
+def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None = None, sm: int | None = None):
     """The public ops' body. ``knobs`` picks the tuning (for sweeps); None: the tuning cache's winner for
-    this call (:func:`_tuned_knobs`), else :data:`DEFAULT_KNOBS`."""
+    this call (:func:`_tuned_knobs`), else :data:`DEFAULT_KNOBS`. ``sm`` plans as if the device had that
+    many SMs (tests: the bits must not change); such calls bypass the call cache."""
     cp = _cp or _cupy()
     key = None
     nd = cp.ndarray
-    if type(x) is nd and (out is None or type(out) is nd):
+    if sm is None and type(x) is nd and (out is None or type(out) is nd):
         if knobs is None:
             knobs = _tuned_knobs(x, axis)
         try:
@@ -394,7 +378,7 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
         raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
     device = x.data.device_id
     with on_device(device):
-        pl = _plan_of(x, axes, o, knobs)
+        pl = _plan_of(x, axes, o, knobs, sm)
         aligned = x.data.ptr % x.itemsize == 0
         direct = None if out is None else bool(out.flags.c_contiguous and out.data.ptr % out.itemsize == 0)
         why = temporary(pl, aligned=aligned, converts=o != final, out_direct=direct)
@@ -422,7 +406,7 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
             return out
         if not aligned:
             x = x.copy()
-            pl = _plan_of(x, axes, o, knobs)
+            pl = _plan_of(x, axes, o, knobs, sm)
         if pl.copy:
             order = [i for i in range(x.ndim) if i not in axes] + list(axes)
             x = cp.ascontiguousarray(x.transpose(order))
@@ -436,9 +420,9 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
         return out
 
 
-def _plan_of(x, axes, o, knobs: Knobs) -> Plan:
+def _plan_of(x, axes, o, knobs: Knobs, sm: int | None = None) -> Plan:
     return _plan_cached(x.shape, x.dtype, axes, tuple(s // x.itemsize for s in x.strides), x.data.ptr % 16, o,
-                        sm_count(x.data.device_id), knobs)
+                        sm_count(x.data.device_id) if sm is None else sm, knobs)
 
 
 _plans = CallCache(1024)
@@ -469,7 +453,8 @@ def sum(x, axis=None, *, dtype=None, keepdims=False, out=None):  # noqa: A001 - 
         kernel directly when C-contiguous, else through a temporary. The module notes say which calls a
         CUDA graph can capture.
 
-    Deterministic: the same input gives bit-identical results on every run.
+    Reproducible: the bits depend only on the values, the reduced length, the dtypes and the op (one fixed
+    tree per reduced length; the module notes), as :func:`cukern.reference.sum_emulated` computes them.
     """
     return _reduce("sum", x, axis, dtype, keepdims, out)
 

@@ -1,8 +1,19 @@
 """Reductions, planned: dtype rules, the op table, how a layout maps onto the kernels, launch plans and the
 instantiations they need. Pure: nothing here touches a GPU, so all of it is tested on a CPU.
 
-Dispatch (:func:`classify`). The kept and the reduced dimensions are each collapsed into as few (size,
-stride) levels as the strides allow (reduced ones in any order, largest stride first). Then, in order:
+The tree (issue 13). Every result is one fixed tree over its n reduced elements, numbered in C order over
+the reduced axes as the caller sees them: leaves of :data:`TREE_LEAF` = 256 consecutive elements; in each
+leaf, chain c of :data:`TREE_CHAINS` = 32 adds elements c, c + 32, ... (:data:`TREE_CHAIN_LENGTH` = 8 of
+them) one after another; the chains, in order, are the leaves of a perfect binary tree with neighbours
+paired first, padded with the identity to a power of two. It depends on n alone, so its bits depend only on
+the values, n, the dtypes and the op: every plan below (any grid, block, knob or SM count) and every kernel
+(full, rows, columns, strided, after a copy or not) is a split of that same tree over threads, warps,
+blocks and launches, and :func:`cukern.reference.sum_emulated` and its siblings compute it on the host.
+What a plan may choose is how many threads share a row, how long a span of chunks one warp takes (a power
+of two, so that spans are subtrees), how many loads are in flight, the grid and the block.
+
+Dispatch (:func:`classify`). The kept and the reduced dimensions are each collapsed, in their own order,
+into as few (size, stride) levels as the strides allow. Then, in order:
 
 * ``empty``: no outputs; nothing to compute;
 * ``fill``: no element to reduce; every output is the op's value of an empty reduction (0, NaN for mean);
@@ -10,9 +21,11 @@ stride) levels as the strides allow (reduced ones in any order, largest stride f
 * ``full``: nothing kept, one reduced level of any stride: ``reduce_full``, one launch (last block done);
 * ``rows``: the reduced level is contiguous: ``reduce_rows``;
 * ``cols``: the reduced level is strided and the kept inner level contiguous: ``reduce_cols`` (coalesced
-  across columns), and a second launch over per-slice partials when the rows are split;
+  across columns), and ``reduce_cols_fold`` over per-span partials when a column is split into spans;
 * ``strided``: any other layout of at most two kept and two reduced levels: ``reduce_strided``;
-* ``copy``: deeper layouts; the plan copies the input to contiguous (reduced axes last) and reduces that.
+* ``copy``: deeper layouts, and reduced axes that do not collapse with nothing kept (a full reduction of a
+  transposed array); the plan copies the input to contiguous (kept axes, then reduced ones, each in order)
+  and reduces that.
 
 Memory traffic, the count every GB/s figure uses: x read once, the result written once (:func:`bytes_moved`).
 """
@@ -41,34 +54,58 @@ I32, I64, BOOL = np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.bool_)
 FLOATS = (F32, F64, F16, BFLOAT16)
 INTS = (I32, I64)
 
+# The tree (reduce.cu's CHAINS, CHAIN_LENGTH and LEAF).
+TREE_CHAINS = 32
+TREE_CHAIN_LENGTH = 8
+TREE_LEAF = TREE_CHAINS * TREE_CHAIN_LENGTH
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
 
 @dataclass(frozen=True)
 class Knobs:
-    """The tuning space of the full and row kernels (the lab's tuner sweeps it).
+    """The tuning space of the full and row kernels (the lab's tuner sweeps it). Every setting is a split
+    of the one tree (module notes), so every setting gives the same bits.
 
-    Full reduction: blocks of ``full_block`` threads, ``full_blocks_per_sm`` of them per SM at most,
-    ``full_unroll`` 16-byte loads in flight per thread. Two 512-thread blocks fill an SM's 2048 threads by
-    half, which keeps 2 * 512 * 4 * 16 = 64 KiB of loads in flight per SM, about twice the latency-bandwidth
-    product.
+    Full reduction: blocks of ``full_block`` threads (a power of two, 64 to 1024), ``full_blocks_per_sm``
+    of them per SM at most, ``full_unroll`` 16-byte loads in flight per thread (2, 4 or 8: a divisor of
+    the chain length).
 
-    Rows: threads per row from (4, 32, 128, ``row_max_tpr``), the smallest that leaves each thread about
-    ``row_items`` 16-byte vectors; up to 32 threads per row share blocks of ``ROW_SMALL_BLOCK``, more get a
-    block of their own. ``row_unroll`` independent 16-byte loads in flight per thread. ``row_threads_per_sm``
-    caps the registers: ``__launch_bounds__(block, row_threads_per_sm / block)`` (1024: 64 registers).
-    ``row_waves``: grid cap in waves of those resident blocks, the blocks then looping over rows (None: a
-    block per row group).
+    Rows: threads per row, for rows longer than one warp's chunk, the smallest power of two from 32 to
+    ``row_max_tpr`` that leaves each thread at most ``row_items`` 16-byte vectors (shorter rows take a
+    sub-warp group that covers them); up to 32 threads per row share blocks of ``ROW_SMALL_BLOCK``, more
+    get a block of their own. ``row_unroll`` 16-byte loads in flight per thread (2, 4 or 8).
+    ``row_threads_per_sm`` caps the registers: ``__launch_bounds__(block, row_threads_per_sm / block)``
+    (1024: 64 registers). ``row_waves``: grid cap in waves of those resident blocks, the blocks then
+    looping over rows (None: a block per row group).
 
-    The defaults are the H200 sweep's winners (bench/NOTES.md, "Reductions").
+    The defaults are the H200 sweep's winners (bench/NOTES.md, "Reductions"), the unrolls excepted: those
+    now count the loads of one chain step batch (bench/NOTES.md, "Reductions: one tree").
     """
 
     full_block: int = 512
     full_blocks_per_sm: int = 2
-    full_unroll: int = 4
+    full_unroll: int = 8
     row_items: int = 8
     row_max_tpr: int = 256
     row_unroll: int = 4
     row_threads_per_sm: int = 1024
     row_waves: int | None = 32
+
+    def __post_init__(self):
+        if not (_pow2(self.full_block) and 64 <= self.full_block <= 1024):
+            raise ValueError(f"full_block must be a power of two from 64 to 1024, got {self.full_block}")
+        if not (_pow2(self.row_max_tpr) and 32 <= self.row_max_tpr <= 1024):
+            raise ValueError(f"row_max_tpr must be a power of two from 32 to 1024, got {self.row_max_tpr}")
+        for name in ("full_unroll", "row_unroll"):
+            if getattr(self, name) not in (1, 2, 4, 8):
+                raise ValueError(f"{name} must divide the chain length {TREE_CHAIN_LENGTH}, got {getattr(self, name)}")
+        if self.full_blocks_per_sm < 1 or self.row_items < 1 or self.row_threads_per_sm < 32:
+            raise ValueError(f"knobs out of range: {self}")
+        if self.row_waves is not None and self.row_waves < 1:
+            raise ValueError(f"row_waves must be None or positive, got {self.row_waves}")
 
 
 DEFAULT_KNOBS = Knobs()
@@ -76,21 +113,35 @@ _KNOB_NAMES = frozenset(f.name for f in dataclasses.fields(Knobs))
 
 
 def make_knobs(d: dict) -> Knobs:
-    """Knobs from a stored dict; names Knobs does not have are ignored."""
+    """Knobs from a stored dict; names Knobs does not have are ignored (ValueError for values that do not
+    fit)."""
     return Knobs(**{k: v for k, v in d.items() if k in _KNOB_NAMES})
 
 
 FULL_BLOCK, FULL_BLOCKS_PER_SM, FULL_UNROLL = (
     DEFAULT_KNOBS.full_block, DEFAULT_KNOBS.full_blocks_per_sm, DEFAULT_KNOBS.full_unroll)
-FULL_PARTIALS = 4096  # per-block partials the workspace holds (8 bytes each); plans use blocks_per_sm * SMs
+FULL_PARTIALS = 4096  # per-block partials the workspace holds (8 bytes each)
+FULL_FOLD = 8  # partials each thread of reduce_full's last block combines: the grid is at most 8 blocks
 ROW_SMALL_BLOCK = 128
 ROW_INDEX32_LIMIT = 2**30  # rows shorter than this index within the row in 32 bits (fewer registers)
 COL_BLOCK = 256
-COL_ACC_BYTES = 32  # column packs: at most this many accumulator bytes a thread (VEC accumulators)
 COL_WAVES = 2  # target blocks for the column pass, in waves of resident blocks
-COL_MIN_ROWS = 64  # fewest rows a slice is given (fewer slices for short columns)
+COL_MAX_SPANS = 128  # spans a column is split into at most (reduce_cols_fold's stack)
+COL_STACK_DEPTH = 20  # reduce_cols' span stack: spans of up to 2^19 leaves
+FOLD_BLOCK = 128
 STRIDED_BLOCK = 128
 STRIDED_WAVES = 8
+
+
+def lane_elements(itemsize: int) -> int:
+    """Elements one lane reads per chain step (reduce.cu ``lane_elements``): a 16-byte vector, 8 bytes for
+    1-byte types."""
+    return min(16 // itemsize, 8)
+
+
+def chunk_elements(itemsize: int, lanes: int = 32) -> int:
+    """Elements of one chunk of ``lanes`` lanes: ``lanes / (32 / lane_elements)`` leaves."""
+    return lanes * lane_elements(itemsize) * TREE_CHAIN_LENGTH
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -241,10 +292,10 @@ def classify(shape, strides, axes) -> Layout:
         red = tuple((shape[i], strides[i]) for i in axes)
         return Layout("empty" if math.prod(n for n, _ in kept) == 0 else "fill", kept, red)
     kept = _levels([shape[i] for i in kept_axes], [strides[i] for i in kept_axes])
-    # Reduced dimensions may be visited in any order: largest stride first lets a transposed contiguous
-    # array collapse to one level.
-    red_axes = sorted(axes, key=lambda i: -abs(strides[i]))
-    red = _levels([shape[i] for i in red_axes], [strides[i] for i in red_axes])
+    # Reduced dimensions in their own order, whatever their strides: that order numbers the elements of
+    # each result's tree, so a layout that is not C-ordered over them (a full sum of a transposed array)
+    # keeps two levels, and is copied, rather than being reduced in memory order.
+    red = _levels([shape[i] for i in axes], [strides[i] for i in axes])
     if not red:
         return Layout("none", kept, red)
     if not kept:
@@ -282,6 +333,10 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
 class _OneLaunch:
     """A plan launching ``grid`` blocks of ``block`` threads (fields of the dataclasses below)."""
 
@@ -298,14 +353,14 @@ class FullPlan(_OneLaunch):
 
 
 def plan_full(n: int, itemsize: int, sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> FullPlan:
-    """Grid for ``reduce_full``: enough blocks that each thread has at least one unrolled iteration
-    (``knobs.full_unroll`` 16-byte vectors), at most ``knobs.full_blocks_per_sm`` per SM and no more than
-    the workspace has partials for. Depends only on ``n``, the item size, the SM count and the knobs, so
-    the combine order, and the result, never depend on timing."""
-    block, unroll = knobs.full_block, knobs.full_unroll
-    per_block = block * unroll * (16 // itemsize)
-    grid = max(1, min(_cdiv(n, per_block), knobs.full_blocks_per_sm * sm_count, FULL_PARTIALS))
-    return FullPlan(block, grid, unroll)
+    """Grid for ``reduce_full``: a warp for each chunk (:func:`chunk_elements`), at most
+    ``knobs.full_blocks_per_sm`` blocks per SM, and no more partials than the last block combines
+    (``FULL_FOLD`` a thread) or the workspace holds; the warps then take spans of several chunks. Any grid
+    computes the same tree."""
+    block = knobs.full_block
+    chunks = _cdiv(n, chunk_elements(itemsize))
+    grid = min(_cdiv(chunks, block // 32), knobs.full_blocks_per_sm * sm_count, FULL_FOLD * block, FULL_PARTIALS)
+    return FullPlan(block, max(1, grid), knobs.full_unroll)
 
 
 @dataclass(frozen=True)
@@ -318,9 +373,20 @@ class RowsPlan(_OneLaunch):
     index32: bool = True  # 32-bit indices within a row (rows shorter than ROW_INDEX32_LIMIT)
 
 
-def row_tprs(knobs: Knobs = DEFAULT_KNOBS) -> tuple:
-    """Threads per row the planner picks from."""
-    return tuple(sorted({t for t in (4, 32, 128) if t < knobs.row_max_tpr} | {knobs.row_max_tpr}))
+def row_tpr(length: int, itemsize: int, knobs: Knobs = DEFAULT_KNOBS) -> int:
+    """Threads per row: rows of at most one warp's chunk (:func:`chunk_elements`) take the sub-warp group
+    whose one chunk covers them; longer rows the smallest power of two from 32 to ``knobs.row_max_tpr``
+    whose warps each take at most ``knobs.row_items`` 16-byte vectors a thread (spans of chunks rounded up
+    to a power of two)."""
+    cv = lane_elements(itemsize)
+    leaves = max(1, _cdiv(length, TREE_LEAF))
+    if leaves <= cv:
+        return TREE_CHAINS // cv * _pow2_ceil(leaves)
+    chunks = _cdiv(leaves, cv)
+    tpr = 32
+    while tpr < knobs.row_max_tpr and _pow2_ceil(_cdiv(chunks, tpr // 32)) * TREE_CHAIN_LENGTH > knobs.row_items:
+        tpr *= 2
+    return tpr
 
 
 def row_block(tpr: int) -> int:
@@ -334,13 +400,10 @@ def _row_min_blocks(block: int, knobs: Knobs) -> int:
 
 
 def plan_rows(length: int, rows: int, itemsize: int, sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> RowsPlan:
-    """Threads per row: the smallest of :func:`row_tprs` that leaves each thread about ``knobs.row_items``
-    16-byte vectors (so several loads are in flight). The grid covers the rows, capped at
-    ``knobs.row_waves`` waves of resident blocks (``min_blocks`` per SM, guaranteed by the register cap).
-    ``tpr`` depends only on the row length: a row's result does not depend on the batch."""
-    nvec = _cdiv(length, 16 // itemsize)
-    tprs = row_tprs(knobs)
-    tpr = next((t for t in tprs if t * knobs.row_items >= nvec), tprs[-1])
+    """Threads per row from :func:`row_tpr`; the grid covers the rows, capped at ``knobs.row_waves`` waves
+    of resident blocks (``min_blocks`` per SM, guaranteed by the register cap). Any of them computes each
+    row's tree, so a row's result depends on neither the batch nor the knobs."""
+    tpr = row_tpr(length, itemsize, knobs)
     block = row_block(tpr)
     min_blocks = _row_min_blocks(block, knobs)
     per_block = block // tpr
@@ -356,9 +419,9 @@ def plan_rows(length: int, rows: int, itemsize: int, sm_count: int = 132, knobs:
 class ColsPlan:
     vec: int  # adjacent columns a thread owns
     vector: bool  # one aligned pack load per row (else vec scalar loads)
-    cw: int  # column lanes per block (the other BLOCK / cw lanes split the rows)
-    slices: int
-    rows_per_slice: int
+    q: int  # chains a thread owns (32 / q row lanes, COL_BLOCK * q / 32 column lanes)
+    span: int  # leaves a block takes (a power of two)
+    spans: int  # spans a column is split into (reduce_cols_fold combines them when more than one)
     strips: int
     outer: int
 
@@ -366,7 +429,12 @@ class ColsPlan:
 
     @property
     def grid(self) -> int:
-        return self.strips * self.slices * self.outer
+        return self.strips * self.spans * self.outer
+
+    @property
+    def columns(self) -> int:
+        """Columns one block owns."""
+        return COL_BLOCK * self.q // TREE_CHAINS * self.vec
 
     @property
     def config(self) -> LaunchConfig:
@@ -374,26 +442,41 @@ class ColsPlan:
 
 
 def col_vector_width(itemsize: int, acc_itemsize: int) -> int:
-    """Columns a thread owns: a 16-byte pack, but at most COL_ACC_BYTES of accumulators."""
-    return min(16 // itemsize, COL_ACC_BYTES // acc_itemsize)
+    """Columns a thread owns: a 16-byte pack, but no more than 16 bytes of accumulators a chain (a column
+    thread holds its chains and its loads in flight in registers)."""
+    return min(16 // itemsize, 16 // acc_itemsize)
 
 
-def plan_cols(outer: int, rows: int, cols: int, vec: int, vector: bool, sm_count: int = 132, *,
-              slices: int | None = None) -> ColsPlan:
-    """Column lanes: 256 (a block spans 256 * vec columns) when the columns fill that, else 32 with 8 row
-    lanes. Slices: enough row slices that the grid makes ``COL_WAVES`` waves of resident blocks, each slice
-    at least ``COL_MIN_ROWS`` rows. ``slices`` forces a count (1 for the second pass over the partials,
-    which is short, so it takes 32 column lanes: 8x the blocks of 256)."""
-    cw = COL_BLOCK if cols >= COL_BLOCK * vec and slices is None else 32
-    strips = _cdiv(cols, cw * vec)
-    if slices is None:
-        target = COL_WAVES * sm_count * (2048 // COL_BLOCK)
-        slices = max(1, min(_cdiv(target, strips * outer), rows // COL_MIN_ROWS))
-    rows_per_slice = _cdiv(rows, slices) if rows else 1
-    slices = max(1, _cdiv(rows, rows_per_slice))
-    if strips * slices * outer >= 2**31:
-        raise ValueError(f"column reduction of {outer} x {rows} x {cols} needs too many blocks")
-    return ColsPlan(vec, vector, cw, slices, rows_per_slice, strips, outer)
+def col_chains(cols: int, vec: int) -> int:
+    """Chains a column thread owns: 4 (8 row lanes by 32 column lanes, a warp reading one row's 32 packs)
+    when the columns fill those lanes, else 1 (32 row lanes by 8 column lanes)."""
+    return 4 if cols >= 32 * vec else 1
+
+
+def plan_cols(outer: int, rows: int, cols: int, vec: int, vector: bool, q: int, sm_count: int = 132) -> ColsPlan:
+    """Spans: enough that the grid makes ``COL_WAVES`` waves of resident blocks, at most one per leaf and
+    ``COL_MAX_SPANS``; each span a power of two of leaves, so that every split is the same tree."""
+    strips = _cdiv(cols, COL_BLOCK * q // TREE_CHAINS * vec)
+    leaves = _cdiv(rows, TREE_LEAF)
+    target = COL_WAVES * sm_count * (2048 // COL_BLOCK)
+    want = max(1, min(_cdiv(target, strips * outer), leaves, COL_MAX_SPANS))
+    span = _pow2_ceil(_cdiv(leaves, want))
+    spans = _cdiv(leaves, span)
+    if span > 2 ** (COL_STACK_DEPTH - 1) or strips * spans * outer >= 2**31:
+        raise ValueError(f"column reduction of {outer} x {rows} x {cols} is too large for one launch")
+    return ColsPlan(vec, vector, q, span, spans, strips, outer)
+
+
+@dataclass(frozen=True)
+class FoldPlan(_OneLaunch):
+    """``reduce_cols_fold``: a thread per column and matrix."""
+
+    block: int
+    grid: int
+
+
+def plan_fold(outer: int, cols: int) -> FoldPlan:
+    return FoldPlan(FOLD_BLOCK, max(1, _cdiv(outer * cols, FOLD_BLOCK)))
 
 
 @dataclass(frozen=True)
@@ -422,18 +505,23 @@ def _rows_inst(t, o, op: int, p: RowsPlan) -> Instantiation:
 
 
 def _row_plans(knobs: Knobs = DEFAULT_KNOBS) -> list:
-    """A rows plan for each threads-per-row choice and index width (the instantiation depends on the block
-    and the index width only)."""
+    """A rows plan for each block the planner can pick under ``knobs`` and each index width (the
+    instantiation depends on the block and the index width only)."""
     out = []
-    for tpr in row_tprs(knobs):
+    tprs = [16] + [t for t in (32, 64, 128, 256, 512, 1024) if t <= knobs.row_max_tpr]
+    for tpr in tprs:
         block = row_block(tpr)
         for index32 in (True, False):
             out.append(RowsPlan(tpr, block, 1, knobs.row_unroll, _row_min_blocks(block, knobs), index32))
     return out
 
 
-def _cols_inst(t, p_dtype, op: int, vec: int) -> Instantiation:
-    return Instantiation(SOURCE, "reduce_cols", (t, p_dtype, op, vec, COL_BLOCK))
+def _cols_inst(t, p_dtype, op: int, vec: int, q: int) -> Instantiation:
+    return Instantiation(SOURCE, "reduce_cols", (t, p_dtype, op, vec, q))
+
+
+def _fold_inst(a, o, op: int) -> Instantiation:
+    return Instantiation(SOURCE, "reduce_cols_fold", (a, o, op))
 
 
 def _strided_inst(t, o, op: int) -> Instantiation:
@@ -455,9 +543,9 @@ def kernel_combos() -> list:
 
 
 def instantiations() -> list:
-    """Every production instantiation the dispatcher can launch: for each combo, the full, rows and strided
-    kernels, and the column kernel writing results (one pass), writing partials (first of two passes) and
-    reading partials (second pass)."""
+    """Every production instantiation the dispatcher can launch with the default knobs: for each combo, the
+    full, rows and strided kernels, and for each chain count the column kernel writing results (one pass)
+    and writing partials (first of two passes), and the fold of those partials."""
     out = set()
     for t, o, op in kernel_combos():
         a = acc_dtype(o)
@@ -466,9 +554,10 @@ def instantiations() -> list:
             out.add(_rows_inst(t, o, op, rp))
         out.add(_strided_inst(t, o, op))
         vec = col_vector_width(t.itemsize, a.itemsize)
-        out.add(_cols_inst(t, o, op, vec))
-        out.add(_cols_inst(t, a, op, vec))
-        out.add(_cols_inst(a, o, _combine_op(op), col_vector_width(a.itemsize, a.itemsize)))
+        for q in (1, 4):
+            out.add(_cols_inst(t, o, op, vec, q))
+            out.add(_cols_inst(t, a, op, vec, q))
+        out.add(_fold_inst(a, o, _combine_op(op)))
     return sorted(out, key=lambda i: (i.name, i.expression))
 
 
@@ -486,15 +575,15 @@ KERNEL_KINDS = ("full", "rows", "cols", "strided")
 
 @dataclass(frozen=True)
 class Plan:
-    """Every launch one reduction makes: ``copy`` (the input is first copied to contiguous, reduced axes
-    last; ``layout`` then describes the copy), then the kernel for ``layout.kind`` with its plan; ``cols2``
-    is the second column pass over the per-slice partials (None when the rows were not split), which need
-    ``partials`` bytes of the stream's workspace."""
+    """Every launch one reduction makes: ``copy`` (the input is first copied to contiguous, kept axes then
+    reduced ones; ``layout`` then describes the copy), then the kernel for ``layout.kind`` with its plan;
+    ``fold`` is the second column pass over the per-span partials (None when a column is one span), which
+    need ``partials`` bytes of the stream's workspace."""
 
     layout: Layout
     copy: bool
     kernel: object  # FullPlan, RowsPlan, ColsPlan, StridedPlan; None for "empty", "fill" and "none"
-    cols2: ColsPlan | None = None
+    fold: FoldPlan | None = None
     partials: int = 0
 
 
@@ -502,7 +591,8 @@ def plan(shape, dtype, axis=None, *, strides=None, ptr: int = 0, op: str = "sum"
          sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> Plan:
     """The launches for reducing ``axis`` of an array of ``shape`` and ``dtype`` with ``strides`` (in
     elements; default contiguous) at address ``ptr`` (only its alignment matters), for ``op`` producing
-    ``out_dtype`` (default: ``op``'s NumPy result dtype). Depends on nothing else."""
+    ``out_dtype`` (default: ``op``'s NumPy result dtype). Depends on nothing else, and whatever
+    ``sm_count`` and ``knobs`` are, every result is the same tree (module notes)."""
     shape = tuple(shape)
     t = np.dtype(dtype)
     o = np.dtype(out_dtype) if out_dtype is not None else default_dtype(op, t)
@@ -528,13 +618,11 @@ def plan(shape, dtype, axis=None, *, strides=None, ptr: int = 0, op: str = "sum"
     outer, s_outer, rows, s_row, cols = cols_geometry(layout)
     a = acc_dtype(o)
     vec = col_vector_width(t.itemsize, a.itemsize)
-    first = plan_cols(outer, rows, cols, vec, _cols_aligned(ptr, vec, t.itemsize, (s_row, s_outer)), sm_count)
-    if first.slices == 1:
+    q = col_chains(cols, vec)
+    first = plan_cols(outer, rows, cols, vec, _cols_aligned(ptr, vec, t.itemsize, (s_row, s_outer)), q, sm_count)
+    if first.spans == 1:
         return Plan(layout, copy, first)
-    vec2 = col_vector_width(a.itemsize, a.itemsize)
-    second = plan_cols(outer, first.slices, cols, vec2, _cols_aligned(0, vec2, a.itemsize, (cols,)), sm_count,
-                       slices=1)
-    return Plan(layout, copy, first, second, outer * first.slices * cols * a.itemsize)
+    return Plan(layout, copy, first, plan_fold(outer, cols), outer * first.spans * cols * a.itemsize)
 
 
 def plan_instantiations(pl: Plan, t, o, op: int) -> list:
@@ -549,10 +637,10 @@ def plan_instantiations(pl: Plan, t, o, op: int) -> list:
     if kind == "strided":
         return [_strided_inst(t, o, op)]
     if kind == "cols":
-        if pl.cols2 is None:
-            return [_cols_inst(t, o, op, p.vec)]
+        if pl.fold is None:
+            return [_cols_inst(t, o, op, p.vec, p.q)]
         a = acc_dtype(o)
-        return [_cols_inst(t, a, op, p.vec), _cols_inst(a, o, _combine_op(op), pl.cols2.vec)]
+        return [_cols_inst(t, a, op, p.vec, p.q), _fold_inst(a, o, _combine_op(op))]
     return []
 
 

@@ -6,6 +6,10 @@ Reference (float64, :func:`cukern.reference.rms_norm`)::
 
 Memory traffic, the count every GB/s figure uses: read x (and residual), write out (and residual), read
 weight once: ``bytes_moved``.
+
+Reproducibility: a row's sum of squares is one tree fixed by the hidden size (:func:`tree_classes`) and every
+float32 step is rounded to nearest, so the bits never depend on the launch (the exact emulators:
+:func:`cukern.reference.rms_norm_emulated`, :func:`cukern.reference.fused_add_rms_norm_emulated`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ MAX_TPR = 512
 MAX_ITEMS = 16
 MAX_BYTES = 64  # of the row a thread holds in registers (see plan)
 WIDE_BLOCK, WIDE_ITEMS = 512, 4
+MIN_CLASSES, MAX_CLASSES = 8, 4096  # the summation tree's leaves (see tree_classes)
 MAX_HIDDEN = 2**31 - 2**20
 
 # The kernels' scalars, one struct (``RmsNormParams`` in cuda_src/rms_norm.cu): strides in elements.
@@ -43,13 +48,29 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
+def _pow2_at_most(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def tree_classes(hidden: int) -> int:
+    """C, the leaves of a row's summation tree, from the row length alone: element i of a row belongs to class
+    ``i % C``; each class sums its squares in index order (each square and sum rounded to float32, no fused
+    multiply-add) and the C class sums are added as a perfect binary tree, neighbours first. C is the least
+    power of two at or above ``hidden / 4`` (so a class holds three or four elements and the 16-byte path
+    keeps that many loads in flight per thread), between 8 (at least one 16-byte vector of classes) and 4096 (the wide
+    kernel's block of 512 threads times 8 lanes). Every plan computes exactly this tree, which is why a
+    row's bits do not depend on the launch: ``cukern.reference.rms_norm_emulated`` follows it on the host."""
+    return min(MAX_CLASSES, max(MIN_CLASSES, _pow2_at_least(math.ceil(hidden / 4))))
+
+
 @dataclass(frozen=True)
 class Plan:
     """The launch for one call: which kernel, its tile and its grid.
 
-    ``vec`` elements per access, ``tpr`` threads per row, ``items`` vectors per thread (rows kernel) or per
-    chunk (wide kernel), ``block`` threads per block, ``grid`` blocks, ``rows_per_block`` rows one block
-    holds at a time.
+    ``vec`` elements per access, ``tpr`` threads per row, ``groups`` groups of ``vec`` summation classes a
+    thread owns (``groups * tpr * vec`` is :func:`tree_classes`), ``items`` vectors per thread (rows
+    kernel) or per chunk (wide kernel), a multiple of ``groups``, ``block`` threads per block, ``grid``
+    blocks, ``rows_per_block`` rows one block holds at a time.
     """
 
     kernel: str  # "rows" (row held in registers) or "wide" (row streamed twice)
@@ -57,6 +78,7 @@ class Plan:
     rows: int
     vec: int
     tpr: int
+    groups: int
     items: int
     block: int
     grid: int
@@ -66,23 +88,31 @@ class Plan:
         return self.block // self.tpr
 
     @property
+    def classes(self) -> int:
+        """The leaves of the summation tree this launch computes: :func:`tree_classes` of ``hidden``."""
+        return self.groups * self.tpr * self.vec
+
+    @property
     def config(self) -> LaunchConfig:
         return LaunchConfig(grid=(self.grid,), block=(self.block,))
 
     def instantiation(self, dtype, weight_dtype, fused: bool) -> Instantiation:
         name = ("fused_add_rms_norm_" if fused else "rms_norm_") + self.kernel
         if self.kernel == "rows":
-            args = (dtype, weight_dtype, self.vec, self.tpr, self.items, self.block)
+            args = (dtype, weight_dtype, self.vec, self.tpr, self.groups, self.items, self.block)
         else:
-            args = (dtype, weight_dtype, self.vec, self.items, self.block)
+            args = (dtype, weight_dtype, self.vec, self.groups, self.items, self.block)
         return Instantiation(SOURCE, name, args)
 
 
 @dataclass(frozen=True)
 class Knobs:
-    """The tuning space. ``items_target``: vectors a thread keeps in flight; ``small_block``: threads per
-    block when several rows share one; ``waves``: grid cap in waves of resident blocks (None: a block per
-    row group). The defaults are what the H200 measurements chose (bench/NOTES.md, RMSNorm)."""
+    """The tuning space; no knob changes a row's summation tree (:func:`tree_classes`), only which threads
+    compute which part of it. ``items_target``: vectors a thread keeps in flight, at least one per element
+    of each class it owns (a class is never split), more by owning more classes (fewer threads per row);
+    ``small_block``: threads per block when several rows share one; ``waves``: grid cap in waves of
+    resident blocks (None: a block per row group). The defaults are what the H200 measurements chose
+    (bench/NOTES.md, RMSNorm)."""
 
     items_target: int = 4
     small_block: int = 128
@@ -93,11 +123,10 @@ DEFAULT_KNOBS = Knobs()
 
 
 def _tuning_rule(op: str) -> _tuned.Rule:
-    """Cache entries per hidden size and power-of-two row bucket; ``items_target`` decides a row's reduction
-    order, so it is kept across the buckets of one hidden size (batch invariance)."""
+    """Cache entries per hidden size and power-of-two row bucket. Buckets of one hidden size may hold
+    different knobs: none of them decides a row's summation order (no ``invariant`` knobs)."""
     return _tuned.Rule(op, DEFAULT_KNOBS, lambda d: Knobs(**d),
-                       bucket=lambda shape: f"hidden={shape[-1]},rows<={_tuned.rows_bucket(math.prod(shape[:-1]))}",
-                       invariant=("items_target",), family=lambda shape: f"hidden={shape[-1]}")
+                       bucket=lambda shape: f"hidden={shape[-1]},rows<={_tuned.rows_bucket(math.prod(shape[:-1]))}")
 
 
 TUNING = {False: _tuning_rule("rms_norm"), True: _tuning_rule("fused_add_rms_norm")}
@@ -107,30 +136,42 @@ def plan(hidden: int, rows: int, vec: int, itemsize: int, sm_count: int = 132, k
          *, fused: bool = False) -> Plan:
     """Pure launch planning from the row length, the row count and the usable vector width.
 
-    Threads per row: the power of two that gives each thread about ``knobs.items_target`` vectors (so each
-    thread has several independent 16-byte loads in flight), at most 1024. Rows of up to 32 threads share a
-    block of ``knobs.small_block`` threads; longer rows get a block each. A thread holds at most 64 bytes of its row
-    (16 accesses; 4 fused, which also holds the residual loads in flight) in blocks of at most 512 threads,
-    so the weight (or residual) loads in flight beside it fit in registers without spills; longer rows go
-    to the wide kernel. The plan depends on ``hidden`` and ``vec`` only, never on ``rows``, except
-    for the grid: that keeps every row's reduction order, and so its result, independent of the batch.
-    The grid covers every row group once, or with ``knobs.waves`` at most that many full waves of resident
-    blocks (``sm_count`` x 2048 / block), the blocks then looping over rows.
+    The summation tree is fixed by ``hidden`` (:func:`tree_classes`: C classes of three or four elements
+    each); the plan only splits its classes over threads. Thread t of a row owns ``groups`` groups of
+    ``vec`` neighbouring classes (vector columns t + k * tpr, k < items), so ``tpr = C / (groups * vec)``
+    threads per row and ``items = groups * s`` vectors per thread, s the power of two at or above
+    ``ceil(hidden / C)`` (slots past the row stay empty). ``groups`` is the fewest that keep a row within
+    512 threads, raised towards ``knobs.items_target`` vectors per thread. Rows of up to 32
+    threads share a block of ``knobs.small_block`` threads; longer rows get a block each. A thread holds at
+    most 64 bytes of its row (16 accesses; 4 fused, which also holds the residual loads in flight), so the
+    weight (or residual) loads in flight beside it fit in registers without spills; longer rows go to the
+    wide kernel, whose 512 threads walk the same classes chunk by chunk. Everything but the grid depends on
+    ``hidden``, ``vec`` and the knobs, never on ``rows``; and none of them changes the tree, so a row's bits
+    do not depend on the plan at all. The grid covers every row group once, or with ``knobs.waves`` at most
+    that many full waves of resident blocks (``sm_count`` x 2048 / block), the blocks then looping over rows.
     """
-    if hidden < 1 or vec < 1 or hidden % vec:
+    if vec not in (1, 2, 4, 8):
+        raise ValueError(f"vec={vec}; it must be 1, 2, 4 or 8 (a vector holds whole summation classes)")
+    if hidden < 1 or hidden % vec:
         raise ValueError(f"hidden={hidden} is not a positive multiple of vec={vec}")
-    nvec = hidden // vec
-    tpr = min(MAX_TPR, _pow2_at_least(math.ceil(nvec / knobs.items_target)))
-    items = _pow2_at_least(math.ceil(nvec / tpr))
-    max_items = MAX_ITEMS // 4 if fused else MAX_ITEMS
-    if items > min(max_items, MAX_BYTES // (vec * itemsize)):
-        kernel, tpr, items, block = "wide", WIDE_BLOCK, WIDE_ITEMS, WIDE_BLOCK
+    classes = tree_classes(hidden)
+    per_class = _pow2_at_least(math.ceil(hidden / classes))  # vectors per group: slots past the row stay empty
+    columns = classes // vec  # threads per row times groups
+    fit = min(MAX_ITEMS // 4 if fused else MAX_ITEMS, MAX_BYTES // (vec * itemsize))  # vectors a thread may hold
+    fewest = max(1, columns // MAX_TPR)
+    most = min(columns, fit // per_class)
+    if fewest > most:
+        kernel, block = "wide", min(WIDE_BLOCK, columns)
+        tpr, groups = block, columns // block
+        items = max(WIDE_ITEMS, groups)
     else:
+        groups = min(most, max(fewest, _pow2_at_most(knobs.items_target // per_class)))
+        tpr, items = columns // groups, groups * per_class
         kernel, block = "rows", (tpr if tpr > 32 else knobs.small_block)
     grid = math.ceil(rows / (block // tpr))
     if knobs.waves is not None:
         grid = min(grid, knobs.waves * sm_count * (2048 // block))
-    return Plan(kernel, hidden, rows, vec, tpr, items, block, max(1, min(grid, 2**31 - 1)))
+    return Plan(kernel, hidden, rows, vec, tpr, groups, items, block, max(1, min(grid, 2**31 - 1)))
 
 
 def widest_vector(hidden: int, itemsize: int) -> int:
@@ -155,16 +196,28 @@ def vector_width(hidden: int, arrays, weight=None) -> int:
     return vec
 
 
+# The knob values the tuner tries (cukern/lab/rmsnorm.py tunes over exactly these). Other items_target
+# values change few plans: larger ones only the element path's (a thread holds at most 64 bytes), smaller
+# ones only rows of at most 16 elements (a class is never split over threads).
+SPACE = {"items_target": (4, 8), "small_block": (64, 128, 256), "waves": (None, 2, 4, 8)}
+
+
 def instantiations():
-    """Every instantiation ``plan`` can choose, generated by running it over all row lengths it
-    distinguishes, for every supported dtype pair and both kernels."""
+    """The instantiations ``plan`` chooses, generated by planning every supported dtype pair, both kernels,
+    both vector widths and every ``items_target`` of :data:`SPACE` over one row length per (classes,
+    elements per class) pair, which is all ``plan`` reads of ``hidden``. Only the default ``small_block`` is
+    listed: the others change how many rows share a block, not the code, and compile on first use."""
+    lengths = [c * k for c in (MIN_CLASSES << i for i in range((MAX_CLASSES // MIN_CLASSES).bit_length()))
+               for k in range(1, MAX_ITEMS + 2) if tree_classes(c * k) == c]
+    knobs = [Knobs(items_target=i) for i in SPACE["items_target"]]
     out = set()
     dtypes = [(t, t) for t in FLOAT_TYPES] + [(t, np.dtype(np.float32)) for t in FLOAT_TYPES[1:]]
     for t, w in dtypes:
         for vec in sorted({16 // t.itemsize, 1}):
-            for nvec in range(1, MAX_TPR * MAX_ITEMS + 2):
-                for fused in (False, True):
-                    out.add(plan(nvec * vec, 1, vec, t.itemsize, fused=fused).instantiation(t, w, fused))
+            for hidden in lengths:
+                for k in knobs:
+                    for fused in (False, True):
+                        out.add(plan(hidden, 1, vec, t.itemsize, knobs=k, fused=fused).instantiation(t, w, fused))
     return sorted(out, key=lambda i: (i.name, i.expression))
 
 
@@ -397,7 +450,9 @@ def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None
     """Root-mean-square normalization over the last axis.
 
     ``out = x / sqrt(mean(x**2, axis=-1) + eps) * (offset + weight)``, computed in float32 and rounded
-    once to x's dtype. ``weight=None`` means 1; ``offset=1.0`` is the Gemma form.
+    once to x's dtype. ``weight=None`` means 1; ``offset=1.0`` is the Gemma form. A row's bits depend only
+    on its values, the hidden size, the dtypes, eps and offset: not on the other rows, the layout, the
+    tuning, the stream or the GPU (:func:`cukern.reference.rms_norm_emulated` computes them on the host).
 
     Parameters
     ----------

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,8 +27,9 @@ from . import _tuned
 from ._compile import Instantiation, get_kernel
 from ._dtypes import FLOAT_TYPES, dtype_name
 from ._interop import as_array
+from ._launch import _NO_SWITCH
 from ._launch import NULL as _NULL
-from ._launch import CallCache, LaunchConfig, Params, Signature, launch, on_device, sm_count, struct_argument
+from ._launch import CallCache, LaunchConfig, Params, launch, on_device, sm_count, struct_argument
 from ._layout import extent
 
 SOURCE = "rotary"
@@ -44,7 +46,9 @@ PARAMS = Params((("tokens", "i64"), ("q_ts", "i64"), ("q_hs", "i64"), ("k_ts", "
                  ("pos_stride", "i64"), ("cache_rows", "i64"), ("cache_ts", "i64"), ("sin_offset", "i64"),
                  ("pos64", "i32"), ("q_heads", "i32"), ("heads", "i32"), ("rot", "i32"), ("lanes", "i32"),
                  ("groups", "i32"), ("tokens_per_block", "i32"), ("sin_sign", "f32")))
-_CHECK_SIG = Signature(("ptr", "ptr", "i64", "i64", "i64"))
+# The position check's (``RotaryCheckParams``), packed once per call layout like PARAMS.
+CHECK_PARAMS = Params((("pos_stride", "i64"), ("tokens", "i64"), ("cache_rows", "i64")))
+_CHECK_CONFIG = LaunchConfig(grid=(1,), block=(CHECK_BLOCK,))
 
 
 @dataclass(frozen=True)
@@ -321,18 +325,44 @@ def _check_key_apart(call, query, key, offset: int) -> None:
     call.apart = offset
 
 
-def _check_positions(positions, cache_rows: int) -> None:
-    import cupy
+_found = threading.local()
 
-    found = cupy.empty(2, dtype=np.int64)
-    kernel = get_kernel(check_instantiation(positions.dtype))
-    launch(kernel, LaunchConfig(grid=(1,), block=(CHECK_BLOCK,)),
-           [found, positions, _elem_strides(positions)[0], positions.shape[0], cache_rows], _CHECK_SIG)
-    first, value = (int(v) for v in found.get())
+
+def _found_pair():
+    """This thread's answer slot for the position check: two int64 in pinned host memory, mapped into every
+    device's address space (unified addressing: the host address is the device address), which the check
+    kernel writes directly, as ``(NumPy view, kernel argument)``. A checked call reads it back before it
+    returns, so one per thread is never shared by two checks in flight."""
+    pair = getattr(_found, "pair", None)
+    if pair is None:
+        cuda = _cupy().cuda
+        flags = cuda.runtime.hostAllocPortable | cuda.runtime.hostAllocMapped
+        mem = cuda.PinnedMemoryPointer(cuda.PinnedMemory(16, flags), 0)
+        pair = _found.pair = (np.frombuffer(mem, np.int64, 2), struct_argument(np.array(mem.ptr, np.uint64)))
+    return pair
+
+
+def _check_positions(call, positions) -> None:
+    """IndexError naming the first token whose position is outside the cache, before the rotation is launched:
+    one small kernel on the current stream writes its answer into pinned host memory, the host waits for
+    the stream and reads it (no allocation, no copy). Refused while the stream captures a CUDA graph, where
+    the host cannot wait, before anything is recorded."""
+    stream = _cupy().cuda.get_current_stream()
+    if stream.is_capturing():
+        raise RuntimeError("check_positions=True waits for the GPU, which a CUDA graph capture cannot do; pass "
+                           "check_positions=False while capturing (out-of-range tokens are then left unrotated)")
+    host, address = _found_pair()
+    kernel = call.check_kernel
+    if kernel is None:
+        kernel = call.check_kernel = get_kernel(check_instantiation(positions.dtype)).kernel
+    launch(kernel, _CHECK_CONFIG, (address, positions, call.check_params))
+    stream.synchronize()
+    first, value = host.tolist()
     if first < positions.shape[0]:
+        rows = call.cache_rows
         raise IndexError(
-            f"positions[{first}] = {value} is outside cos_sin_cache's {cache_rows} rows "
-            f"(valid positions are 0..{cache_rows - 1}); query and key are unchanged. Build a longer "
+            f"positions[{first}] = {value} is outside cos_sin_cache's {rows} rows "
+            f"(valid positions are 0..{rows - 1}); query and key are unchanged. Build a longer "
             "cache with rope_cache, or clamp the positions"
         )
 
@@ -369,8 +399,9 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, is_neox: bool = Tr
     check_positions : bool
         True: a position outside ``[0, max_position)`` raises IndexError naming the first such token, with
         query and key unchanged (one host synchronization before the launch), also when there are no heads
-        to rotate. False: no synchronization (CUDA-graph capture, hot loops); such tokens are left
-        unrotated and the cache is never read out of bounds.
+        to rotate; while the current stream captures a CUDA graph it raises RuntimeError instead, before
+        anything is recorded. False: no synchronization (CUDA-graph capture, hot loops); such tokens are
+        left unrotated and the cache is never read out of bounds.
 
     Returns
     -------
@@ -384,16 +415,19 @@ class _Call:
     options: everything but the four pointers, with the scalar arguments already packed. ``inst`` None:
     tokens but no heads, so only the positions can be checked."""
 
-    __slots__ = ("device", "cache_rows", "inst", "config", "struct", "params", "has_key", "meet", "apart", "kernel")
+    __slots__ = ("device", "cache_rows", "check_params", "inst", "config", "struct", "params", "has_key", "meet",
+                 "apart", "kernel", "check_kernel")
 
-    def __init__(self, device, cache_rows, inst=None, config=None, struct=None, has_key=False, meet=None):
+    def __init__(self, device, cache_rows, check, inst=None, config=None, struct=None, has_key=False, meet=None):
         self.device, self.cache_rows, self.inst, self.config = device, cache_rows, inst, config
+        self.check_params = struct_argument(check)  # CHECK_PARAMS as the check kernel's argument
         # PARAMS as NumPy and as the kernel argument
         self.struct, self.params = struct, (None if struct is None else struct_argument(struct))
         self.has_key = has_key
         self.meet = meet  # (lo, hi): key's pointer minus query's at which their extents meet; None: no key
         self.apart = None  # the last such offset found to share no element
-        self.kernel = None  # the compiled function, fetched on the call's device at its first launch
+        # the compiled functions, fetched on the call's device at their first launch
+        self.kernel = self.check_kernel = None
 
 
 _calls = CallCache()
@@ -401,14 +435,15 @@ _MISSING = CallCache.MISSING
 
 
 def _call_key(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs) -> tuple:
-    """``(key, knobs, offset)``: the call cache's key, everything :func:`_plan_call` reads from the arguments
-    (shapes, strides, dtypes, the pointers' 16-byte alignment, devices, options, knobs) as one flat tuple,
-    cheap to hash; the knobs (the tuning cache's when ``knobs`` is None); key's pointer minus query's (None
-    without key). Each attribute is read once: this is most of a cached call's host time."""
+    """``(key, offset)``: the call cache's key, everything :func:`_plan_call` reads from the arguments (shapes,
+    strides, dtypes, the pointers' 16-byte alignment, devices, options) as one flat tuple, cheap to hash,
+    with the knobs as asked (None: the tuning cache's, looked up when the call is planned) and the tuning
+    cache's generation, so a call found needs no lookup; key's pointer minus query's (None without key).
+    Each attribute is read once: this is most of a cached call's host time."""
     if rotary_dim is not None and type(rotary_dim) is not int:
         rotary_dim = _int_arg(rotary_dim, "rotary_dim")  # so 64.0 cannot find the call 64 stored
     qd, cd, pd = query.data, cache.data, positions.data
-    qshape, qdtype, qptr, device = query.shape, query.dtype, qd.ptr, qd.device_id
+    qptr = qd.ptr
     if key is None:
         kshape = kdtype = kstrides = kalign = kdevice = offset = None
     else:
@@ -416,22 +451,17 @@ def _call_key(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs)
         kshape, kdtype, kstrides, kdevice = key.shape, key.dtype, key.strides, kd.device_id
         offset = kd.ptr - qptr
         kalign = kd.ptr & 15
-    if knobs is None:  # the tuning cache's winner for this device, dtype and shape, else the heuristic
-        knobs = DEFAULT_KNOBS
-        if len(qshape) == 3:
-            shape = (qshape[0], qshape[1], 0 if kshape is None or len(kshape) != 3 else kshape[1], qshape[2])
-            knobs = _tuned.lookup(TUNING[bool(is_neox)], device, qdtype, shape)
-    kn = None if knobs is DEFAULT_KNOBS else (knobs.items, knobs.target_block, knobs.waves, knobs.min_blocks)
-    ck = (qshape, query.strides, qdtype, qptr & 15, device, kshape, kstrides, kdtype, kalign, kdevice, cache.shape,
-          cache.strides, cache.dtype, cd.ptr & 15, cd.device_id, positions.shape, positions.strides,
-          positions.dtype, pd.device_id, is_neox, rotary_dim, inverse, kn)
-    return ck, knobs, offset
+    kn = None if knobs is None else (knobs.items, knobs.target_block, knobs.waves, knobs.min_blocks)
+    ck = (query.shape, query.strides, query.dtype, qptr & 15, qd.device_id, kshape, kstrides, kdtype, kalign, kdevice,
+          cache.shape, cache.strides, cache.dtype, cd.ptr & 15, cd.device_id, positions.shape, positions.strides,
+          positions.dtype, pd.device_id, is_neox, rotary_dim, inverse, kn, _tuned.generation)
+    return ck, offset
 
 
 def _prepare(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs=DEFAULT_KNOBS):
     """Validate and plan (no GPU needed): the :class:`_Call`, or None when there are no tokens. Memoized on
     :func:`_call_key`; a call that fails validation is never stored."""
-    ck, knobs, _ = _call_key(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs)
+    ck, _ = _call_key(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs)
     call = _calls.get(ck)
     if call is _MISSING:
         call = _plan_call(ck, positions, query, key, cache, is_neox, rotary_dim, inverse, knobs)
@@ -444,38 +474,47 @@ def _plan_call(ck, positions, query, key, cache, is_neox, rotary_dim, inverse, k
     q, k, cache, pos = args.query, args.key, args.cache, args.positions
     tokens = q.shape[0]
     nkv = 0 if k is None else k.shape[1]
-    call = None
-    if tokens and not q.shape[1] + nkv:
-        call = _Call(q.data.device_id, cache.shape[0])
-    elif tokens:
-        device = q.data.device_id
-        vec = vector_width(q, k, cache, args.rotary_dim, is_neox, args.sin_offset)
-        p = plan(tokens, q.shape[1], nkv, args.rotary_dim, vec, is_neox, sm_count(device), knobs)
-        qs = _elem_strides(q)
-        ks = _elem_strides(k) if k is not None else (0, 0, 1)
-        struct = PARAMS.struct(
-            tokens=tokens, q_ts=qs[0], q_hs=qs[1], k_ts=ks[0], k_hs=ks[1], pos_stride=_elem_strides(pos)[0],
-            cache_rows=cache.shape[0], cache_ts=_elem_strides(cache)[0], sin_offset=args.sin_offset,
-            pos64=int(pos.dtype == np.int64), q_heads=q.shape[1], heads=q.shape[1] + nkv, rot=args.rotary_dim,
-            lanes=p.lanes, groups=p.groups, tokens_per_block=p.tokens_per_block, sin_sign=-1.0 if inverse else 1.0)
-        meet = None
-        if nkv and q.shape[1]:
-            qlo, qhi = extent(0, q.shape, q.strides, q.itemsize)
-            klo, khi = extent(0, k.shape, k.strides, k.itemsize)
-            meet = (qlo - khi, qhi - klo)
-        call = _Call(device, cache.shape[0], p.instantiation(q.dtype, cache.dtype), p.config, struct, k is not None,
-                     meet)
-    return _calls.put(ck, call)
+    if not tokens:
+        return _calls.put(ck, None)
+    device = q.data.device_id
+    check = CHECK_PARAMS.struct(pos_stride=_elem_strides(pos)[0], tokens=tokens, cache_rows=cache.shape[0])
+    if not q.shape[1] + nkv:
+        return _calls.put(ck, _Call(device, cache.shape[0], check))
+    if knobs is None:  # the tuning cache's winner for this device, dtype and shape, else the heuristic
+        knobs = _tuned.lookup(TUNING[bool(is_neox)], device, q.dtype, (tokens, q.shape[1], nkv, q.shape[2]))
+    vec = vector_width(q, k, cache, args.rotary_dim, is_neox, args.sin_offset)
+    p = plan(tokens, q.shape[1], nkv, args.rotary_dim, vec, is_neox, sm_count(device), knobs)
+    qs = _elem_strides(q)
+    ks = _elem_strides(k) if k is not None else (0, 0, 1)
+    struct = PARAMS.struct(
+        tokens=tokens, q_ts=qs[0], q_hs=qs[1], k_ts=ks[0], k_hs=ks[1], pos_stride=_elem_strides(pos)[0],
+        cache_rows=cache.shape[0], cache_ts=_elem_strides(cache)[0], sin_offset=args.sin_offset,
+        pos64=int(pos.dtype == np.int64), q_heads=q.shape[1], heads=q.shape[1] + nkv, rot=args.rotary_dim,
+        lanes=p.lanes, groups=p.groups, tokens_per_block=p.tokens_per_block, sin_sign=-1.0 if inverse else 1.0)
+    meet = None
+    if nkv and q.shape[1]:
+        qlo, qhi = extent(0, q.shape, q.strides, q.itemsize)
+        klo, khi = extent(0, k.shape, k.strides, k.itemsize)
+        meet = (qlo - khi, qhi - klo)
+    return _calls.put(ck, _Call(device, cache.shape[0], check, p.instantiation(q.dtype, cache.dtype), p.config,
+                                struct, k is not None, meet))
 
 
-_ndarray = None  # cupy.ndarray once a call has imported CuPy (importing cukern does not)
+_cp = None  # CuPy and cupy.ndarray once a call has imported CuPy (importing cukern does not)
+_ndarray = None
+
+
+def _cupy():
+    global _cp, _ndarray
+    if _cp is None:
+        import cupy
+
+        _cp, _ndarray = cupy, cupy.ndarray
+    return _cp
 
 
 def _cupy_ndarray():
-    global _ndarray
-    import cupy
-
-    _ndarray = cupy.ndarray
+    _cupy()
     return _ndarray
 
 
@@ -487,7 +526,7 @@ def _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, che
                                                                 (cos_sin_cache, "cos_sin_cache")))
         query = as_array(query, "query", writable=True)
         key = None if key is None else as_array(key, "key", writable=True)
-    ck, knobs, offset = _call_key(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, knobs)
+    ck, offset = _call_key(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, knobs)
     call = _calls.get(ck)
     if call is _MISSING:
         call = _plan_call(ck, positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, knobs)
@@ -496,12 +535,15 @@ def _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, che
     meet = call.meet  # what depends on the addresses themselves is checked on every call
     if meet is not None and meet[0] < offset < meet[1] and offset != call.apart:
         _check_key_apart(call, query, key, offset)
-    with on_device(call.device):
-        if check_positions:
-            _check_positions(positions, call.cache_rows)
-        if call.inst is None:  # no heads
-            return
-        kernel = call.kernel
-        if kernel is None:
-            kernel = call.kernel = get_kernel(call.inst).kernel
-        launch(kernel, call.config, (query, key if call.has_key else _NULL, cos_sin_cache, positions, call.params))
+    switch = on_device(call.device)
+    if switch is not _NO_SWITCH:  # the check and the launch go to query's device: the same call there
+        with switch:
+            return _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, check_positions, knobs)
+    if check_positions:
+        _check_positions(call, positions)
+    if call.inst is None:  # no heads
+        return
+    kernel = call.kernel
+    if kernel is None:
+        kernel = call.kernel = get_kernel(call.inst).kernel
+    launch(kernel, call.config, (query, key if call.has_key else _NULL, cos_sin_cache, positions, call.params))

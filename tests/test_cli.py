@@ -1,4 +1,5 @@
-"""The command line, run as a user would, in a subprocess."""
+"""The command line, run as a user would, in a subprocess; and the edges a new user meets first: one-line
+errors with exit status 2, and a GPU asked for where there is none."""
 
 import json
 import subprocess
@@ -13,11 +14,19 @@ def cukern(*args):
     return subprocess.run([sys.executable, "-m", "cukern", *args], capture_output=True, text=True, timeout=600)
 
 
+def assert_one_line_error(r, *words):
+    """``r``: a finished subprocess, or ``(exit status, stderr)`` of an in-process call."""
+    code, err = (r.returncode, r.stderr) if isinstance(r, subprocess.CompletedProcess) else r
+    assert code == 2, (code, err)
+    assert err.strip() and err.strip().count("\n") == 0, err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in err, (w, err)
+
+
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU message")
 def test_bench_without_gpu_says_so_and_exits_2():
-    r = cukern("bench")
-    assert r.returncode == 2
-    assert r.stderr.strip().count("\n") == 0 and "no CUDA GPU" in r.stderr
+    assert_one_line_error(cukern("bench"), "no CUDA GPU")
 
 
 def test_info_prints_versions():
@@ -26,20 +35,167 @@ def test_info_prints_versions():
     assert "nvrtc" in r.stdout and "cupy" in r.stdout
 
 
-def test_compile_lists_instantiations_for_sm80():
+def test_compile_lists_instantiations_for_sm80_with_their_family():
     # one small family: test_compile compiles every family for every arch in-process
     r = cukern("compile", "--arch", "sm_80", "--family", "rotary")
     assert r.returncode == 0, r.stderr
     from cukern import rotary
 
     insts = rotary.instantiations()
-    assert all(inst.expression in r.stdout for inst in insts)
-    assert r.stdout.rstrip().endswith(f"{len(insts)} instantiations compiled for sm_80")
+    lines = r.stdout.splitlines()
+    assert all(f"  rotary  {inst.expression}  regs=" in r.stdout for inst in insts)
+    assert f"{len(insts)} instantiations compiled for sm_80 in " in r.stdout
+    assert lines[-1] == "no instantiation spills" or "marked SPILLS above" in lines[-1]
+
+
+def test_compile_flags_each_spilling_instantiation(monkeypatch, capsys):
+    from cukern import cli, rotary
+
+    insts = rotary.instantiations()
+    spilling = insts[0].expression
+
+    def fake_chunk(source, chunk, arch):  # ptxas' report, without NVRTC
+        return {i.expression: {"registers": 64, "spill_stores": 8 if i.expression == spilling else 0,
+                               "spill_loads": 4 if i.expression == spilling else 0} for i in chunk}
+
+    monkeypatch.setattr(cli, "_compile_chunk", fake_chunk)
+    assert cli.main(["compile", "--arch", "sm_100", "--family", "rotary", "--jobs", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    flagged = [line for line in lines if "SPILLS" in line and line.startswith("  ")]
+    assert len(flagged) == 1 and spilling in flagged[0] and "8 B stored, 4 B loaded" in flagged[0]
+    assert lines[-1] == "1 instantiations spill to local memory (rotary 1): marked SPILLS above"
+
+
+def test_compile_max_local_fails_past_its_bytes(monkeypatch, capsys):
+    from cukern import cli, rotary
+
+    insts = rotary.instantiations()
+
+    def fake_chunk(source, chunk, arch):
+        return {i.expression: {"registers": 64, "spill_stores": 0, "spill_loads": 0,
+                               "stack": 24 if i.expression == insts[1].expression else 0} for i in chunk}
+
+    monkeypatch.setattr(cli, "_compile_chunk", fake_chunk)
+    argv = ["compile", "--arch", "sm_80", "--family", "rotary", "--jobs", "1"]
+    assert cli.main(argv + ["--max-local", "24"]) == 0
+    assert cli.main(argv + ["--max-local", "16"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"cukern compile: 1 instantiations use more than 16 B of local memory on sm_80; the most: "
+                   f"{insts[1].expression} (rotary), 24 B"]
+
+
+def test_compile_failure_shows_nvrtc_log_and_exits_1(monkeypatch, capsys):
+    from cukern import cli
+
+    def broken(source, chunk, arch):
+        raise RuntimeError(f"NVRTC failed on {source}.cu for {arch}:\n{source}.cu(1): error: expected a ;")
+
+    monkeypatch.setattr(cli, "_compile_chunk", broken)
+    assert cli.main(["compile", "--arch", "sm_90", "--family", "rotary", "--jobs", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("cukern compile: NVRTC failed on rotary.cu for sm_90:\n") and "Traceback" not in err
+
+
+# (arguments, words the one line must hold); "{tmp}" is a fresh folder
+MISTAKES = [
+    (["compile", "--arch", "sm90"], ["'sm90' is not an architecture", "sm_90"]),
+    (["compile", "--arch", "sm_75"], ["too old", "sm_80"]),
+    (["compile", "--arch", "compute_90"], ["virtual", "sm_90"]),
+    (["compile", "--arch", "sm_990"], ["does not compile for it", "sm_90"]),
+    (["compile", "--family", "nope"], ["invalid choice: 'nope'"]),
+    (["explain", "rms_norm", "--dtype", "bf16"], ["rms_norm takes dtype float32, float16, bfloat16", "'bf16'"]),
+    (["explain", "rms_norm", "--dtype", "int8"], ["rms_norm takes dtype float32, float16, bfloat16", "int8"]),
+    (["explain", "rms_norm", "--dtype", "float64"], ["rms_norm takes dtype float32, float16, bfloat16", "float64"]),
+    (["explain", "bogus"], ["invalid choice: 'bogus'"]),
+    (["explain", "rms_norm", "--param", "eps"], ["KEY=VALUE"]),
+    (["roofline", "--op", "bogus"], ["invalid choice: 'bogus'"]),
+    (["bench", "--results", "{tmp}/nope.json"], ["{tmp}/nope.json", "no such file"]),
+    (["bench", "--results", "{tmp}/list.json"], ["not a results file"]),
+    (["bench", "--results", "{tmp}/r.json", "--plot", "{tmp}/p.png"], ["--plot needs matplotlib", ".[plot]"]),
+    (["roofline", "--plot", "{tmp}/p.png"], ["--plot needs matplotlib", ".[plot]"]),
+    (["ladder", "--plot", "{tmp}/p.png"], ["--plot needs matplotlib", ".[plot]"]),
+    (["ladder", "--dtype", "int8"], ["invalid choice: 'int8'"]),
+    (["tune", "--op", "rms_norm", "--shape", "4096", "--dtype", "bf16"], ["'bf16'"]),
+    (["tune", "--op", "rms_norm", "--shape", "16xq"], ["--shape"]),
+    (["tune", "--op", "bogus"], ["invalid choice: 'bogus'"]),
+]
+
+
+@pytest.fixture
+def tmp(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps({"records": []}))
+    (tmp_path / "list.json").write_text("[1, 2]")
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, words", MISTAKES, ids=[" ".join(a) for a, _ in MISTAKES])
+def test_each_mistake_is_one_line_and_exit_2(argv, words, tmp, monkeypatch, capsys):
+    from cukern import cli
+
+    # a None entry in sys.modules makes `import matplotlib` fail as if it were not installed
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    try:
+        code = cli.main([a.format(tmp=tmp) for a in argv])
+    except SystemExit as stop:  # argparse's own errors
+        code = stop.code
+    assert_one_line_error((code, capsys.readouterr().err), *(w.format(tmp=tmp) for w in words))
+    assert not (tmp / "p.png").exists()
+
+
+@pytest.mark.parametrize("argv", [["explain", "rms_norm", "--dtype", "bf16"], ["compile", "--arch", "compute_90"],
+                                  ["roofline", "--op", "bogus"], ["bench", "--results", "nope.json"]])
+def test_a_mistake_is_one_line_as_a_user_sees_it(argv):
+    assert_one_line_error(cukern(*argv))
+
+
+@pytest.mark.parametrize("op, dtype", [("rms_norm", "bf16"), ("rotary_embedding", "float64"), ("sum", "int8"),
+                                       ("reduce_ladder.v1", "int32")])
+def test_explain_api_refuses_a_dtype_before_compiling(op, dtype):
+    import cukern
+    from cukern.lab import card
+    from cukern.lab.device import H200
+
+    taken = card.CARDS[op].dtypes
+    with pytest.raises(ValueError, match=f"^{op} takes dtype .*, not '?{dtype}'?$") as err:
+        cukern.explain(op, dtype=dtype, device=H200)
+    assert len(str(err.value).split(",")) == len(taken) + 1
 
 
 def test_help_lists_subcommands():
     r = cukern("--help")
     assert r.returncode == 0 and "bench" in r.stdout and "compile" in r.stdout
+
+
+def test_no_gpu_is_said_in_one_clear_error(monkeypatch):
+    import cupy
+
+    import cukern
+    from cukern import _launch, timing
+
+    def no_driver():
+        raise cupy.cuda.runtime.CUDARuntimeError(35)  # cudaErrorInsufficientDriver: CUDA's words for no GPU
+
+    monkeypatch.setattr(_launch, "_gpu_seen", False)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", no_driver)
+    from cukern import _interop
+
+    monkeypatch.setattr(_interop, "_device_count", None)
+
+    class Producer:  # a DLPack-less array another library hands over
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (1 << 20, False), "version": 3}
+
+    for call in (timing.peak_bandwidth, lambda: timing.benchmark(lambda: None),
+                 lambda: cukern.rope_cache(16, 8), lambda: cukern.rms_norm(Producer())):
+        with pytest.raises(RuntimeError, match=r"^cukern needs a CUDA GPU: none is visible \(CUDA says: .*\)$"):
+            call()
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU error")
+def test_tune_without_gpu_says_so():
+    import cukern
+
+    with pytest.raises(RuntimeError, match="cukern needs a CUDA GPU"):
+        cukern.tune("rms_norm", (16, 4096), "bfloat16")
 
 
 def test_results_file_has_the_documented_form():
@@ -59,5 +215,4 @@ def test_results_file_has_the_documented_form():
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU message")
 def test_ladder_without_gpu_says_so_and_exits_2():
-    r = cukern("ladder", "--n", "1000")
-    assert r.returncode == 2 and "no CUDA GPU" in r.stderr
+    assert_one_line_error(cukern("ladder", "--n", "1000"), "no CUDA GPU")

@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from _support import ARCHS, compiled
+from _support import ARCHS, assert_no_spills, compiled
 
 from cukern import ladder as L
 from cukern import reduce as R
@@ -100,7 +100,7 @@ def test_every_rung_compiles_without_local_memory(arch):
     res = c.resources()
     for inst in L.instantiations():
         r = res[c.lowered[inst.expression]]
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, inst.expression
+        assert_no_spills(r, arch, inst.expression)
     assert ".local" not in c.ptx
 
 

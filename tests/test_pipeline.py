@@ -3,6 +3,7 @@ thread-safe first compilation. The measurement helpers are checked on the CPU wi
 
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -56,8 +57,10 @@ def test_graph_replay_time_needs_calls():
 def test_the_families_register_the_decode_step_in_the_records_order():
     calls = pipeline.CALLS
     assert [c.op for c in calls] == ["rms_norm", "fused_add_rms_norm", "rotary_embedding"]
-    assert [(c.host_op, c.shape(1)) for c in calls if c.host_op] == [
-        ("host_overhead", (1, 4096)), ("host_overhead_rotary", (1, 32, 128))]
+    assert [(c.op, c.impl, c.shape) for c in pipeline.HOST_CALLS] == [
+        ("host_overhead", "cukern", (1, 4096)), ("host_overhead", "torch", (1, 4096)),
+        ("host_overhead_out", "cukern", (1, 4096)), ("host_overhead_rotary", "cukern", (1, 32, 128)),
+        ("host_overhead_rotary_checked", "cukern", (1, 32, 128))]
     assert calls[0].bytes(8) == rmsnorm.bytes_moved((8, 4096), BFLOAT16, BFLOAT16)
     assert calls[1].bytes(8) == rmsnorm.bytes_moved((8, 4096), BFLOAT16, BFLOAT16, fused=True)
     assert calls[2].bytes(64) == rotary.bytes_moved(64, 32, 8, 128, BFLOAT16)
@@ -68,9 +71,13 @@ def test_records_have_the_documented_form(monkeypatch):
         return None
 
     call = pipeline.DecodeCall("op", shape=lambda t: (t, 16), bytes=lambda t: 1000 * t,
-                               make=lambda t: (fn, (t,), {"k": 1}), host_op="host_op", host=lambda t: (fn, (t,), {}))
+                               make=lambda t: (fn, (t,), {"k": 1}))
     monkeypatch.setattr(pipeline, "CALLS", [call, pipeline.DecodeCall("plain", lambda t: (t,), lambda t: t,
                                                                       lambda t: (fn, (), {}))])
+    monkeypatch.setattr(pipeline, "HOST_CALLS", [
+        pipeline.HostCall("host_op", "cukern", (1, 16), lambda: (fn, (1,), {})),
+        pipeline.HostCall("host_op", "absent-peer", (1, 16), lambda: None),  # cannot run here: no record
+        pipeline.HostCall("host_op_out", "cukern", (1, 16), lambda: (fn, (1,), {"out": 2}))])
     timed = []
 
     def graph_replay_time(f, *args, calls, warmup, repeat, bytes_moved, **kwargs):
@@ -78,17 +85,198 @@ def test_records_have_the_documented_form(monkeypatch):
         return Timing(median_us=2.0, min_us=1.0, max_us=3.0, p20_us=1.5, p80_us=2.5, repeat=repeat,
                       bytes_moved=bytes_moved)
 
-    monkeypatch.setattr(pipeline, "host_overhead", lambda f, *args, n, **kwargs: 12.34567)
+    hosts = []
+    monkeypatch.setattr(pipeline, "host_overhead", lambda f, *args, n, **kwargs: hosts.append(kwargs) or 12.34567)
     monkeypatch.setattr(pipeline, "graph_replay_time", graph_replay_time)
     records = pipeline.records(1000.0, repeat=7, warmup=1, n=10)
-    assert records[0] == {"op": "host_op", "impl": "cukern", "shape": [1, 16], "dtype": "bfloat16",
-                          "median_us": 12.346}
-    graphs = records[1:]
+    assert records[:2] == [{"op": op, "impl": "cukern", "shape": [1, 16], "dtype": "bfloat16", "median_us": 12.346}
+                           for op in ("host_op", "host_op_out")]
+    assert hosts == [{}, {"out": 2}]
+    graphs = records[2:]
     assert [(r["op"], r["shape"]) for r in graphs] == [
         (op, shape) for t in pipeline.DECODE_TOKENS for op, shape in (("op", [t, 16]), ("plain", [t]))]
     assert graphs[0] == {"op": "op", "impl": "cukern-graph", "shape": [1, 16], "dtype": "bfloat16", "median_us": 2.0,
                          "gbps": 0.5, "pct_of_peak": 0.1}
     assert timed[0] == ((1,), {"k": 1}, 8, 1000)
+
+
+# -------------------------------------------------------------------- the cached host path, with stand-ins
+
+
+class Arr:
+    """What the host path reads of a device array. ``Arr(shape, dtype)`` is also the allocation the ops make
+    (on the device current then); ``values`` are a positions array's host values, which the stand-in check
+    kernel reads."""
+
+    def __init__(self, shape, dtype=np.float32, ptr=1 << 20, device=None, values=None):
+        self.dtype = np.dtype(dtype)
+        self.shape, self.itemsize = tuple(shape), self.dtype.itemsize
+        self.ndim, self.size = len(self.shape), int(np.prod(self.shape))
+        self.strides = tuple(int(s) * self.itemsize for s in np.cumprod((1,) + self.shape[:0:-1])[::-1])
+        device = _Fake.current if device is None else device
+        self.data = SimpleNamespace(ptr=ptr, device_id=device)
+        self.device = SimpleNamespace(id=device)
+        self.values = values
+        _Fake.allocations.append(device)
+
+
+class _Fake:
+    """The device side of the host path: the current device, allocations, launches, stream events."""
+
+    current = 0
+    allocations: list = []
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The ops' host path with the GPU replaced: arrays are :class:`Arr`, kernels record their launches (the
+    position check writes its answer into its pinned pair, as the kernel does), the stream records waits."""
+    import cupy
+
+    from cukern import _interop, _launch, _tuned
+    from cukern._launch import CallCache
+
+    _Fake.current, _Fake.allocations = 0, []
+    events, pinned = [], {}
+    stream = SimpleNamespace(capturing=False, is_capturing=lambda: stream.capturing,
+                             synchronize=lambda: events.append(("sync", _Fake.current)))
+
+    class Device:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            self.before, _Fake.current = _Fake.current, self.device
+
+        def __exit__(self, *exc):
+            _Fake.current = self.before
+
+    class Pinned(bytearray):  # PinnedMemoryPointer: a buffer with an address
+        def __init__(self, mem, offset):
+            super().__init__(mem[0])
+            self.ptr = 0x7F0000000000 + 64 * len(pinned)
+            pinned[self.ptr] = (self, mem[1])
+
+    def launch(kernel, config, args, signature=None):
+        events.append((kernel, _Fake.current))
+        if kernel == "check":  # the kernel's answer: the first bad token (or tokens), its position
+            address, positions, params = args
+            bad = [t for t, p in enumerate(positions.values) if not 0 <= p < params["cache_rows"]]
+            first = bad[0] if bad else params["tokens"]
+            np.frombuffer(pinned[int(address)][0], np.int64)[:] = (first, positions.values[first] if bad else 0)
+
+    cuda = SimpleNamespace(get_current_stream=lambda: stream, PinnedMemory=lambda size, flags: (size, flags),
+                           PinnedMemoryPointer=Pinned,
+                           runtime=SimpleNamespace(hostAllocPortable=1, hostAllocMapped=2))
+    monkeypatch.setattr(_interop, "_cp", SimpleNamespace(ndarray=Arr))
+    monkeypatch.setattr(_launch, "_runtime", SimpleNamespace(getDevice=lambda: _Fake.current))
+    monkeypatch.setattr(cupy.cuda, "Device", Device)
+    for op in (rmsnorm, rotary):
+        monkeypatch.setattr(op, "_ndarray", Arr)
+        monkeypatch.setattr(op, "_calls", CallCache())
+        monkeypatch.setattr(op, "sm_count", lambda device: 132)
+        monkeypatch.setattr(op, "launch", launch)
+        monkeypatch.setattr(op, "struct_argument", lambda struct: struct)
+    monkeypatch.setattr(rmsnorm, "get_kernel", lambda inst: SimpleNamespace(kernel="rms_norm"))
+    monkeypatch.setattr(rotary, "get_kernel", lambda inst: SimpleNamespace(
+        kernel="check" if inst.name == "rotary_first_bad_position" else "rotate"))
+    monkeypatch.setattr(rotary, "_cp", SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(rotary, "_found", threading.local())
+    lookups = []
+    real_lookup = _tuned.lookup
+    monkeypatch.setattr(_tuned, "lookup", lambda *args: lookups.append(args[2:]) or real_lookup(*args))
+    monkeypatch.setattr(_tuned, "_enabled", False)  # no cache file is read
+    return SimpleNamespace(events=events, pinned=pinned, stream=stream, lookups=lookups)
+
+
+def test_a_cached_call_looks_nothing_up_until_the_tuning_cache_changes(fake_gpu):
+    from cukern import _tuned
+
+    x, w, out = Arr((2, 64)), Arr((64,), ptr=1 << 24), Arr((2, 64), ptr=1 << 26)
+    for _ in range(3):
+        assert rmsnorm.rms_norm(x, w, out=out) is out
+    assert len(fake_gpu.lookups) == 1 and len(fake_gpu.events) == 3
+    _tuned.forget_resolved()  # the tuner saved new winners
+    rmsnorm.rms_norm(x, w, out=out)
+    with _tuned.heuristic_only():
+        rmsnorm.rms_norm(x, w, out=out)
+    rmsnorm.rms_norm(x, w, out=out)
+    assert len(fake_gpu.lookups) == 4
+
+
+def test_a_cached_call_still_checks_addresses_and_new_scalars(fake_gpu):
+    x, w = Arr((4, 64)), Arr((64,), ptr=1 << 24)
+    rmsnorm.rms_norm(x, w, out=Arr((4, 64), ptr=1 << 26))
+    rmsnorm.rms_norm(x, w, out=x)  # in place: the same view
+    launched = len(fake_gpu.events)
+    with pytest.raises(ValueError, match="out partially overlaps x"):
+        rmsnorm.rms_norm(x, w, out=Arr((4, 64), ptr=(1 << 20) + 64 * 4))  # the same layout, one row on
+    with pytest.raises(ValueError, match="out overlaps weight"):
+        rmsnorm.rms_norm(x, w, out=Arr((4, 64), ptr=(1 << 24) - 64 * 4))
+    for eps in (-1.0, float("nan"), None):
+        with pytest.raises((TypeError, ValueError), match="eps"):
+            rmsnorm.rms_norm(x, w, eps=eps, out=x)
+    assert len(fake_gpu.events) == launched
+
+
+def test_a_call_on_another_device_allocates_and_launches_there(fake_gpu):
+    x, w = Arr((2, 64), device=1), Arr((64,), ptr=1 << 24, device=1)
+    for _ in range(2):
+        _Fake.allocations.clear()
+        rmsnorm.rms_norm(x, w)
+        assert _Fake.allocations == [1] and fake_gpu.events[-1] == ("rms_norm", 1) and _Fake.current == 0
+
+
+def _rotary_inputs(positions, dtype=np.int64, rows=16):
+    tokens = len(positions)
+    return (Arr((tokens,), dtype, ptr=1 << 30, values=list(positions)), Arr((tokens, 4, 64), ptr=1 << 20),
+            Arr((tokens, 2, 64), ptr=1 << 24), Arr((rows, 64), ptr=1 << 28))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_position_check_waits_once_reads_its_pinned_pair_and_raises_before_the_rotation(fake_gpu, dtype):
+    events = fake_gpu.events
+    rotary.rotary_embedding(*_rotary_inputs([3, 0, 15], dtype))
+    assert events == [("check", 0), ("sync", 0), ("rotate", 0)]
+    for positions, first, value in (([16, 1, 2], 0, 16), ([0, 1, -1], 2, -1)):  # first token, last token
+        events.clear()
+        with pytest.raises(IndexError, match=rf"^positions\[{first}\] = {value} is outside cos_sin_cache's 16 rows"):
+            rotary.rotary_embedding(*_rotary_inputs(positions, dtype))
+        assert events == [("check", 0), ("sync", 0)]  # nothing rotated
+    events.clear()
+    rotary.rotary_embedding(*_rotary_inputs([16, 1, 2], dtype), check_positions=False)
+    assert events == [("rotate", 0)]  # unchecked: no wait
+    assert len(fake_gpu.pinned) == 1  # one pair for this thread, reused by every check
+
+
+def test_position_check_refuses_a_capturing_stream_before_anything_is_recorded(fake_gpu):
+    fake_gpu.stream.capturing = True
+    with pytest.raises(RuntimeError, match=r"pass check_positions=False while capturing"):
+        rotary.rotary_embedding(*_rotary_inputs([0, 1]))
+    assert fake_gpu.events == []
+    rotary.rotary_embedding(*_rotary_inputs([0, 1]), check_positions=False)
+    assert fake_gpu.events == [("rotate", 0)]
+
+
+def test_each_thread_has_its_own_pinned_pair_mapped_for_every_device(fake_gpu):
+    pairs = [rotary._found_pair(), rotary._found_pair()]
+    other = []
+    t = threading.Thread(target=lambda: other.append(rotary._found_pair()))
+    t.start()
+    t.join()
+    assert pairs[0] is pairs[1] and other[0] is not pairs[0]
+    for host, address in (pairs[0], other[0]):
+        buffer, flags = fake_gpu.pinned[int(address)]
+        assert flags == 1 | 2 and len(buffer) == 16  # portable and mapped, two int64
+        assert host.dtype == np.int64 and host.shape == (2,) and np.shares_memory(host, np.frombuffer(buffer, np.int64))
+
+
+def test_a_rotation_on_another_device_checks_and_launches_there(fake_gpu):
+    pos, q, k, cache = _rotary_inputs([1, 2])
+    for a in (pos, q, k, cache):
+        a.data.device_id = a.device.id = 1
+    rotary.rotary_embedding(pos, q, k, cache)
+    assert fake_gpu.events == [("check", 1), ("sync", 1), ("rotate", 1)] and _Fake.current == 0
 
 
 # ------------------------------------------------------------------------------------------------- GPU
@@ -249,16 +437,47 @@ def test_graph_replay_time_for_decode_shapes():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["rms_norm", "rotary"])
+@pytest.mark.parametrize("op", ["rms_norm", "rms_norm_out", "rotary", "rotary_checked"])
 def test_host_overhead(op):
     a = _inputs(tokens=1)
-    if op == "rms_norm":
-        us = pipeline.host_overhead(cukern.rms_norm, a["x"], a["w"])
+    if op.startswith("rms_norm"):
+        kwargs = {"out": a["r"]} if op == "rms_norm_out" else {}  # r: any array shaped like x
+        us = pipeline.host_overhead(cukern.rms_norm, a["x"], a["w"], **kwargs)
     else:
         us = pipeline.host_overhead(cukern.rotary_embedding, a["pos"], a["q"], a["k"], a["cache"],
-                                    check_positions=False)
+                                    check_positions=op.endswith("checked"))
     print(f"host overhead {op}: {us:.2f} us")
     assert us < 50
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True])
+def test_out_gives_the_bits_of_the_allocating_call(fused):
+    """The cached host path with ``out`` (a separate array, and x itself) writes what the allocating call
+    returns, bit for bit, call after call."""
+    import cupy
+
+    a = _inputs(tokens=5)
+    x, w = a["x"], a["w"]
+    if fused:
+        r0 = a["r"]
+        want_r = r0.copy()
+        want = cukern.fused_add_rms_norm(x, want_r, w)
+        for _ in range(3):
+            out, res = cupy.empty_like(x), r0.copy()
+            assert cukern.fused_add_rms_norm(x, res, w, out=out) is out
+            assert same(out, want) and same(res, want_r)
+            xs, res = x.copy(), r0.copy()
+            assert cukern.fused_add_rms_norm(xs, res, w, out=xs) is xs
+            assert same(xs, want) and same(res, want_r)
+    else:
+        want = cukern.rms_norm(x, w)
+        for _ in range(3):
+            out = cupy.empty_like(x)
+            assert cukern.rms_norm(x, w, out=out) is out and same(out, want)
+            xs = x.copy()
+            assert cukern.rms_norm(xs, w, out=xs) is xs and same(xs, want)
+            assert same(cukern.rms_norm(x, w), want)
 
 
 @pytest.mark.gpu
@@ -332,10 +551,15 @@ def test_eight_threads_first_call_compile_once(monkeypatch):
 @pytest.mark.gpu
 def test_pipeline_records_have_the_results_file_form():
     recs = pipeline.records(4000.0, repeat=5, warmup=1, n=50)
-    assert recs[0]["op"] == "host_overhead" and recs[0]["shape"] == [1, 4096] and recs[0]["dtype"] == "bfloat16"
-    assert recs[1]["op"] == "host_overhead_rotary" and recs[0]["impl"] == recs[1]["impl"] == "cukern"
-    assert all(r["median_us"] > 0 for r in recs)
-    graphs = [(r["op"], r["shape"][0]) for r in recs[2:]]
+    hosts = [r for r in recs if r["op"].startswith("host_overhead")]
+    ours = [(r["op"], r["shape"]) for r in hosts if r["impl"] == "cukern"]
+    assert ours == [("host_overhead", [1, 4096]), ("host_overhead_out", [1, 4096]),
+                    ("host_overhead_rotary", [1, 32, 128]), ("host_overhead_rotary_checked", [1, 32, 128])]
+    assert [r["op"] for r in hosts if r["impl"] != "cukern"] in ([], ["host_overhead"])  # torch's, if installed
+    assert recs[: len(hosts)] == hosts and hosts[0]["impl"] == "cukern"
+    assert all(set(r) == {"op", "impl", "shape", "dtype", "median_us"} and r["dtype"] == "bfloat16"
+               and r["median_us"] > 0 for r in hosts)
+    graphs = [(r["op"], r["shape"][0]) for r in recs[len(hosts):]]
     assert graphs == [(op, t) for t in pipeline.DECODE_TOKENS
                       for op in ("rms_norm", "fused_add_rms_norm", "rotary_embedding")]
-    assert all(r["impl"] == "cukern-graph" and r["gbps"] > 0 for r in recs[2:])
+    assert all(r["impl"] == "cukern-graph" and r["gbps"] > 0 for r in recs[len(hosts):])

@@ -32,7 +32,8 @@ _C_KINDS = {"long long": "i64", "int": "i32", "float": "f32", "double": "f64"}
 
 
 @pytest.mark.parametrize("params, source, struct", [(rmsnorm.PARAMS, rmsnorm.SOURCE, "RmsNormParams"),
-                                                    (rotary.PARAMS, rotary.SOURCE, "RotaryParams")])
+                                                    (rotary.PARAMS, rotary.SOURCE, "RotaryParams"),
+                                                    (rotary.CHECK_PARAMS, rotary.SOURCE, "RotaryCheckParams")])
 def test_params_match_the_struct_the_kernel_declares(params, source, struct):
     body = re.search(r"struct " + struct + r" \{(.*?)\};", read_source(source), re.S).group(1)
     fields = []

@@ -1,14 +1,16 @@
-"""RMSNorm and fused add + RMSNorm: planning and argument checks on the CPU, numerics on the GPU
-(compilation: tests/test_compile.py)."""
+"""RMSNorm and fused add + RMSNorm: planning, the summation tree (a NumPy model of every launch against the
+exact emulator), the machine code's roundings and argument checks on the CPU; numerics and bit-exactness on
+the GPU (compilation and spills: tests/test_compile.py)."""
 
+import itertools
 import math
 
 import numpy as np
 import pytest
-from _support import assert_close, tolerance
+from _support import ARCHS, assert_close, compiled, tolerance
 
 from cukern import reference, rmsnorm
-from cukern._dtypes import BFLOAT16
+from cukern._dtypes import BFLOAT16, FLOAT_TYPES
 from cukern._layout import ArraySpec, contiguous_strides
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
@@ -56,10 +58,180 @@ def test_instantiations_are_generated_from_the_planner():
     exprs = {i.expression for i in insts}
     assert len(exprs) == len(insts)
     assert rmsnorm.plan(4096, 1, 8, 2).instantiation(BFLOAT16, BFLOAT16, False).expression in exprs
-    assert "cukern::fused_add_rms_norm_wide<float, float, 4, 4, 512>" in exprs
+    assert "cukern::fused_add_rms_norm_wide<float, float, 4, 2, 4, 512>" in exprs
     for h in (7, 4096, 65536, 100000):
         p = rmsnorm.plan(h, 1, 1, 2, fused=True)
         assert p.instantiation(F16, F32, True) in insts
+
+
+def test_instantiations_cover_every_items_target():
+    insts = set(rmsnorm.instantiations())
+    points = itertools.product(rmsnorm.SPACE["items_target"], (7, 128, 4095, 8192, 65536), (1, 8))
+    for items_target, hidden, vec in points:
+        if hidden % vec == 0:
+            knobs = rmsnorm.Knobs(items_target=items_target)
+            assert rmsnorm.plan(hidden, 1, vec, 2, knobs=knobs).instantiation(BFLOAT16, BFLOAT16, False) in insts
+
+
+# ---- the summation tree (issue 13): one tree per hidden size, whatever the launch -----------------------
+
+TREE_HIDDEN = [1, 2, 3, 7, 8, 13, 31, 32, 33, 64, 127, 128, 1000, 2048, 2049, 3072, 4093, 4095, 4096, 5120, 8191,
+               8192, 8200, 12289, 16384, 16392, 40000, 65536]
+
+
+def test_tree_classes():
+    assert [rmsnorm.tree_classes(h) for h in (1, 32, 33, 4096, 5120, 8192, 16384, 10**6)] == \
+        [8, 8, 16, 1024, 2048, 2048, 4096, 4096]
+    for h in range(1, 20000, 7):
+        c = rmsnorm.tree_classes(h)
+        assert c & (c - 1) == 0 and rmsnorm.MIN_CLASSES <= c <= rmsnorm.MAX_CLASSES
+
+
+def _every_plan(hidden):
+    """Every plan a call of this row length can make: both dtypes sizes' vector widths and the element path,
+    every knob point of the tuning space, plain and fused, on two SM counts."""
+    for t in FLOAT_TYPES:
+        for vec in sorted({rmsnorm.widest_vector(hidden, t.itemsize), 1}):
+            for values in itertools.product(*rmsnorm.SPACE.values()):
+                knobs = rmsnorm.Knobs(**dict(zip(rmsnorm.SPACE, values)))
+                for fused, sms in itertools.product((False, True), (108, 132)):
+                    yield t, rmsnorm.plan(hidden, 1000, vec, t.itemsize, sms, knobs, fused=fused)
+
+
+@pytest.mark.parametrize("hidden", TREE_HIDDEN + [10**6, rmsnorm.MAX_HIDDEN])
+def test_every_plan_computes_the_tree_of_its_hidden_size(hidden):
+    """The classes a launch sums are those of tree_classes(hidden) for every vector width, knob point, SM
+    count and kernel: each thread owns groups x vec whole classes, every element has a slot, and the
+    block is one the tree helpers accept."""
+    for t, p in _every_plan(hidden):
+        what = (t, p)
+        assert p.classes == rmsnorm.tree_classes(hidden), what
+        assert p.items % p.groups == 0, what
+        assert p.block % 32 == 0 and p.block % p.tpr == 0 and p.block & (p.block - 1) == 0, what
+        if p.kernel == "wide":
+            assert p.tpr == p.block, what
+        else:
+            assert p.tpr <= 32 or p.tpr == p.block, what
+            assert p.tpr * p.items * p.vec >= hidden, what
+            assert p.items * p.vec * t.itemsize <= rmsnorm.MAX_BYTES, what
+
+
+def _tree(v):
+    while v.shape[-1] > 1:
+        v = v[..., 0::2] + v[..., 1::2]
+    return v[..., 0]
+
+
+def _butterfly(v, width):
+    """common/reduce.cuh group_tree_reduce over the last axis, lane by lane: lane t adds lane t ^ m to its
+    own value, m = 1, 2, ... up to width / 2."""
+    lanes = np.arange(v.shape[-1])
+    m = 1
+    while m < width:
+        v = v + v[..., lanes ^ m]
+        m *= 2
+    return v
+
+
+def _launch_model(x, p):
+    """The sum of squares a launch of plan ``p`` computes, modelled step by step from cuda_src/rms_norm.cu
+    (both kernels): thread t holds vector column t + k * tpr as item k (the wide kernel's chunks continue
+    k), adds its squares into accumulator [k % groups][lane j], in item order; then the tree over its lanes,
+    the butterfly over the row's threads and, for a block of rows, the tree over (group, warp) values."""
+    rows, hidden = x.shape
+    t = np.arange(p.tpr)[:, None]
+    j = np.arange(p.vec)[None, :]
+    acc = np.zeros((rows, p.tpr, p.groups, p.vec), np.float32)
+    items = p.items if p.kernel == "rows" else p.items * -(-hidden // (p.block * p.items * p.vec))
+    for k in range(items):
+        idx = (k * p.tpr + t) * p.vec + j
+        v = np.where(idx < hidden, x[:, np.minimum(idx, hidden - 1)], np.float32(0))
+        acc[:, :, k % p.groups] += v * v
+    part = _tree(acc)  # [rows, tpr, groups]: each group's lanes
+    if p.tpr <= 32:
+        return _tree(_butterfly(np.moveaxis(part, 1, 2), p.tpr)[..., 0])
+    warps = _butterfly(np.moveaxis(part, 1, 2).reshape(rows, p.groups, p.tpr // 32, 32), 32)[..., 0]
+    return _tree(warps.reshape(rows, -1))
+
+
+def _spread(rng, shape):
+    """float32 values over 2^-12 .. 2^12, so that adding them in another order changes the rounding."""
+    return (rng.standard_normal(shape) * 2.0 ** rng.integers(-12, 12, shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize("hidden", TREE_HIDDEN)
+def test_every_launch_adds_in_the_emulators_order(hidden):
+    """A NumPy model of each distinct launch (vector or element path, every knob point, rows or wide kernel)
+    gives the bits of reference.rms_norm_sum_of_squares_emulated, which knows nothing of launches."""
+    rng = np.random.default_rng(hidden)
+    x = _spread(rng, (3, hidden))
+    want = reference.rms_norm_sum_of_squares_emulated(x)
+    seen = set()
+    for _, p in _every_plan(hidden):
+        key = (p.kernel, p.vec, p.tpr, p.groups, p.items, p.block)
+        if key not in seen:
+            seen.add(key)
+            got = _launch_model(x, p)
+            assert got.tobytes() == want.tobytes(), p
+    assert len(seen) > 1 or hidden % 8, "a vector path and the element path at least"
+
+
+def test_the_order_is_visible_in_the_bits():
+    """The model and the emulator agree because they add in the same order, not because the data forgives:
+    a sequential sum or the other butterfly direction gives other bits on these rows."""
+    x = _spread(np.random.default_rng(1), (64, 4096))
+    want = reference.rms_norm_sum_of_squares_emulated(x)
+    sequential = np.zeros(64, np.float32)
+    for i in range(4096):
+        sequential += x[:, i] * x[:, i]
+    assert (sequential != want).any()
+    c = rmsnorm.tree_classes(4096)
+    part = (x * x).reshape(64, -1, c).sum(axis=1, dtype=np.float32)
+    high_first = part
+    while high_first.shape[-1] > 1:
+        half = high_first.shape[-1] // 2
+        high_first = high_first[:, :half] + high_first[:, half:]
+    assert (high_first[:, 0] != want).any()
+
+
+@pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=str)
+@pytest.mark.parametrize("hidden", [7, 1000, 4096, 40000])
+def test_emulator_is_close_to_the_reference(dtype, hidden):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, hidden)).astype(dtype)
+    w = rng.standard_normal(hidden).astype(dtype)
+    for offset in (0.0, 1.0):
+        got = reference.rms_norm_emulated(x, w, 1e-6, offset)
+        assert got.dtype == dtype
+        assert_close(got, reference.rms_norm(x, w, 1e-6, offset), dtype)
+    assert_close(reference.rms_norm_emulated(x), reference.rms_norm(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=str)
+def test_fused_emulator_rounds_the_residual_once(dtype):
+    """float32 addition rounded again to a 16-bit type is the correctly rounded sum (float32 has more than
+    twice their bits), so the emulated residual equals the float64 sum rounded once, over wide exponents."""
+    rng = np.random.default_rng(3)
+    x = _spread(rng, (8, 999)).astype(dtype)
+    r = _spread(rng, (8, 999)).astype(dtype)
+    want_r, want = reference.fused_add_rms_norm(x, r, None, 1e-5, 1.0)
+    got_r, got = reference.fused_add_rms_norm_emulated(x, r, None, 1e-5, 1.0)
+    assert got_r.dtype == dtype and got_r.tobytes() == want_r.tobytes()
+    assert got.tobytes() == reference.rms_norm_emulated(got_r, None, 1e-5, 1.0).tobytes()
+    assert_close(got, want, dtype)
+
+
+@pytest.mark.nvrtc("rms_norm")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_machine_code_rounds_every_step(arch):
+    """No instantiation fuses a multiply-add or uses an approximate square root, reciprocal or division,
+    which would round differently from the emulator (and between paths the compiler treats differently)."""
+    c = compiled("rms_norm", arch)
+    for inst in rmsnorm.instantiations():
+        body = c.kernel_ptx(inst)
+        assert "fma.rn.f32" not in body and ".approx" not in body, inst.expression
+    body = c.kernel_ptx(rmsnorm.plan(4096, 1, 8, 2).instantiation(BFLOAT16, BFLOAT16, False))
+    assert all(op in body for op in ("div.rn.f32", "sqrt.rn.f32", "rcp.rn.f32"))
 
 
 def test_bytes_moved():
@@ -345,6 +517,154 @@ def test_more_than_2_31_elements(rng):
     assert_close(out[-3:], reference.rms_norm(x[-3:]), BFLOAT16)
     assert_close(out[:2], reference.rms_norm(x[:2]), BFLOAT16)
     del x, out
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+# ---- bit-exactness (issue 13): the emulator's bits, whatever the launch ---------------------------------
+
+def _same_bits(got, want):
+    """``got`` (device or host) holds exactly ``want``'s bits; NaN only where ``want`` has NaN (payloads may
+    differ)."""
+    got = got.get() if hasattr(got, "get") else np.asarray(got)
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.dtype, want.shape)
+    nan = np.isnan(want.astype(np.float32))
+    assert np.array_equal(np.isnan(got.astype(np.float32)), nan), "NaN where the emulator has none, or the reverse"
+    uint = np.dtype(f"u{want.itemsize}")
+    differ = (np.ascontiguousarray(got).view(uint) != np.ascontiguousarray(want).view(uint)) & ~nan
+    assert not differ.any(), f"{int(differ.sum())} of {differ.size} elements differ; first at {np.argwhere(differ)[0]}"
+
+
+def _spread_on_gpu(cp, shape, dtype, rng):
+    return cp.asarray(_spread(rng, shape).astype(dtype))
+
+
+BITS_HIDDEN = [1, 7, 127, 128, 1000, 2049, 4093, 4096, 5120, 8191, 8192, 12289, 16384, 65537]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,wdtype", WEIGHTS, ids=lambda d: str(d))
+@pytest.mark.parametrize("hidden", BITS_HIDDEN)
+def test_bits_are_the_emulators(dtype, wdtype, hidden, rng):
+    """rms_norm and fused_add_rms_norm write exactly reference.*_emulated's bits (which take no launch
+    parameter), weighted or not, for odd, prime and power-of-two hidden sizes on both kernels."""
+    import cupy as cp
+
+    rows = max(1, min(300, 2**22 // hidden))
+    x = _spread_on_gpu(cp, (rows, hidden), dtype, rng)
+    w = _randn(cp, hidden, wdtype, rng)
+    offset = float(rng.choice([0.0, 1.0, -0.25]))
+    _same_bits(rmsnorm.rms_norm(x, w, 1e-6, offset=offset), reference.rms_norm_emulated(x, w, 1e-6, offset))
+    _same_bits(rmsnorm.rms_norm(x, eps=3e-5), reference.rms_norm_emulated(x, None, 3e-5))
+    r = _spread_on_gpu(cp, (rows, hidden), dtype, rng)
+    want_r, want = reference.fused_add_rms_norm_emulated(x, r, w, 1e-5, offset)
+    got = rmsnorm.fused_add_rms_norm(x, r, w, 1e-5, offset=offset)
+    _same_bits(r, want_r)
+    _same_bits(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("hidden,dtype", [(7, F32), (128, BFLOAT16), (1000, F16), (4095, BFLOAT16), (4096, BFLOAT16),
+                                          (4096, F32), (8192, F16), (40000, BFLOAT16)], ids=str)
+def test_bits_do_not_depend_on_the_knobs(fused, hidden, dtype, rng):
+    """Every point of the tuning space (threads per row, rows per block, grid), on the vector path and on
+    a misaligned view (the element path), gives the same bits."""
+    import cupy as cp
+
+    rows = 300
+    base = _spread_on_gpu(cp, (rows, hidden + 1), dtype, rng)
+    r0 = _spread_on_gpu(cp, (rows, hidden), dtype, rng)
+    w = _randn(cp, hidden, dtype, rng)
+    want_r, want = reference.fused_add_rms_norm_emulated(base[:, 1:], r0, w, 1e-6, 0.5) if fused else \
+        (None, reference.rms_norm_emulated(base[:, 1:], w, 1e-6, 0.5))
+    for x in (base[:, 1:].copy(), base[:, 1:]):
+        for values in itertools.product(*rmsnorm.SPACE.values()):
+            knobs = rmsnorm.Knobs(**dict(zip(rmsnorm.SPACE, values)))
+            r = r0.copy() if fused else None
+            out = cp.empty((rows, hidden), dtype)
+            rmsnorm._run(fused, x, r, w, 1e-6, 0.5, out, knobs)
+            _same_bits(out, want)
+            if fused:
+                _same_bits(r, want_r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", [128, 4095, 4096, 65536])
+def test_bits_do_not_depend_on_the_row_count(dtype, hidden, rng):
+    """1, 255, 256 or 4096 rows (other grids, other rows per block, another number of waves): a row's bits
+    are the same."""
+    import cupy as cp
+
+    total = 4096 if hidden < 65536 else 512
+    x = _spread_on_gpu(cp, (total, hidden), dtype, rng)
+    w = _randn(cp, hidden, dtype, rng)
+    full = rmsnorm.rms_norm(x, w).get()
+    _same_bits(full[:8], reference.rms_norm_emulated(x[:8], w))
+    for rows in (1, 255, 256, 4096):
+        if rows <= total:
+            _same_bits(rmsnorm.rms_norm(x[:rows], w), full[:rows])
+    _same_bits(rmsnorm.rms_norm(x[-1:], w), full[-1:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bits_do_not_depend_on_alignment_strides_or_stream(dtype, rng):
+    """A view one element in (element loads) and a strided view give the bits of the aligned contiguous
+    copy (16-byte loads), on the default stream or another."""
+    import cupy as cp
+
+    base = _spread_on_gpu(cp, (38, 4097), dtype, rng)
+    w = _randn(cp, 4096, dtype, rng)
+    misaligned, aligned = base[::2, 1:], base[::2, 1:].copy()
+    assert rmsnorm.vector_width(4096, [misaligned]) == 1 < rmsnorm.vector_width(4096, [aligned])
+    want = reference.rms_norm_emulated(aligned, w)
+    _same_bits(rmsnorm.rms_norm(misaligned, w), want)
+    _same_bits(rmsnorm.rms_norm(aligned, w), want)
+    with cp.cuda.Stream(non_blocking=True) as s:
+        out = rmsnorm.rms_norm(misaligned, w)
+        s.synchronize()
+    _same_bits(out, want)
+    r = _spread_on_gpu(cp, (19, 4097), dtype, rng)[:, 1:]
+    want_r, want = reference.fused_add_rms_norm_emulated(aligned, r, w)
+    _same_bits(rmsnorm.fused_add_rms_norm(misaligned, r, w), want)
+    _same_bits(r, want_r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hidden,rows", [(4096, 16384), (128, 65536), (65536, 600)])
+def test_bits_do_not_depend_on_the_sm_count(hidden, rows, monkeypatch, rng):
+    """Planned for a 108-SM and a 142-SM GPU (grids capped at one wave of each), launched on this one: the
+    same bits."""
+    import cupy as cp
+    from cukern._launch import CallCache
+
+    x = _spread_on_gpu(cp, (rows, hidden), BFLOAT16, rng)
+    w = _randn(cp, hidden, BFLOAT16, rng)
+    knobs = rmsnorm.Knobs(waves=1)
+    grids, outs = set(), []
+    for sms in (108, 142):
+        monkeypatch.setattr(rmsnorm, "sm_count", lambda device, n=sms: n)
+        monkeypatch.setattr(rmsnorm, "_calls", CallCache())  # a call planned for the other count must not be reused
+        grids.add(rmsnorm.plan(hidden, rows, 8, 2, sms, knobs).grid)
+        out = cp.empty_like(x)
+        rmsnorm._run(False, x, None, w, 1e-6, 0.0, out, knobs)
+        outs.append(out)
+    assert len(grids) == 2
+    _same_bits(outs[1], outs[0].get())
+    _same_bits(outs[0][:64], reference.rms_norm_emulated(x[:64], w))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 2**27 - 1), (2, 2**26), (2**13, 2**14 + 8)], ids=str)
+def test_bits_of_large_inputs(shape, rng):
+    """Up to 2^27 elements in one row (32768 elements a class), and 2^27 over 8192 rows."""
+    import cupy as cp
+
+    x = _spread_on_gpu(cp, shape, BFLOAT16, rng)
+    w = _randn(cp, shape[-1], BFLOAT16, rng)
+    _same_bits(rmsnorm.rms_norm(x, w), reference.rms_norm_emulated(x, w))
+    del x
     cp.get_default_memory_pool().free_all_blocks()
 
 

@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import ml_dtypes
 import numpy as np
 import pytest
-from _support import assert_close, compiled
+from _support import ARCHS, assert_close, assert_no_spills, compiled
 
 from cukern import reference, rotary
 from cukern._dtypes import BFLOAT16, FLOAT_TYPES
 from cukern.rope_cache import rope_cache, rope_cache_host, rope_frequencies
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
-ARCHS = ["sm_80", "sm_90"]
+
 
 LLAMA31 = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position": 8192}
@@ -486,7 +486,7 @@ def test_every_instantiation_compiles_without_spills_or_local_memory(arch):
         lowered = prog.lowered[inst.expression]
         assert lowered in res, inst.expression
         r = res[lowered]
-        assert r["spill_stores"] == r["spill_loads"] == r["stack"] == 0, (inst.expression, r)
+        assert_no_spills(r, arch, inst.expression)
         # the launch bound caps the rotation at 64 registers (half the SM's threads resident), spill-free
         assert r["registers"] <= 64, (inst.expression, r)
         assert ".local" not in prog.kernel_ptx(inst), inst.expression
@@ -847,6 +847,69 @@ def test_zero_heads_still_check_positions(key_heads):
         rotary.rotary_embedding(cupy.asarray([0, 99, 1, 2]), q, k, cache)
     rotary.rotary_embedding(cupy.asarray([0, 99, 1, 2]), q, k, cache, check_positions=False)
     rotary.rotary_embedding(cupy.asarray([0, 15, 1, 2]), q, k, cache)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pos_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_position_check_names_the_first_and_the_last_token(rng, pos_dtype, tokens):
+    """A bad first or last token raises naming it and its position, with query and key unchanged; valid
+    positions rotate exactly as the unchecked call does."""
+    import cupy
+
+    rows = 32
+    cache = rope_cache(rows, 64)
+    q0 = cupy.asarray(_random(rng, tokens * 4 * 64, BFLOAT16).reshape(tokens, 4, 64))
+    k0 = cupy.asarray(_random(rng, tokens * 2 * 64, BFLOAT16).reshape(tokens, 2, 64))
+    good = rng.integers(0, rows, tokens).astype(pos_dtype)
+    for t, value in ((0, rows), (tokens - 1, -1)):
+        bad = good.copy()
+        bad[t] = value
+        q, k = q0.copy(), k0.copy()
+        with pytest.raises(IndexError, match=rf"^positions\[{t}\] = {value} is outside cos_sin_cache's {rows} rows"):
+            rotary.rotary_embedding(cupy.asarray(bad), q, k, cache)
+        np.testing.assert_array_equal(bits(q.get()), bits(q0.get()))
+        np.testing.assert_array_equal(bits(k.get()), bits(k0.get()))
+    pos = cupy.asarray(good)
+    q, k, qu, ku = q0.copy(), k0.copy(), q0.copy(), k0.copy()
+    rotary.rotary_embedding(pos, q, k, cache)
+    rotary.rotary_embedding(pos, qu, ku, cache, check_positions=False)
+    np.testing.assert_array_equal(bits(q.get()), bits(qu.get()))
+    np.testing.assert_array_equal(bits(k.get()), bits(ku.get()))
+
+
+@pytest.mark.gpu
+def test_position_check_refuses_graph_capture_before_recording(rng):
+    """Under capture the checked call raises before anything is recorded: the capture stays valid and the
+    graph holds only the unchecked call made after it."""
+    import cupy
+
+    cache = rope_cache(32, 64)
+    pos = cupy.asarray(rng.integers(0, 32, 3))
+    q0 = cupy.asarray(_random(rng, 3 * 4 * 64, F32).reshape(3, 4, 64))
+    k0 = cupy.asarray(_random(rng, 3 * 2 * 64, F32).reshape(3, 2, 64))
+    q, k = q0.copy(), k0.copy()
+    cupy.cuda.Device().synchronize()  # a non-blocking stream does not wait for the null stream
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        for check in (True, False):  # compile, plan and make this thread's pinned pair before capturing
+            rotary.rotary_embedding(pos, q0.copy(), k0.copy(), cache, check_positions=check)
+        s.synchronize()
+        s.begin_capture()
+        try:
+            with pytest.raises(RuntimeError, match="pass check_positions=False while capturing"):
+                rotary.rotary_embedding(pos, q, k, cache)
+            rotary.rotary_embedding(pos, q, k, cache, check_positions=False)
+        finally:
+            graph = s.end_capture()  # raises if the refused call had invalidated the capture
+        s.synchronize()
+        np.testing.assert_array_equal(bits(q.get()), bits(q0.get()))  # captured, not run
+        graph.launch(s)
+        s.synchronize()
+    want_q, want_k = q0.copy(), k0.copy()
+    rotary.rotary_embedding(pos, want_q, want_k, cache, check_positions=False)
+    np.testing.assert_array_equal(bits(q.get()), bits(want_q.get()))  # rotated once
+    np.testing.assert_array_equal(bits(k.get()), bits(want_k.get()))
 
 
 @pytest.mark.gpu

@@ -1,10 +1,11 @@
-"""A non-editable wheel, installed into a fresh venv, holds every package and every family's kernel source,
-and compiles a kernel."""
+"""A non-editable wheel, installed into a fresh venv, holds every package, every family's kernel source and
+the license, and compiles a kernel."""
 
 import os
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +30,7 @@ def test_wheel_installs_and_compiles(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
                    check=True, timeout=600)
     (wheel,) = wheels.glob("cukern-*.whl")
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in zipfile.ZipFile(wheel).namelist())
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"

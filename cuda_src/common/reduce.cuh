@@ -46,11 +46,87 @@ template <int BLOCK, typename C, typename T> __device__ __forceinline__ T block_
   return total;
 }
 
-// The float sums rms_norm.cu uses.
-template <int G> __device__ __forceinline__ float group_sum(float v) { return group_reduce<G, Sum>(v); }
+// The fixed tree (rms_norm.cu; issue 13: the same bits whatever the launch shape). N values, N a power of
+// two, are the leaves of a perfect binary tree with neighbours paired first: ((v0 + v1) + (v2 + v3)) + ...
+// The three helpers below compute parts of that one tree: leaves held by one thread, one leaf per lane of
+// a group, or N leaves per thread of a block. Composed so that a thread's own leaves are the low bits of
+// the leaf index, its lane the next bits and its warp the next, any split of the leaves over threads gives
+// the same bits. C::apply must be commutative bit for bit (a xor butterfly forms a + b in one lane and
+// b + a in its partner), as IEEE addition is.
 
-template <int BLOCK> __device__ __forceinline__ float block_sum(float v, float* scratch, int parity) {
-  return block_reduce<BLOCK, Sum>(v, scratch, parity);
+// The tree over one thread's N values.
+template <typename C, int N, typename T> __device__ __forceinline__ T tree_reduce(const T (&v)[N]) {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "the tree needs a power-of-two number of leaves");
+  T s[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) s[i] = v[i];
+#pragma unroll
+  for (int w = 1; w < N; w *= 2) {
+#pragma unroll
+    for (int i = 0; i < N; i += 2 * w) s[i] = C::apply(s[i], s[i + w]);
+  }
+  return s[0];
+}
+
+// The tree over aligned groups of G lanes (a power of two, at most 32), lane L of a group being leaf L:
+// partners at distance 1, 2, 4, ... (group_reduce pairs them the other way round, which is another tree).
+// Every lane of the warp must call it; every lane of a group gets the group's result.
+template <int G, typename C, typename T> __device__ __forceinline__ T group_tree_reduce(T v) {
+#pragma unroll
+  for (int m = 1; m < G; m *= 2) v = C::apply(v, __shfl_xor_sync(0xffffffffu, v, m));
+  return v;
+}
+
+// The tree over a block of BLOCK threads (a power of two, at least 32) holding N values each: value n of
+// thread t is leaf n * BLOCK + t. Each warp forms its subtrees, lane 0 stores them, and every thread then
+// completes the tree over the N * BLOCK / 32 warp values, so every thread gets the result. scratch holds
+// 2 * N * BLOCK / 32 values; `parity` as for block_reduce.
+template <int BLOCK, typename C, int N, typename T>
+__device__ __forceinline__ T block_tree_reduce(const T (&v)[N], T* scratch, int parity) {
+  constexpr int kWarps = BLOCK / 32;
+  static_assert(kWarps > 0 && (kWarps & (kWarps - 1)) == 0, "a power-of-two number of warps");
+  T* slot = scratch + parity * N * kWarps;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const T s = group_tree_reduce<32, C>(v[n]);
+    if ((threadIdx.x & 31) == 0) slot[n * kWarps + warp] = s;
+  }
+  __syncthreads();
+  T all[N * kWarps];
+#pragma unroll
+  for (int i = 0; i < N * kWarps; ++i) all[i] = slot[i];
+  return tree_reduce<C>(all);
+}
+
+// group_tree_reduce for a group width known only at run time (`width` as G above).
+template <typename C, typename T> __device__ __forceinline__ T group_tree_reduce(T v, int width) {
+  for (int m = 1; m < width; m *= 2) v = C::apply(v, __shfl_xor_sync(0xffffffffu, v, m));
+  return v;
+}
+
+// The same tree over a sequence too long to hold at once (reduce.cu): consecutive aligned subtrees of
+// equal size, given one at a time as subtree k = 0, 1, 2, ..., are merged as a binary counter merges
+// carries, so that after `count` pushes tree_result gives the tree over all of them, a count that is not a
+// power of two padded with the identity (which the tree adds exactly). `level` holds one value per level
+// (the bit length of the largest count), in shared memory, owned by one thread (lanes of a warp sharing one
+// race, even pushing the same values: nothing orders one lane's read after another's write).
+template <typename C, typename T> __device__ __forceinline__ void tree_push(T* level, T v, unsigned long long k) {
+  int l = 0;
+  for (; (k >> l) & 1; ++l) v = C::apply(level[l], v);
+  level[l] = v;
+}
+
+template <typename C, typename T> __device__ __forceinline__ T tree_result(const T* level, unsigned long long count) {
+  T v = C::template identity<T>();
+  bool any = false;
+  for (int l = 0; (count >> l) != 0; ++l) {
+    if ((count >> l) & 1) {
+      v = any ? C::apply(level[l], v) : level[l];
+      any = true;
+    }
+  }
+  return v;
 }
 
 }  // namespace cukern

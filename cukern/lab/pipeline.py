@@ -8,8 +8,9 @@ synchronize; arrays they return are kept with the graph, which writes into them 
 ``graph_replay_time`` times replays of such a graph with :func:`cukern.timing.benchmark`'s CUDA events: the
 time a decode step sees once its launches are in a graph.
 
-The benchmark's pipeline records come from the calls of a decode step that the families register
-(:func:`register`): each call's graph-replayed time at 1, 8 and 64 tokens, and for some the host cost of one call.
+The benchmark's pipeline records come from what the families register: the host cost of one call of some
+ops and peers (:func:`register_host`), then each call of a decode step (:func:`register`) graph-replayed at 1,
+8 and 64 tokens.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def capture(fn, *args, calls: int = 1, warmup: int = 2, stream=None, **kwargs) -
 
     Runs on ``stream`` (default: a new non-blocking stream): ``warmup`` eager calls, a synchronization, then
     the capture, so compilation, plan caches and per-stream workspaces are settled before it. The calls must
-    not synchronize the host (``rotary_embedding`` needs ``check_positions=False``).
+    not synchronize the host (``rotary_embedding`` needs ``check_positions=False``: it raises RuntimeError
+    otherwise, before anything is recorded).
     """
     import cupy
 
@@ -143,36 +145,51 @@ DECODE_TOKENS = (1, 8, 64)
 @dataclass(frozen=True)
 class DecodeCall:
     """One bfloat16 call of a decode step. ``make(tokens)`` -> ``(fn, args, kwargs)`` on fresh inputs, as a
-    graph captures it; ``shape(tokens)``: the record's shape; ``bytes(tokens)``: what one call moves.
-    ``host_op`` names the record of the host cost of one call at one token and ``host(tokens)`` -> ``(fn,
-    args, kwargs)`` is the call timed there (None: no host record)."""
+    graph captures it; ``shape(tokens)``: the record's shape; ``bytes(tokens)``: what one call moves."""
 
     op: str
     shape: Callable
     bytes: Callable
     make: Callable
-    host_op: str | None = None
-    host: Callable | None = None
+
+
+@dataclass(frozen=True)
+class HostCall:
+    """One record of the host cost of a bfloat16 call: ``op`` names the record (``host_overhead...``), ``impl``
+    who is called (``cukern`` or a peer), ``shape`` is the record's. ``make()`` -> ``(fn, args, kwargs)`` on
+    fresh inputs, or None where ``impl`` cannot run (a peer's framework is not installed): no record then."""
+
+    op: str
+    impl: str
+    shape: tuple
+    make: Callable
 
 
 CALLS: list = []
+HOST_CALLS: list = []
 
 
 def register(call: DecodeCall) -> None:
     CALLS.append(call)
 
 
+def register_host(call: HostCall) -> None:
+    HOST_CALLS.append(call)
+
+
 def records(peak: float, *, repeat: int = 100, warmup: int = 10, n: int = 2000) -> list:
-    """The benchmark's pipeline records: for each registered call with a ``host_op``, its host overhead at
-    one token (``median_us`` the lowest of five rounds' medians, see :func:`host_overhead`); then for 1, 8
-    and 64 tokens each call's graph-replayed time (``impl`` ``cukern-graph``, 8 calls captured to a graph).
-    ``peak``: the copy bandwidth in GB/s the percentages are of."""
+    """The benchmark's pipeline records: each registered host call's cost in its order (``median_us`` the
+    lowest of five rounds' medians, see :func:`host_overhead`; none for a peer that cannot run here); then for
+    1, 8 and 64 tokens each decode call's graph-replayed time (``impl`` ``cukern-graph``, 8 calls captured to
+    a graph). ``peak``: the copy bandwidth in GB/s the percentages are of."""
     out = []
-    for c in CALLS:
-        if c.host_op is not None:
-            fn, args, kwargs = c.host(1)
-            out.append({"op": c.host_op, "impl": "cukern", "shape": list(c.shape(1)), "dtype": "bfloat16",
-                        "median_us": round(host_overhead(fn, *args, n=n, **kwargs), 3)})
+    for c in HOST_CALLS:
+        made = c.make()
+        if made is None:
+            continue
+        fn, args, kwargs = made
+        out.append({"op": c.op, "impl": c.impl, "shape": list(c.shape), "dtype": "bfloat16",
+                    "median_us": round(host_overhead(fn, *args, n=n, **kwargs), 3)})
     for tokens in DECODE_TOKENS:
         for c in CALLS:
             fn, args, kwargs = c.make(tokens)

@@ -45,9 +45,10 @@ bench.register("sum", bench.OpBench(_bench_setup, lambda s: reduce.sum(s["x"], a
 # Tuning: ``sum`` over everything (shape ``(n,)``, the full kernel) and ``sum_rows`` (shape ``(rows,
 # length)``, axis -1, the rows kernel), as the ops look them up; every reduction uses the sum's knobs.
 
+# Every point is a split of the one tree (cukern.reduce_plan's notes): the tuner chooses speed, never bits.
 SPACES = {
     "sum": {"full_block": [256, 512, 1024], "full_blocks_per_sm": [1, 2, 4], "full_unroll": [2, 4, 8]},
-    "sum_rows": {"row_items": [4, 8, 16], "row_max_tpr": [128, 256, 512], "row_unroll": [2, 4, 8],
+    "sum_rows": {"row_items": [8, 16, 32], "row_max_tpr": [128, 256, 512], "row_unroll": [2, 4, 8],
                  "row_threads_per_sm": [1024, 2048], "row_waves": [None, 4, 8, 16]},
 }
 
@@ -76,7 +77,7 @@ tune.register(_tunable("sum_rows"))
 
 # the column and strided kernels take no knobs: their cards show the constants that size them
 _FIXED = {"cols": {"col_block": reduce_plan.COL_BLOCK, "col_waves": reduce_plan.COL_WAVES,
-                   "col_min_rows": reduce_plan.COL_MIN_ROWS},
+                   "col_max_spans": reduce_plan.COL_MAX_SPANS},
           "strided": {"strided_block": reduce_plan.STRIDED_BLOCK, "strided_waves": reduce_plan.STRIDED_WAVES}}
 
 
@@ -102,22 +103,29 @@ def _describe(name: str):
         kind, p = pl.layout.kind, pl.kernel
         launches = []
         if insts:
-            role = f"{kind} kernel" + (", pass 1 of 2" if pl.cols2 else "")
+            role = f"{kind} kernel" + (", pass 1 of 2" if pl.fold else "")
             launches.append(card.Launch(insts[0], p.grid, p.block, role))
-        if pl.cols2 is not None:
-            launches.append(card.Launch(insts[1], pl.cols2.grid, pl.cols2.block, "cols kernel, pass 2 of 2 (partials)"))
+        if pl.fold is not None:
+            launches.append(card.Launch(insts[1], pl.fold.grid, pl.fold.block, "fold of the column spans, pass 2 of 2"))
         outputs, count = pl.layout.outputs, pl.layout.count
         size, acc = dt.itemsize, reduce_plan.acc_dtype(o)
+        leaf = reduce_plan.TREE_LEAF
         if kind == "full":
-            per_thread = -(-count // (p.grid * p.block))
-            thread = f"about {per_thread} elements, {p.unroll} 16-byte loads in flight"
-            block = f"a grid-stride share of all {count:,} elements, to one partial; the last block combines {p.grid}"
+            chunk = reduce_plan.chunk_elements(size)
+            chunks = -(-count // chunk)
+            span = 1 << max(0, (-(-chunks // (p.grid * (p.block // 32))) - 1).bit_length())
+            thread = (f"chains of {span} chunk(s) of {chunk:,} elements ({reduce_plan.lane_elements(size)} chains a "
+                      f"lane), {p.unroll} 16-byte loads in flight")
+            block = (f"{p.block // 32} warps, each an aligned span of {span} chunk(s), to one partial; the last block "
+                     f"combines {p.grid}")
         elif kind == "rows":
-            thread = f"1/{p.tpr} of a row ({-(-count // p.tpr)} elements)"
+            thread = f"1/{p.tpr} of a row ({-(-count // p.tpr)} elements), {p.unroll} 16-byte loads in flight"
             block = f"{p.block // p.tpr} row(s) at a time ({p.tpr} threads per row), looping when the grid is capped"
         elif kind == "cols":
-            thread = f"{p.vec} adjacent columns down {-(-p.rows_per_slice // (p.block // p.cw))} rows"
-            block = f"a strip of {p.cw * p.vec} columns x {p.rows_per_slice} rows ({p.slices} row slices)"
+            lanes = reduce_plan.TREE_CHAINS // p.q
+            thread = f"{p.vec} adjacent columns, {p.q} chain(s) of every leaf ({p.span} leaves of {leaf} rows)"
+            block = (f"a strip of {p.columns} columns x {p.span * leaf} rows, {lanes} row lanes "
+                     f"({p.spans} span(s) a column)")
         elif kind == "strided":
             thread = "1/32 of one output's elements"
             block = f"{p.block // 32} outputs, one per warp"
@@ -136,22 +144,25 @@ def _describe(name: str):
         else:
             width, coalesced = "16 B (scalar head and tail)", "yes: contiguous spans read as 16-byte vectors"
         re_read = ["nothing: every element is read once"]
-        if pl.cols2 is not None:
-            re_read = [f"partials ({outputs * p.slices * acc.itemsize:,} B) written by pass 1, read by pass 2 "
+        if pl.fold is not None:
+            re_read = [f"partials ({outputs * p.spans * acc.itemsize:,} B) written by pass 1, read by pass 2 "
                        "from L2"]
         traffic = {"bytes_read": nbytes - written, "bytes_written": written,
                    "counted_by": f"cukern.reduce.bytes_moved(shape, dtype, axis, op={name!r})",
                    "access_bytes": width, "coalesced": coalesced, "re_read": re_read}
-        combine = {"full": f"shuffle butterfly, shared memory across warps, then the last of {getattr(p, 'grid', 0)} "
-                           "blocks combines the partials in index order",
-                   "rows": "shuffle butterfly per row group (shared memory when a block owns the row)",
-                   "cols": "row lanes combined through shared memory" + (", then a second pass over the slices"
-                                                                         if pl.cols2 else ""),
-                   "strided": "shuffle butterfly per warp"}.get(kind, "none")
+        combine = {"full": f"pairs of neighbours: in a lane, shuffles, a span stack per warp, shared memory "
+                           f"across warps, then the last of {getattr(p, 'grid', 0)} blocks",
+                   "rows": "pairs of neighbours: in a lane, shuffles, a span stack per warp, shared memory "
+                           "across the row's warps",
+                   "cols": "pairs of neighbours: in a thread, shuffles across row lanes, a span stack per column"
+                           + (", then a second pass over the spans" if pl.fold else ""),
+                   "strided": "pairs of neighbours: shuffles, a leaf stack per warp"}.get(kind, "none")
         accumulation = {"reduces": f"{name} of {count:,} elements per output",
                         "precision": f"{dtype_name(acc)} accumulators, result {dtype_name(final)}",
-                        "order": "fixed by the plan (no atomics): bit-identical run to run", "combine": combine,
-                        "passes": len(launches)}
+                        "order": (f"one fixed tree per reduced length (chains of {reduce_plan.TREE_CHAIN_LENGTH} "
+                                  f"elements {reduce_plan.TREE_CHAINS} apart, then pairs): the same bits for every "
+                                  "plan, knob, SM count and layout (cukern.reference.sum_emulated)"),
+                        "combine": combine, "passes": len(launches)}
         notes = []
         if pl.copy:
             notes.append("the input is first copied to contiguous (reduced axes last); that copy is not in the count")

@@ -74,9 +74,10 @@ bench.register("fused_add_rms_norm", bench.OpBench(_bench_setup, _run, _cupy, _b
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Tuning: shapes are the input's shape, as the op looks them up.
+# Tuning: shapes are the input's shape, as the op looks them up. The space is the op's own (its
+# instantiations cover it); no point of it changes a row's bits.
 
-SPACE = {"items_target": [1, 2, 4, 8], "small_block": [64, 128, 256], "waves": [None, 2, 4, 8]}
+SPACE = {name: list(values) for name, values in rmsnorm.SPACE.items()}
 
 
 def _tunable(fused: bool) -> tune.Tunable:
@@ -99,14 +100,14 @@ tune.register(_tunable(True))
 
 # ---------------------------------------------------------------------------------------------------------
 # The decode step: one call of each op per layer, into a preallocated output; the host cost is timed on
-# the plain call.
+# the plain call, with ``out`` (the decode step's form) and for PyTorch's.
 
 
 def _decode_shape(tokens: int) -> tuple:
     return (tokens, DECODE_HIDDEN)
 
 
-def _decode_call(fused: bool, **host) -> pipeline.DecodeCall:
+def _decode_call(fused: bool) -> pipeline.DecodeCall:
     def make(tokens):
         s = inputs(_decode_shape(tokens), BFLOAT16, fused)
         if fused:
@@ -115,16 +116,38 @@ def _decode_call(fused: bool, **host) -> pipeline.DecodeCall:
 
     return pipeline.DecodeCall(
         OPS[fused], shape=_decode_shape, make=make,
-        bytes=lambda tokens: rmsnorm.bytes_moved(_decode_shape(tokens), BFLOAT16, BFLOAT16, fused=fused), **host)
+        bytes=lambda tokens: rmsnorm.bytes_moved(_decode_shape(tokens), BFLOAT16, BFLOAT16, fused=fused))
 
 
-def _host(tokens):
-    s = inputs(_decode_shape(tokens), BFLOAT16, False)
-    return rmsnorm.rms_norm, (s["x"], s["w"]), {}
-
-
-pipeline.register(_decode_call(False, host_op="host_overhead", host=_host))
+pipeline.register(_decode_call(False))
 pipeline.register(_decode_call(True))
+
+
+def _host(with_out: bool):
+    def make():
+        s = inputs(_decode_shape(1), BFLOAT16, False)
+        return rmsnorm.rms_norm, (s["x"], s["w"]), {"out": s["out"]} if with_out else {}
+
+    return make
+
+
+def _torch_host():
+    """``torch.nn.functional.rms_norm`` on inputs of the same shape and dtype; None without PyTorch or a GPU
+    it can use."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    x = torch.randn(_decode_shape(1), device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(DECODE_HIDDEN, device="cuda", dtype=torch.bfloat16)
+    return torch.nn.functional.rms_norm, (x, (DECODE_HIDDEN,), w, 1e-6), {}
+
+
+pipeline.register_host(pipeline.HostCall("host_overhead", "cukern", _decode_shape(1), _host(False)))
+pipeline.register_host(pipeline.HostCall("host_overhead", "torch", _decode_shape(1), _torch_host))
+pipeline.register_host(pipeline.HostCall("host_overhead_out", "cukern", _decode_shape(1), _host(True)))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -178,17 +201,29 @@ def _describe(fused: bool):
         if vec == 1:
             traffic["access_note"] = f"hidden={hidden} is not a multiple of {16 // size}: element accesses"
         steps = int(math.log2(min(p.tpr, 32))) if p.tpr > 1 else 0
-        combine = f"butterfly shuffle over {min(p.tpr, 32)} lanes ({steps} steps)"
+        shuffles = f"{p.groups} x " if p.groups > 1 else ""
+        combine = (f"tree over each thread's {p.vec} lane sums, {shuffles}butterfly over {min(p.tpr, 32)} lanes "
+                   f"(distances 1, 2, 4, ...: {steps} steps)")
         if p.tpr > 32 or p.kernel == "wide":
-            combine += f", then warp sums through shared memory ({2 * (p.block // 32)} floats)"
+            combine += (f", then a tree over the {p.groups * (p.block // 32)} warp values through shared memory "
+                        f"({2 * p.groups * (p.block // 32)} floats)")
+        elif p.groups > 1:
+            combine += f", then a tree over the thread's {p.groups} groups"
+        classes = rmsnorm.tree_classes(hidden)
         accumulation = {"reduces": f"sum of squares of each row's {hidden} elements of {tensors}",
-                        "precision": "float32 (inputs widened on load), output rounded once to " + dtype_name(dt),
-                        "order": (f"each thread sums its {p.items * p.vec} elements in order"
-                                  if p.kernel == "rows" else "each thread sums its elements chunk by chunk"),
+                        "precision": ("float32 (inputs widened on load), every product and sum rounded (no fused "
+                                      "multiply-add), 1 / sqrt(ss / hidden + eps) correctly rounded step by step, "
+                                      "output rounded once to " + dtype_name(dt)),
+                        "order": (f"one tree fixed by hidden: element i in class i % {classes}, each class summed "
+                                  f"in index order ({-(-hidden // classes)} elements), the {classes} class sums "
+                                  f"added pairwise, neighbours first; each thread owns {p.groups * p.vec} classes"
+                                  + (f" ({p.groups} groups of {p.vec})" if p.groups > 1 else "")),
                         "combine": combine,
                         "passes": ("one launch; the row never leaves registers" if p.kernel == "rows"
                                    else "one launch; the row is read twice"),
-                        "batch_invariant": "yes: the reduction order depends on hidden and the knobs, not rows"}
+                        "batch_invariant": ("yes, and more: a row's bits depend on its values, hidden, the dtypes, "
+                                            "eps and offset only, not on rows, knobs, grid, alignment, SM count or "
+                                            "GPU (cukern.reference.rms_norm_emulated gives them on the host)")}
         return card.Described(
             launches=[card.Launch(inst, p.grid, p.block, f"{p.kernel} kernel")], tile=tile, traffic=traffic,
             accumulation=accumulation, knobs=dataclasses.asdict(knobs), bytes=nbytes, bytes_written=written,

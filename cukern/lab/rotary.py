@@ -124,8 +124,22 @@ def _decode(tokens: int):
 
 pipeline.register(pipeline.DecodeCall(
     "rotary_embedding", shape=lambda tokens: (tokens, DECODE_HEADS, DECODE_HEAD_SIZE), make=_decode,
-    bytes=lambda tokens: rotary.bytes_moved(tokens, DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_SIZE, BFLOAT16),
-    host_op="host_overhead_rotary", host=_decode))
+    bytes=lambda tokens: rotary.bytes_moved(tokens, DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_SIZE, BFLOAT16)))
+
+
+def _host(check_positions: bool):
+    """One token's call, without and with the position check (which waits for the GPU)."""
+    def make():
+        fn, args, _ = _decode(1)
+        return fn, args, {"check_positions": check_positions}
+
+    return make
+
+
+pipeline.register_host(pipeline.HostCall("host_overhead_rotary", "cukern", (1, DECODE_HEADS, DECODE_HEAD_SIZE),
+                                         _host(False)))
+pipeline.register_host(pipeline.HostCall("host_overhead_rotary_checked", "cukern",
+                                         (1, DECODE_HEADS, DECODE_HEAD_SIZE), _host(True)))
 
 
 # ---------------------------------------------------------------------------------------------------------
