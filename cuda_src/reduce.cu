@@ -245,9 +245,12 @@ template <int CV> __device__ __forceinline__ int lane_start(int lane) {
 
 // Last block done: thread 0 publishes the block's partial v, fences, and bumps the counter; returns (in
 // every thread of the block) whether this block was the last to finish, in which case every partial is
-// visible to it. The caller then combines partials[0 .. gridDim.x) and resets the counter.
+// visible to it. The caller then combines partials[0 .. gridDim.x) and resets the counter. The barrier
+// first: every thread has finished reading the block tree's shared slots before thread 0 goes on to write
+// (compute-sanitizer's racecheck reported the slot reads against the write of `last` without it).
 template <typename A> __device__ __forceinline__ bool last_block_done(A* partials, unsigned* counter, A v) {
   __shared__ bool last;
+  __syncthreads();
   if (threadIdx.x == 0) {
     partials[blockIdx.x] = v;
     __threadfence();

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._launch import cupy as _cupy
 from ._launch import require_gpu
 from ._layout import contiguous_strides, extent
 
@@ -33,16 +34,6 @@ _DLPACK_CUDA, _DLPACK_CUDA_MANAGED = 2, 13
 _DLPACK_DEVICES = {1: "CPU", 3: "CUDA pinned host memory", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 10: "ROCm"}
 _LEGACY_STREAM = 1  # the protocol's name for the legacy default stream, which CuPy's null stream (0) is
 _SYNC = os.environ.get("CUPY_CUDA_ARRAY_INTERFACE_SYNC", "1") != "0"
-_cp = None
-
-
-def _cupy():
-    global _cp
-    if _cp is None:
-        import cupy
-
-        _cp = cupy
-    return _cp
 
 
 @dataclass(frozen=True)
@@ -215,7 +206,7 @@ def as_array(obj, name: str, *, writable: bool = False):
     """``obj`` as a :class:`cupy.ndarray` without copying: CuPy arrays as they are, other GPU arrays through
     ``__dlpack__`` or ``__cuda_array_interface__`` (see the module notes for stream order). ``writable``:
     the op writes into it, so a producer that marks its memory read-only is refused."""
-    cp = _cp or _cupy()
+    cp = _cupy()
     if isinstance(obj, cp.ndarray):
         return obj
     if isinstance(obj, np.ndarray):

@@ -97,22 +97,29 @@ def launch(kernel, config: LaunchConfig, args, signature: Signature | None = Non
 
 
 _NO_SWITCH = nullcontext()
+_cupy = None
 _runtime = None
+
+
+def cupy():
+    """The CuPy module, imported by the first call that needs it (importing cukern does not import CuPy): the
+    one lazy import the ops' hot paths share."""
+    global _cupy, _runtime
+    if _cupy is None:
+        import cupy as module
+
+        _cupy, _runtime = module, module.cuda.runtime
+    return _cupy
 
 
 def on_device(device_id: int):
     """A context making ``device_id`` current: a no-op when it already is (the common case, and a hot loop's:
     it saves making a Device and two runtime calls). The one device switch of every op."""
-    global _runtime
     if _runtime is None:
-        import cupy
-
-        _runtime = cupy.cuda.runtime
+        cupy()
     if device_id == _runtime.getDevice():
         return _NO_SWITCH
-    import cupy
-
-    return cupy.cuda.Device(device_id)
+    return _cupy.cuda.Device(device_id)
 
 
 class CallCache:
@@ -154,9 +161,7 @@ _sm_counts: dict = {}
 def sm_count(device: int) -> int:
     """Multiprocessors on ``device`` (read once, then cached)."""
     if device not in _sm_counts:
-        import cupy
-
-        _sm_counts[device] = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+        _sm_counts[device] = cupy().cuda.Device(device).attributes["MultiProcessorCount"]
     return _sm_counts[device]
 
 
@@ -171,10 +176,9 @@ def require_gpu() -> None:
     global _gpu_seen
     if _gpu_seen:
         return
-    import cupy
-
+    runtime = cupy().cuda.runtime
     try:
-        cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError as err:
+        runtime.getDeviceCount()
+    except runtime.CUDARuntimeError as err:
         raise RuntimeError(f"cukern needs a CUDA GPU: none is visible (CUDA says: {err})") from None
     _gpu_seen = True

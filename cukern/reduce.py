@@ -64,6 +64,7 @@ from . import _check, _tuned
 from ._compile import get_kernel
 from ._dtypes import dtype_name
 from ._launch import CallCache, Signature, launch, on_device, sm_count
+from ._launch import cupy as _cupy
 from .reduce_plan import (
     DEFAULT_KNOBS,
     FINISH_DIVIDE,
@@ -106,18 +107,6 @@ _ROWS_SIG = Signature(("ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i32", "
 _COLS_SIG = Signature(("ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64", "i32", "i32", "i32", "i32", "f64"))
 _FOLD_SIG = Signature(("ptr", "ptr", "i64", "i64", "i32", "i32", "f64"))
 _STRIDED_SIG = Signature(("ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i32", "f64"))
-
-_cp = None
-
-
-def _cupy():
-    global _cp
-    if _cp is None:
-        import cupy
-
-        _cp = cupy
-    return _cp
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Workspaces (see the module notes).
@@ -190,7 +179,7 @@ class _Single:
         launch(self.kernel, self.config, (out, *self.head, src, *self.tail))
 
     def __call__(self, x):
-        out = _cp.ndarray(self.shape, self.dtype)
+        out = _cupy().ndarray(self.shape, self.dtype)
         src = np.uint64(x.data.ptr + self.offset) if self.offset else x
         launch(self.kernel, self.config, (out, *self.head, src, *self.tail))
         return out
@@ -211,7 +200,7 @@ class _TwoPass:
         self.second.run(out, self.partials)
 
     def __call__(self, x):
-        out = _cp.ndarray(self.shape, self.dtype)
+        out = _cupy().ndarray(self.shape, self.dtype)
         self.run(out, x)
         return out
 
@@ -269,10 +258,10 @@ def _fast_key(name: str, x, axis, dtype, keepdims):
         return None
     mem = x.data
     dev = mem.device_id
-    if dev != _cp.cuda.runtime.getDevice():
+    if dev != _cupy().cuda.runtime.getDevice():
         return None
     return (name, x.shape, x.strides, x.dtype, mem.ptr % 16, axis, dtype, keepdims, dev,
-            _cp.cuda.get_current_stream().ptr)
+            _cupy().cuda.get_current_stream().ptr)
 
 
 def _out_key(out) -> tuple:
@@ -331,7 +320,7 @@ def _elementwise(op: Op, x, dst) -> None:
     written into ``dst`` in place, with no temporary: converted to the result dtype, then squared there
     (sum_of_squares: for one element the same bits as the kernels' square in the accumulator, rounded once)
     or made absolute (norm)."""
-    cp = _cp
+    cp = _cupy()
     cp.copyto(dst, x, casting="unsafe")
     if op.finalize == FINISH_SQRT:
         cp.abs(dst, out=dst)
@@ -343,7 +332,7 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
     """The public ops' body. ``knobs`` picks the tuning (for sweeps); None: the tuning cache's winner for
     this call (:func:`_tuned_knobs`), else :data:`DEFAULT_KNOBS`. ``sm`` plans as if the device had that
     many SMs (tests: the bits must not change); such calls bypass the call cache."""
-    cp = _cp or _cupy()
+    cp = _cupy()
     key = None
     nd = cp.ndarray
     if sm is None and type(x) is nd and (out is None or type(out) is nd):

@@ -26,6 +26,7 @@ from ._compile import Instantiation, get_kernel
 from ._dtypes import FLOAT_TYPES
 from ._interop import as_array
 from ._launch import _NO_SWITCH
+from ._launch import cupy as _cupy
 from ._launch import NULL as _NULL
 from ._launch import CallCache, LaunchConfig, Params, launch, on_device, sm_count, struct_argument
 from ._layout import ArraySpec, extent, rows_layout
@@ -352,24 +353,13 @@ _calls = CallCache()
 _MISSING = CallCache.MISSING
 
 
-_ndarray = None  # cupy.ndarray once a call has imported CuPy (importing cukern does not)
-
-
-def _cupy_ndarray():
-    global _ndarray
-    import cupy
-
-    _ndarray = cupy.ndarray
-    return _ndarray
-
-
 def _desc(a):
     d = a.data
     return a.shape, a.strides, a.dtype, d.ptr & 15, d.device_id
 
 
 def _run(fused: bool, x, residual, weight, eps, offset, out, knobs: Knobs | None = None):
-    nd = _ndarray or _cupy_ndarray()
+    nd = _cupy().ndarray
     key = None
     call = _MISSING
     if (type(x) is nd and (weight is None or type(weight) is nd) and (out is None or type(out) is nd)

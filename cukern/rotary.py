@@ -28,6 +28,7 @@ from ._compile import Instantiation, get_kernel
 from ._dtypes import FLOAT_TYPES, dtype_name
 from ._interop import as_array
 from ._launch import _NO_SWITCH
+from ._launch import cupy as _cupy
 from ._launch import NULL as _NULL
 from ._launch import CallCache, LaunchConfig, Params, launch, on_device, sm_count, struct_argument
 from ._layout import extent
@@ -500,26 +501,8 @@ def _plan_call(ck, positions, query, key, cache, is_neox, rotary_dim, inverse, k
                                 struct, k is not None, meet))
 
 
-_cp = None  # CuPy and cupy.ndarray once a call has imported CuPy (importing cukern does not)
-_ndarray = None
-
-
-def _cupy():
-    global _cp, _ndarray
-    if _cp is None:
-        import cupy
-
-        _cp, _ndarray = cupy, cupy.ndarray
-    return _cp
-
-
-def _cupy_ndarray():
-    _cupy()
-    return _ndarray
-
-
 def _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, check_positions, knobs) -> None:
-    nd = _ndarray or _cupy_ndarray()
+    nd = _cupy().ndarray
     if not (type(positions) is nd and type(query) is nd and type(cos_sin_cache) is nd
             and (key is None or type(key) is nd)):
         positions, cos_sin_cache = (as_array(a, n) for a, n in ((positions, "positions"),

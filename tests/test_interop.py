@@ -239,7 +239,7 @@ def test_stream_wait_logic(monkeypatch):
     fake = SimpleNamespace(cuda=SimpleNamespace(
         get_current_stream=lambda: current[0], Event=Event, Device=Device,
         runtime=SimpleNamespace(eventRecord=lambda event, stream: log.append(("record", stream, event)))))
-    monkeypatch.setattr(_interop, "_cp", fake)
+    monkeypatch.setattr(_interop, "_cupy", lambda: fake)
     monkeypatch.setattr(_interop, "_events", SimpleNamespace())
     _interop._wait_for_stream(1, 0)  # legacy default stream is CuPy's null stream
     assert log == []

@@ -168,11 +168,12 @@ def fake_gpu(monkeypatch):
     cuda = SimpleNamespace(get_current_stream=lambda: stream, PinnedMemory=lambda size, flags: (size, flags),
                            PinnedMemoryPointer=Pinned,
                            runtime=SimpleNamespace(hostAllocPortable=1, hostAllocMapped=2))
-    monkeypatch.setattr(_interop, "_cp", SimpleNamespace(ndarray=Arr))
+    fake_cupy = SimpleNamespace(ndarray=Arr, cuda=cuda)
+    monkeypatch.setattr(_interop, "_cupy", lambda: fake_cupy)
     monkeypatch.setattr(_launch, "_runtime", SimpleNamespace(getDevice=lambda: _Fake.current))
     monkeypatch.setattr(cupy.cuda, "Device", Device)
     for op in (rmsnorm, rotary):
-        monkeypatch.setattr(op, "_ndarray", Arr)
+        monkeypatch.setattr(op, "_cupy", lambda: fake_cupy)
         monkeypatch.setattr(op, "_calls", CallCache())
         monkeypatch.setattr(op, "sm_count", lambda device: 132)
         monkeypatch.setattr(op, "launch", launch)
@@ -180,7 +181,6 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(rmsnorm, "get_kernel", lambda inst: SimpleNamespace(kernel="rms_norm"))
     monkeypatch.setattr(rotary, "get_kernel", lambda inst: SimpleNamespace(
         kernel="check" if inst.name == "rotary_first_bad_position" else "rotate"))
-    monkeypatch.setattr(rotary, "_cp", SimpleNamespace(cuda=cuda))
     monkeypatch.setattr(rotary, "_found", threading.local())
     lookups = []
     real_lookup = _tuned.lookup

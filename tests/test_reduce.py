@@ -787,7 +787,7 @@ class _FakeCupy:
 
 def test_workspace_is_made_and_grown_only_outside_a_capture(monkeypatch):
     fake = _FakeCupy(capturing=True)
-    monkeypatch.setattr(R, "_cp", fake)
+    monkeypatch.setattr(R, "_cupy", lambda: fake)
     monkeypatch.setattr(R, "_workspaces", {})
     with pytest.raises(RuntimeError, match="before capturing"):
         R.workspace()  # none yet: making one would allocate inside the capture
