@@ -49,7 +49,8 @@ def test_compile_lists_instantiations_for_sm80_with_their_family():
 
 
 def test_compile_flags_each_spilling_instantiation(monkeypatch, capsys):
-    from cukern import cli, rotary
+    from cukern import rotary
+    from cukern.lab import cli
 
     insts = rotary.instantiations()
     spilling = insts[0].expression
@@ -67,7 +68,8 @@ def test_compile_flags_each_spilling_instantiation(monkeypatch, capsys):
 
 
 def test_compile_max_local_fails_past_its_bytes(monkeypatch, capsys):
-    from cukern import cli, rotary
+    from cukern import rotary
+    from cukern.lab import cli
 
     insts = rotary.instantiations()
 
@@ -85,7 +87,7 @@ def test_compile_max_local_fails_past_its_bytes(monkeypatch, capsys):
 
 
 def test_compile_failure_shows_nvrtc_log_and_exits_1(monkeypatch, capsys):
-    from cukern import cli
+    from cukern.lab import cli
 
     def broken(source, chunk, arch):
         raise RuntimeError(f"NVRTC failed on {source}.cu for {arch}:\n{source}.cu(1): error: expected a ;")
@@ -130,7 +132,7 @@ def tmp(tmp_path):
 
 @pytest.mark.parametrize("argv, words", MISTAKES, ids=[" ".join(a) for a, _ in MISTAKES])
 def test_each_mistake_is_one_line_and_exit_2(argv, words, tmp, monkeypatch, capsys):
-    from cukern import cli
+    from cukern.lab import cli
 
     # a None entry in sys.modules makes `import matplotlib` fail as if it were not installed
     monkeypatch.setitem(sys.modules, "matplotlib", None)
@@ -151,13 +153,12 @@ def test_a_mistake_is_one_line_as_a_user_sees_it(argv):
 @pytest.mark.parametrize("op, dtype", [("rms_norm", "bf16"), ("rotary_embedding", "float64"), ("sum", "int8"),
                                        ("reduce_ladder.v1", "int32")])
 def test_explain_api_refuses_a_dtype_before_compiling(op, dtype):
-    import cukern
     from cukern.lab import card
     from cukern.lab.device import H200
 
     taken = card.CARDS[op].dtypes
     with pytest.raises(ValueError, match=f"^{op} takes dtype .*, not '?{dtype}'?$") as err:
-        cukern.explain(op, dtype=dtype, device=H200)
+        card.explain(op, dtype=dtype, device=H200)
     assert len(str(err.value).split(",")) == len(taken) + 1
 
 
@@ -192,10 +193,10 @@ def test_no_gpu_is_said_in_one_clear_error(monkeypatch):
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU error")
 def test_tune_without_gpu_says_so():
-    import cukern
+    from cukern.lab.tune import tune
 
     with pytest.raises(RuntimeError, match="cukern needs a CUDA GPU"):
-        cukern.tune("rms_norm", (16, 4096), "bfloat16")
+        tune("rms_norm", (16, 4096), "bfloat16")
 
 
 def test_results_file_has_the_documented_form():

@@ -1,4 +1,4 @@
-"""The six-question card for the exact launch a call makes: ``cukern.explain(op, shape, dtype)`` and
+"""The six-question card for the exact launch a call makes: ``cukern.lab.card.explain(op, shape, dtype)`` and
 ``python -m cukern explain OP``.
 
 1. Output tile: grid and block, what one block and one thread compute.

@@ -16,11 +16,11 @@ import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-from . import _tuned, families, ladder
-from ._compile import compile_program, nvrtc_version
-from ._dtypes import dtype_name, parse_dtype
-from .lab import bench, card, device, report, tune
-from .lab.progress import Progress
+from .. import _tuned, families, ladder
+from .._compile import compile_program, nvrtc_version
+from .._dtypes import dtype_name, parse_dtype
+from . import bench, card, device, report, tune
+from .progress import Progress
 
 # cuda_src/common/dtype.cuh converts to bfloat16 with cvt.rn.bf16.f32, which ptxas takes from sm_80 on
 OLDEST_ARCH = 80
