@@ -14,6 +14,7 @@ CASES = [(op, case) for op, b in bench.OPS.items() for case in b.cases]
 
 
 @pytest.mark.gpu
+@pytest.mark.serial
 @pytest.mark.parametrize("op,case", CASES, ids=[f"{c.op}-{'x'.join(map(str, c.shape))}-{c.dtype}" for _, c in CASES])
 def test_op(cuda_benchmark, op, case):
     b = bench.OPS[op]

@@ -178,6 +178,7 @@ def test_card_measured_fields_are_filled_on_a_gpu(op):
 
 
 @pytest.mark.gpu
+@pytest.mark.serial
 def test_large_rms_norm_is_memory_bound_on_a_gpu():
     assert card.explain("rms_norm", (16384, 8192), "bfloat16").profile["verdict"] == "memory-bound"
 

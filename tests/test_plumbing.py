@@ -141,6 +141,7 @@ def test_hold_covers_the_host_launch_cost_within_bounds():
 
 
 @pytest.mark.gpu
+@pytest.mark.serial
 def test_benchmark_times_gpu_work_not_the_launch():
     """A 50 µs hold measures about 50 µs; back to back (no flush), a tiny call timed with the stream held
     is faster than timed bare, where the host's launch cost is inside the events."""

@@ -213,6 +213,7 @@ def test_a_pytest_benchmark_without_the_parts_it_drives_is_named():
 
 
 @pytest.mark.gpu
+@pytest.mark.serial
 def test_a_copy_times_at_the_copy_peak(pytester):
     # pytest-benchmark runs disabled under this project's addopts; an inner session with it enabled is the
     # path a user takes, --benchmark-json included, and in this process, so the peak is the one measured here
