@@ -237,6 +237,7 @@ def test_copy(cuda_benchmark):
 
 
 @pytest.mark.gpu
+@pytest.mark.serial  # pytest-benchmark turns itself off inside an xdist worker
 def test_the_readme_example_runs(pytester):
     readme = (ROOT / "README.md").read_text()
     example = re.search(r"```python\n(# test_saxpy\.py\n.*?)```", readme, re.S).group(1)
