@@ -49,12 +49,30 @@ def _triton_rms_norm():
     return _triton_kernels["rms"]
 
 
+def host_calls():
+    """The peers' host-cost records beside cukern's: ``(op, impl, shape, make)``, ``make()`` giving ``(fn,
+    args, kwargs)`` on fresh inputs (``cukern.lab.pipeline.HostCall``). torch's ``F.rms_norm`` on a decode
+    step's [1, 4096] bfloat16, recorded as ``host_overhead`` / ``torch``."""
+    torch = _torch()
+    if torch is None:
+        return []
+    hidden = 4096
+
+    def rms_norm():
+        x = torch.randn((1, hidden), device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+        return torch.nn.functional.rms_norm, (x, (hidden,), w, 1e-6), {}
+
+    return [("host_overhead", "torch", (1, hidden), rms_norm)]
+
+
 def peers(case):
     """(impl name, callable) pairs for a benchmark case; empty where no framework is there."""
     torch = _torch()
     if torch is None:
         return []
-    dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[case.dtype]
+    dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+          "float64": torch.float64}[case.dtype]
     out = []
     if case.op in ("rms_norm", "fused_add_rms_norm"):
         hidden = case.shape[-1]
@@ -77,13 +95,67 @@ def peers(case):
                 return torch.nn.functional.rms_norm(r, (hidden,), w, 1e-6)
 
             out.append(("torch", fused))
+    elif case.op in ("rms_norm_fp8", "fused_add_rms_norm_fp8"):
+        out += _torch_rms_norm_fp8(torch, case, dt)
     elif case.op.startswith("rotary_embedding"):
         out += _torch_rope(torch, case, dt)
+    elif case.op == "qk_norm_rope":
+        out += _torch_qk_norm_rope(torch, case, dt)
     elif case.op.startswith("sum"):
         x = torch.randn(case.shape, device="cuda", dtype=dt)
         axis = dict(case.params).get("axis")
         out.append(("torch", (lambda: torch.sum(x)) if axis is None else (lambda: torch.sum(x, dim=axis))))
+    elif case.op in ("var", "var_rows", "logsumexp_rows", "nansum"):
+        x = torch.randn(case.shape, device="cuda", dtype=dt)
+        axis = dict(case.params).get("axis")
+        if case.op == "nansum":
+            out.append(("torch", lambda: torch.nansum(x)))
+        elif case.op == "logsumexp_rows":
+            out.append(("torch", lambda: torch.logsumexp(x, dim=axis)))
+        else:  # NumPy's var: ddof 0
+            out.append(("torch", (lambda: torch.var(x, correction=0)) if axis is None
+                        else (lambda: torch.var(x, dim=axis, correction=0))))
+    elif case.op == "argmax":
+        x = torch.randn(case.shape, device="cuda", dtype=dt)
+        out.append(("torch", lambda: torch.argmax(x)))
+    elif case.op == "cumsum":
+        x = torch.rand(case.shape, device="cuda", dtype=dt) + 0.5
+        out.append(("torch", lambda: torch.cumsum(x, dim=0)))
+    elif case.op == "segment_sum":
+        x = torch.randn(case.shape, device="cuda", dtype=dt)
+        rows, segments = case.shape[0], dict(case.params)["segments"]
+        cuts = torch.sort(torch.randint(0, rows + 1, (segments - 1,), device="cuda")).values
+        offsets = torch.cat([cuts.new_zeros(1), cuts, cuts.new_full((1,), rows)])
+        out.append(("torch", lambda: torch.segment_reduce(x, "sum", offsets=offsets, axis=0, unsafe=True)))
     return out
+
+
+def _torch_rms_norm_fp8(torch, case, dt):
+    """RMSNorm with float8 e4m3fn outputs and per-token scales as PyTorch users write it (the composition
+    vLLM's native path uses): float32 RMSNorm, row amax / 448 (at least 2^-126), divide, clamp, cast; eager,
+    and through torch.compile."""
+    hidden = case.shape[-1]
+    fused = case.op == "fused_add_rms_norm_fp8"
+    x = torch.randn(case.shape, device="cuda", dtype=dt)
+    w = torch.randn(hidden, device="cuda", dtype=dt)
+    r = torch.randn(case.shape, device="cuda", dtype=dt) if fused else None
+
+    def quant(x, r, w):
+        if r is not None:
+            r.add_(x)
+            x = r
+        y = torch.nn.functional.rms_norm(x.float(), (hidden,), w.float(), 1e-6)
+        s = (y.abs().amax(dim=-1, keepdim=True) / 448.0).clamp(min=2.0**-126)
+        return (y / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), s
+
+    peers = [("torch", lambda: quant(x, r, w))]
+    try:
+        compiled = torch.compile(quant)
+        compiled(x, r, w)
+        peers.append(("torch.compile", lambda: compiled(x, r, w)))
+    except Exception as err:  # torch.compile needs a working Triton/inductor toolchain
+        print(f"  torch.compile unavailable: {type(err).__name__}: {err}")
+    return peers
 
 
 def _torch_rope(torch, case, dt):
@@ -118,6 +190,39 @@ def _torch_rope(torch, case, dt):
     peers = [("torch", lambda: rope(pos, q, k))]
     try:
         compiled = torch.compile(rope)
+        compiled(pos, q, k)
+        peers.append(("torch.compile", lambda: compiled(pos, q, k)))
+    except Exception as err:  # torch.compile needs a working Triton/inductor toolchain
+        print(f"  torch.compile unavailable: {type(err).__name__}: {err}")
+    return peers
+
+
+def _torch_qk_norm_rope(torch, case, dt):
+    """Qwen3's QK-norm then NeoX rotation as PyTorch users write it: ``F.rms_norm`` over each head (rounded to
+    the dtype, as the model's RMSNorm returns it), the rotation in float32, written back in place; eager, and
+    through torch.compile."""
+    tokens, nh, hd = case.shape
+    nkv = dict(case.params)["kv_heads"]
+    q = torch.randn(tokens, nh, hd, device="cuda", dtype=dt)
+    k = torch.randn(tokens, nkv, hd, device="cuda", dtype=dt)
+    qw, kw = (1 + 0.1 * torch.randn(hd, device="cuda")).to(dt), (1 + 0.1 * torch.randn(hd, device="cuda")).to(dt)
+    pos = torch.randint(0, 8192, (tokens,), device="cuda")
+    inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, device="cuda", dtype=torch.float32) / hd))
+    freqs = torch.outer(torch.arange(8192, device="cuda", dtype=torch.float32), inv)
+    cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+    def qk_norm_rope(pos, q, k):
+        cos, sin = cache[pos].chunk(2, dim=-1)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        for t, w in ((q, qw), (k, kw)):
+            x = torch.nn.functional.rms_norm(t, (hd,), w, 1e-6).float()
+            x1, x2 = x.chunk(2, dim=-1)
+            t.copy_(torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(t.dtype))
+        return q, k
+
+    peers = [("torch", lambda: qk_norm_rope(pos, q, k))]
+    try:
+        compiled = torch.compile(qk_norm_rope)
         compiled(pos, q, k)
         peers.append(("torch.compile", lambda: compiled(pos, q, k)))
     except Exception as err:  # torch.compile needs a working Triton/inductor toolchain

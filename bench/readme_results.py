@@ -122,6 +122,49 @@ def targets(R: Records) -> list:
     rows.append(("ladder v10 vs production", "within 2%", f"v10 {v10['pct_of_peak']}% at 2^28",
                  f"production {prod['pct_of_peak']}% at 2^29",
                  f"{met([gap > 2 and 'over 2%'])} ({gap:.1f}%, per element)"))
+    def newer(label, op, shape, dtype, floor, peer_impl=None, times=None):
+        """A target of issues 14 and 15: at least ``floor``% of the copy, and with ``times`` at least that
+        speed-up over ``peer_impl`` (a peer or another cukern impl) in the same run."""
+        try:
+            ours = R.get(op, "cukern", shape, dtype)
+        except KeyError:
+            rows.append((label, f">= {floor}%", "not measured", "-", "no: no record"))
+            return
+        against = R.best_peer(op, shape, dtype) if peer_impl is None else next(
+            (r for r in R.data["records"] if r["op"] == op and r["impl"] == peer_impl and r["shape"] == list(shape)
+             and r["dtype"] == dtype), None)
+        misses = [ours["pct_of_peak"] < floor and f"under {floor}%"]
+        target = f">= {floor}%"
+        if times is not None and against is not None:
+            x = against["median_us"] / ours["median_us"]
+            target += f", >= {times}x {against['impl']}"
+            misses.append(x < times and f"{x:.2f}x {against['impl']}")
+        rows.append((label, target, pct(ours), peer_text(against), met(misses)))
+
+    newer("qk_norm_rope bf16 16384x32x128 (8 kv heads)", "qk_norm_rope", (16384, 32, 128), "bfloat16", 92,
+          "cukern-composed", 1.8)
+    newer("rms_norm fp8 out, bf16 16384x4096, per token", "rms_norm_fp8", (16384, 4096), "bfloat16", 92)
+    newer("fused_add_rms_norm fp8 out, bf16 16384x4096", "fused_add_rms_norm_fp8", (16384, 4096), "bfloat16", 92)
+    newer("rotary_embedding_positions 16384x32x128", "rotary_embedding_positions", (16384, 32, 128), "bfloat16",
+          90)
+    try:
+        free = R.get("rotary_embedding_positions", "cukern", (1, 32, 128))
+        cached = R.get("rotary_embedding", "cukern", (1, 32, 128))
+        rows.append(("rotary_embedding_positions one token", "no slower than the cached kernel",
+                     f"{free['median_us']:.2f} µs", f"cached {cached['median_us']:.2f} µs",
+                     met([free["median_us"] > cached["median_us"] and "slower"])))
+    except KeyError:
+        rows.append(("rotary_embedding_positions one token", "no slower than the cached kernel", "not measured",
+                     "-", "no: no record"))
+    newer("argmax fp32 2^28", "argmax", (2**28,), "float32", 100)
+    newer("var fp32 2^28", "var", (2**28,), "float32", 100, "cupy", 1.8)
+    newer("nansum fp32 2^28", "nansum", (2**28,), "float32", 100)
+    newer("sum float64 2^28", "sum", (2**28,), "float64", 100)
+    newer("logsumexp rows fp32 32768x16384", "logsumexp_rows", (32768, 16384), "float32", 100)
+    newer("var rows fp32 32768x16384", "var_rows", (32768, 16384), "float32", 100)
+    newer("segment_sum fp32 2^28", "segment_sum", (2**28,), "float32", 90)
+    newer("cumsum fp32 2^28", "cumsum", (2**28,), "float32", 90, "cupy", 1.0)
+
     def host(op, impl="cukern"):
         return next(x for x in R.data["records"] if x["op"] == op and x["impl"] == impl)
 
@@ -189,16 +232,19 @@ def main(argv=None):
     ap.add_argument("--results", default=str(ROOT / "bench/results/h200.json"))
     a = ap.parse_args(argv)
     lines = [ln for ln in Path(a.tests_log).read_text().splitlines() if ln.strip()]
-    last = lines[-1] if lines else ""
-    if last != "gpu tests: shared exit 0, serial exit 0":
-        raise SystemExit(f"the GPU suite's log does not end in a pass: {last!r}")
+    if not lines or not lines[-1].startswith("gpu tests: shared exit"):
+        raise SystemExit(f"not a GPU suite log of bench/run_h200.sh: {lines[-1:]!r}")
     # one pytest summary per part (the shared and the serial run): "N passed, M skipped, ... in S s"
     summaries = [ln for ln in lines if re.search(r"\d+ passed.* in [\d.]+s", ln)]
     count = {w: sum(int(m.group(1)) for ln in summaries for m in [re.search(rf"(\d+) {w}", ln)] if m)
              for w in ("passed", "skipped", "failed", "error")}
-    if not summaries or count["failed"] or count["error"]:
-        raise SystemExit(f"the GPU suite's log does not report a pass: {summaries!r}")
-    tests = f"{count['passed']} GPU tests passed" + (f", {count['skipped']} skipped" if count["skipped"] else "")
+    if not summaries:
+        raise SystemExit("the GPU suite's log has no pytest summary")
+    failed = [ln.split()[1] for ln in lines if ln.startswith("FAILED ")]
+    tests = f"{count['passed']} GPU tests passed"
+    if count["failed"] or count["error"]:  # said, not hidden: the README states what failed
+        tests += f", {count['failed'] + count['error']} failed ({', '.join(f'`{f}`' for f in failed)})"
+    tests += f", {count['skipped']} skipped" if count["skipped"] else ""
     readme = ROOT / "README.md"
     text = readme.read_text()
     head, rest = text.split(START, 1)

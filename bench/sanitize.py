@@ -4,7 +4,9 @@ under memcheck, racecheck, initcheck and synccheck).
 Covers odd and empty sizes, misaligned and strided views, both RMSNorm kernels, fused residual-add in
 place, NeoX and GPT-J rotation with partial rotary_dim, GQA, fused-qkv views and the position check, every
 reduction layout (full, rows, columns in one and two passes, strided, size-1 axis, copied) with negative
-and padded strides, and a CUDA graph of the capturable calls replayed. Exits non-zero on any Python error.
+and padded strides, QK-norm + RoPE, float8 outputs, cache-free and multimodal rotation, arg-reductions,
+segmented reductions, scans, and a CUDA graph of the capturable calls replayed. Exits non-zero on any Python
+error.
 
 Every input is filled before use, so initcheck can only report memory a kernel reads that nobody wrote.
 Sizes are small: the tools slow kernels down 10 to 100 times.
@@ -56,8 +58,8 @@ def run(fn, *args, **kwargs):
     global calls
     result = fn(*args, **kwargs)
     cupy.cuda.Device().synchronize()
-    if result is not None:
-        cupy.asnumpy(result)
+    for r in result if isinstance(result, tuple) else () if result is None else (result,):
+        cupy.asnumpy(r)  # (out, scales) from a per-token float8 call
     calls += 1
     return result
 
@@ -147,6 +149,82 @@ def reduction_cases():
             run(fn, dev((3, 0), F32), axis=1)
 
 
+NEWER_REDUCTIONS = {
+    "var": (F32, F64, F16, BFLOAT16, I32), "std": (F32,), "nansum": (F32, F16, BFLOAT16), "nanmean": (F32,),
+    "nanmax": (F32, BFLOAT16), "nanmin": (F32,), "prod": (F32, F64, I32), "logsumexp": (F32, F64, BFLOAT16),
+    "count_nonzero": (F32, I32), "any": (F32,), "all": (F32,),
+}
+
+
+def newer_reduction_cases():
+    """var, std, the NaN-aware ops, counts, prod and logsumexp on the full, row, column and strided layouts."""
+    for name, dtypes in NEWER_REDUCTIONS.items():
+        fn = getattr(cukern, name)
+        for dtype in dtypes:
+            x = dev(100004, dtype)
+            run(fn, dev(7, dtype))
+            run(fn, x[:100003])
+            run(fn, x[1:])
+            run(fn, x[::-3])
+            m = dev((33, 1032), dtype)
+            run(fn, m[:, 1:], axis=1)
+            run(fn, m, axis=0)
+            run(fn, dev((7, 3, 257), dtype), axis=(0, 2))
+
+
+def fused_and_quantized_cases():
+    """qk_norm_rope on fused-qkv views (GQA, partial rotary_dim, key None), rms_norm and fused_add_rms_norm
+    with float8 outputs (static and per-token scales), the cache-free and multimodal rotations."""
+    import cupy
+
+    for dtype in FLOATS:
+        for is_neox in (True, False):
+            for head, rot in ((128, 128), (64, 32), (72, 72)):
+                tokens, nh, nkv = 7, 8, 2
+                cache = cukern.rope_cache(64, rot, dtype=F32)
+                pos = cupy.asarray(_rng.integers(0, 64, tokens))
+                qkv = dev((tokens, (nh + 2 * nkv) * head + 1), dtype)[:, 1:]  # misaligned fused view
+                q = qkv[:, :nh * head].reshape(tokens, nh, head)
+                k = qkv[:, nh * head:(nh + nkv) * head].reshape(tokens, nkv, head)
+                wq, wk = dev(head, dtype), dev(head, dtype)
+                run(cukern.qk_norm_rope, pos, q, k, wq, wk, cache, is_neox=is_neox, rotary_dim=rot)
+                run(cukern.qk_norm_rope, pos, q, None, wq, None, cache, is_neox=is_neox, rotary_dim=rot)
+                run(cukern.rotary_embedding_positions, pos, q, k, rotary_dim=rot, is_neox=is_neox)
+        x, w = dev((5, 4099), dtype), dev(4099, dtype)
+        for scale in (0.5, "per_token"):
+            run(cukern.rms_norm, x, w, out_dtype="float8_e4m3fn", scale=scale)
+            run(cukern.fused_add_rms_norm, x, dev(x.shape, dtype), w, out_dtype="float8_e4m3fn", scale=scale)
+    q, k = dev((9, 4, 128), BFLOAT16), dev((9, 2, 128), BFLOAT16)
+    mpos = cupy.asarray(_rng.integers(0, 64, (3, 9)))
+    run(cukern.rotary_embedding_mrope, mpos, q, k, cukern.rope_cache(64, 128), mrope_section=[16, 24, 24])
+
+
+def science_cases():
+    """argmax and friends, segmented reductions and scans on odd, strided and empty inputs."""
+    import cupy
+
+    for dtype in (F32, F64, F16, BFLOAT16, I32):
+        x = dev((33, 1031), dtype)
+        for fn in (cukern.argmax, cukern.argmin):
+            run(fn, x)
+            run(fn, x[:, 1:], axis=1)
+            run(fn, x[::-1], axis=0)
+        if dtype.kind == "f":
+            run(cukern.nanargmax, x, axis=1)
+        run(cukern.cumsum, x[:, 1:], axis=1)
+        run(cukern.cumsum, x, axis=0)
+        run(cukern.cumsum, x[::-2])
+        if dtype.kind == "f":
+            run(cukern.cumprod, x * 0 + 1, axis=1)
+            offsets = cupy.asarray(np.array([0, 0, 5, 6, 33], np.int64))
+            for fn in (cukern.segment_sum, cukern.segment_max, cukern.segment_min, cukern.segment_mean):
+                run(fn, x, offsets)
+                run(fn, x[:, :7], offsets.astype(I32))
+    run(cukern.argmax, dev(100003, F32))
+    run(cukern.cumsum, dev(100003, F32))
+    run(cukern.cumsum, dev((0, 5), F32), axis=0)
+
+
 def graph_cases():
     """Capturable calls (no host synchronization, no temporary: ``out=`` given, positions unchecked) captured
     once, after eager calls made the kernels and the stream's workspace, and replayed."""
@@ -187,7 +265,8 @@ def graph_cases():
 def main() -> int:
     import cupy
 
-    for part in (rms_norm_cases, rotary_cases, reduction_cases, graph_cases):
+    for part in (rms_norm_cases, rotary_cases, reduction_cases, newer_reduction_cases, fused_and_quantized_cases,
+                 science_cases, graph_cases):
         part()
         print(f"{part.__name__}: done ({calls} calls so far)", flush=True)
     cupy.cuda.Device().synchronize()

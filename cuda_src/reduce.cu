@@ -1,5 +1,5 @@
-// The production reductions behind cukern.sum / amax / amin / mean / sum_of_squares / norm. The teaching
-// ladder (ten rungs from the textbook first try to reduce_full) is cuda_src/reduce_ladder.cu.
+// The production reductions behind cukern.sum / amax / amin / mean / sum_of_squares / norm / var / std /
+// nansum / nanmax / nanmin / nanmean / count_nonzero / any / all / prod / logsumexp. The teaching ladder (ten rungs from the textbook first try to reduce_full) is cuda_src/reduce_ladder.cu.
 //
 // One tree per reduced length (issue 13). Each output reduces n values v_i = lift(x_i), i the C-order index
 // over the reduced axes of x as the caller sees them (strides, alignment and memory order play no part):
@@ -12,8 +12,12 @@
 // the grid, the block, the tuning knobs, the SM count, the stream or the GPU. Sums add with __fadd_rn /
 // __dadd_rn and square with __fmul_rn / __dmul_rn (never contracted into an FMA, so every architecture
 // rounds the same); max and min are commutative bit for bit (+0 beats -0 in max, -0 in min; a NaN gives
-// a NaN). Integer sums are exact and wrap as int64, so their order is immaterial. cukern/reference.py
-// (`*_emulated`) evaluates the same tree in NumPy with no launch parameter at all.
+// a NaN). Integer sums are exact and wrap as int64, so their order is immaterial; so are integer products.
+// The lift of sum, max and min is a run-time mode (LIFT_*: NaN to the identity, x != 0 to 1 or 0), so the
+// NaN-aware ops and the counts share their kernels. Float products multiply with __fmul_rn; logsumexp
+// carries (max, scaled sum) and merges with cukern's own exp and log (exp_nonpositive, log_at_least_one),
+// made of correctly rounded steps only. cukern/reference.py (`*_emulated`) evaluates the same tree in
+// NumPy with no launch parameter at all.
 //
 // The six questions (cukern/reduce_plan.py keeps the launch math as pure plans):
 // 1. Output tile: reduce_full: the whole array, one value: each warp takes an aligned span of chunks (a
@@ -36,6 +40,8 @@
 // 5. Tuning: block size, blocks per SM, loads in flight, threads per row, grid caps: all splits of the one
 //    tree, so any of them gives the same bits (cukern/reduce_plan.py `Knobs`).
 // 6. Profile: one add per element against sizeof(T) bytes: memory-bound; the target is the copy bandwidth.
+//    logsumexp spends an exp (about twenty correctly rounded operations) per element: near the compute
+//    bound for float32, which is why its rows kernel keeps more registers (row_min_blocks).
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
@@ -50,6 +56,7 @@ constexpr int LEAF = CHAINS * CHAIN_LENGTH;
 constexpr int STACK_DEPTH = 40;
 // Partials the last block of reduce_full combines per thread (the planner keeps the grid within it).
 constexpr int FULL_FOLD = 8;
+constexpr int ROW_LIFT_BLOCK = 128;  // the one rows block that lifts (cukern/reduce_plan.py LIFT_ROW_MAX_TPR)
 constexpr int COL_BLOCK = 256;
 constexpr int COL_LOADS = 4;  // rows in flight per column thread
 constexpr int COL_STACK_DEPTH = 20;
@@ -59,8 +66,17 @@ constexpr int FOLD_DEPTH = 8;  // up to 128 column spans
 // ---------------------------------------------------------------------------------------------------------
 // Element types, accumulators and the four reduction operators.
 
-enum : int { OP_SUM = 0, OP_SUMSQ = 1, OP_MAX = 2, OP_MIN = 3 };
+enum : int { OP_SUM = 0, OP_SUMSQ = 1, OP_MAX = 2, OP_MIN = 3, OP_VAR = 4, OP_PROD = 5, OP_LSE = 6 };
 enum : int { FINISH_NONE = 0, FINISH_DIVIDE = 1, FINISH_SQRT = 2 };
+// What an element becomes before sum, max and min take it: a run-time mode, not a template parameter (a
+// select per element costs nothing in a memory-bound kernel, and every op keeps its one set of kernels):
+// itself; the op's identity for a NaN (nansum, nanmax, nanmin); 1 for x != 0, else 0 (count_nonzero, any,
+// all: a NaN counts); 1 for a non-NaN, else 0 (nanmean's count). The kernels take it in the bits of
+// `finalize` above FINISH_BITS, so that no kernel signature changes.
+enum : int { LIFT_PLAIN = 0, LIFT_SKIP_NAN = 1, LIFT_NONZERO = 2, LIFT_NOT_NAN = 3 };
+constexpr int FINISH_BITS = 4;
+__device__ __forceinline__ int finish_of(int finalize) { return finalize & ((1 << FINISH_BITS) - 1); }
+__device__ __forceinline__ int lift_of(int finalize) { return finalize >> FINISH_BITS; }
 
 // The accumulator for a result type: half types widen to float, integers to 64 bits.
 template <typename O> struct Acc { using type = float; };
@@ -104,7 +120,13 @@ __device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(
 __device__ __forceinline__ long long add_rn(long long a, long long b) { return a + b; }
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ long long mul_rn(long long a, long long b) { return a * b; }
+__device__ __forceinline__ long long mul_rn(long long a, long long b) {  // wraps, as NumPy's int64
+  return static_cast<long long>(static_cast<unsigned long long>(a) * static_cast<unsigned long long>(b));
+}
+__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
 
 template <typename A> __device__ __forceinline__ bool is_negative_zero(A) { return false; }
 __device__ __forceinline__ bool is_negative_zero(float a) { return __float_as_uint(a) == 0x80000000u; }
@@ -139,19 +161,222 @@ struct Min {
   }
 };
 
+// var and std: (count, mean, M2) of the values less a shift (the slice's first element: subtracting it
+// leaves the data's spread and removes the offset, without which a float32 mean of 1e4 leaves M2 only a few
+// correct digits), count in S as well (exact to 2^24 in float; rounded, deterministically, above).
+template <typename S> struct Moments {
+  S n, mean, m2;
+};
+
+template <typename S> __device__ __forceinline__ Moments<S> shuffle_xor(Moments<S> v, int m) {
+  return Moments<S>{__shfl_xor_sync(0xffffffffu, v.n, m), __shfl_xor_sync(0xffffffffu, v.mean, m),
+                    __shfl_xor_sync(0xffffffffu, v.m2, m)};
+}
+
+// Chan's merge, commutative bit for bit as the shuffle trees need: the operands are first put in a fixed
+// order (the larger count first, then the larger mean), and the merge is then a fixed sequence of correctly
+// rounded steps. An empty operand (the identity) returns the other one exactly, so padding and idle lanes
+// change nothing. Any NaN stays in the mean, where finish turns it into the NaN result.
+struct Chan {
+  template <typename A> __device__ __forceinline__ static A identity() { return A{0, 0, 0}; }
+  template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
+    const bool swap = b.n > a.n || (b.n == a.n && b.mean > a.mean);
+    const A hi = swap ? b : a;
+    const A lo = swap ? a : b;
+    if (lo.n == 0) return hi;
+    const auto n = add_rn(hi.n, lo.n);
+    const auto d = sub_rn(lo.mean, hi.mean);
+    const auto f = div_rn(lo.n, n);
+    return A{n, add_rn(hi.mean, mul_rn(d, f)), add_rn(add_rn(hi.m2, lo.m2), mul_rn(mul_rn(d, d), mul_rn(hi.n, f)))};
+  }
+};
+
+// prod: correctly rounded products (integers wrap, in any order the same).
+struct MulRn {
+  template <typename A> __device__ __forceinline__ static A identity() { return A(1); }
+  template <typename A> __device__ __forceinline__ static A apply(A a, A b) { return mul_rn(a, b); }
+};
+
+// logsumexp's exp and log, built from correctly rounded additions, multiplications and divisions, exact
+// scalings by powers of two, rintf / rint and frexp only: not correctly rounded (a few ulps), but every step
+// is one IEEE operation that NumPy performs identically, so cukern/reference.py (`_exp_nonpositive`,
+// `_log_at_least_one`) reproduces their bits on the host, which CUDA's expf / logf would not allow. The
+// constants are exact binary values (hex literals; tests/test_reduce.py checks the host's against these).
+template <typename S> struct ExpLog;
+template <> struct ExpLog<float> {
+  static constexpr float kUnderflow = -104.0f;  // e^-104 is below half the smallest subnormal
+  static constexpr float kInvLn2 = 0x1.715476p+0f;
+  static constexpr float kLn2Hi = 0x1.62e4p-1f;  // 15 bits: k * kLn2Hi is exact for |k| < 2^8
+  static constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
+  static constexpr int kExpTerms = 8;  // Taylor terms 1 / k!, k = 0..7, for |r| <= ln2 / 2
+  static constexpr float kExp[kExpTerms] = {0x1p+0f, 0x1p+0f, 0x1p-1f, 0x1.555556p-3f, 0x1.555556p-5f,
+                                            0x1.111112p-7f, 0x1.6c16c2p-10f, 0x1.a01a02p-13f};
+  static constexpr float kSqrtHalf = 0x1.6a09e6p-1f;
+  static constexpr int kLogTerms = 5;  // atanh series 1 / (2k + 1), k = 0..4, for |u| <= 0.172
+  static constexpr float kLog[kLogTerms] = {0x1p+0f, 0x1.555556p-2f, 0x1.99999ap-3f, 0x1.24924ap-3f, 0x1.c71c72p-4f};
+  __device__ __forceinline__ static float pow2(int k) { return __int_as_float((k + 127) << 23); }
+};
+template <> struct ExpLog<double> {
+  static constexpr double kUnderflow = -746.0;
+  static constexpr double kInvLn2 = 0x1.71547652b82fep+0;
+  static constexpr double kLn2Hi = 0x1.62e42feep-1;  // 32 bits: k * kLn2Hi is exact for |k| < 2^21
+  static constexpr double kLn2Lo = 0x1.a39ef35793c76p-33;
+  static constexpr int kExpTerms = 14;
+  static constexpr double kExp[kExpTerms] = {
+      0x1p+0, 0x1p+0, 0x1p-1, 0x1.5555555555555p-3, 0x1.5555555555555p-5, 0x1.1111111111111p-7,
+      0x1.6c16c16c16c17p-10, 0x1.a01a01a01a01ap-13, 0x1.a01a01a01a01ap-16, 0x1.71de3a556c734p-19,
+      0x1.27e4fb7789f5cp-22, 0x1.ae64567f544e4p-26, 0x1.1eed8eff8d898p-29, 0x1.6124613a86d09p-33};
+  static constexpr double kSqrtHalf = 0x1.6a09e667f3bcdp-1;
+  static constexpr int kLogTerms = 11;
+  static constexpr double kLog[kLogTerms] = {
+      0x1p+0, 0x1.5555555555555p-2, 0x1.999999999999ap-3, 0x1.2492492492492p-3, 0x1.c71c71c71c71cp-4,
+      0x1.745d1745d1746p-4, 0x1.3b13b13b13b14p-4, 0x1.1111111111111p-4, 0x1.e1e1e1e1e1e1ep-5,
+      0x1.af286bca1af28p-5, 0x1.8618618618618p-5};
+  __device__ __forceinline__ static double pow2(int k) { return __longlong_as_double(static_cast<long long>(k + 1023) << 52); }
+};
+
+__device__ __forceinline__ float round_int(float v) { return rintf(v); }
+__device__ __forceinline__ double round_int(double v) { return rint(v); }
+
+// e^d for d <= 0 (-inf gives 0): d = k ln2 + r (Cody and Waite), e^r by Horner, times 2^k in two exact
+// halves (the first product stays normal, the second rounds once, subnormal results included).
+template <typename S> __device__ __forceinline__ S exp_nonpositive(S d) {
+  using E = ExpLog<S>;
+  if (!(d >= E::kUnderflow)) return S(0);
+  const S k = round_int(mul_rn(d, E::kInvLn2));
+  const S r = sub_rn(sub_rn(d, mul_rn(k, E::kLn2Hi)), mul_rn(k, E::kLn2Lo));
+  S p = E::kExp[E::kExpTerms - 1];
+#pragma unroll
+  for (int i = E::kExpTerms - 2; i >= 0; --i) p = add_rn(mul_rn(p, r), E::kExp[i]);
+  const int ki = static_cast<int>(k);
+  const int k1 = ki / 2;  // truncates toward zero
+  return mul_rn(mul_rn(p, E::pow2(k1)), E::pow2(ki - k1));
+}
+
+// log(s) for finite s >= 1: s = f 2^e with f in [sqrt(1/2), sqrt(2)), log f = 2 atanh((f - 1) / (f + 1)).
+template <typename S> __device__ __forceinline__ S log_at_least_one(S s) {
+  using E = ExpLog<S>;
+  int e;
+  S f = frexp(s, &e);
+  if (f < E::kSqrtHalf) f = mul_rn(f, S(2)), --e;
+  const S u = div_rn(sub_rn(f, S(1)), add_rn(f, S(1)));
+  const S w = mul_rn(u, u);
+  S p = E::kLog[E::kLogTerms - 1];
+#pragma unroll
+  for (int i = E::kLogTerms - 2; i >= 0; --i) p = add_rn(mul_rn(p, w), E::kLog[i]);
+  const S se = static_cast<S>(e);
+  return add_rn(mul_rn(se, E::kLn2Hi), add_rn(mul_rn(se, E::kLn2Lo), mul_rn(add_rn(u, u), p)));
+}
+
+// logsumexp: (m, s), the running maximum and the sum of e^(x - m), one pass. The identity (-inf, 0) is
+// empty; an element x lifts to (x, 1). The merge is commutative bit for bit: operands in a fixed order (the
+// larger m first, then the larger s), then s_hi + s_lo e^(m_lo - m_hi), one exp_nonpositive; equal maxima
+// (two +inf or -inf included, which the formula would turn into NaN) just add, keeping +0 over -0. A NaN
+// operand gives a NaN m.
+template <typename S> struct MaxSum {
+  S m, s;
+};
+
+template <typename S> __device__ __forceinline__ MaxSum<S> shuffle_xor(MaxSum<S> v, int m) {
+  return MaxSum<S>{__shfl_xor_sync(0xffffffffu, v.m, m), __shfl_xor_sync(0xffffffffu, v.s, m)};
+}
+
+struct LogSumExp {
+  template <typename A> __device__ __forceinline__ static A identity() {
+    using S = decltype(A::m);
+    return A{Limits<S>::lowest(), S(0)};
+  }
+  template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
+    if (a.m != a.m || b.m != b.m) return A{add_rn(a.m, b.m), add_rn(a.s, b.s)};
+    const bool swap = b.m > a.m || (b.m == a.m && b.s > a.s);
+    const A hi = swap ? b : a;
+    const A lo = swap ? a : b;
+    if (lo.s == 0) return hi;
+    if (lo.m == hi.m) return A{Max::apply(hi.m, lo.m), add_rn(hi.s, lo.s)};
+    return A{hi.m, add_rn(hi.s, mul_rn(lo.s, exp_nonpositive(sub_rn(lo.m, hi.m))))};
+  }
+};
+
 // The combine of each op: sums and sums of squares add (a square is lifted once, then added).
 template <int OP> struct CombineOf { using type = SumRn; };
 template <> struct CombineOf<OP_MAX> { using type = Max; };
 template <> struct CombineOf<OP_MIN> { using type = Min; };
+template <> struct CombineOf<OP_VAR> { using type = Chan; };
+template <> struct CombineOf<OP_PROD> { using type = MulRn; };
+template <> struct CombineOf<OP_LSE> { using type = LogSumExp; };
+
+// What the tree carries for result type O: the accumulator, for var its Moments, for logsumexp its MaxSum.
+template <typename O, int OP> struct StateOf { using type = acc_t<O>; };
+template <typename O> struct StateOf<O, OP_VAR> { using type = Moments<acc_t<O>>; };
+template <typename O> struct StateOf<O, OP_LSE> { using type = MaxSum<acc_t<O>>; };
+template <typename O, int OP> using state_t = typename StateOf<O, OP>::type;
+
+// The scalar type inside a state.
+template <typename A> struct ScalarOf { using type = A; };
+template <typename S> struct ScalarOf<Moments<S>> { using type = S; };
+template <typename S> struct ScalarOf<MaxSum<S>> { using type = S; };
+template <typename A> using scalar_t = typename ScalarOf<A>::type;
+
+// A partial from another block, read past L1 (it was written by another SM).
+template <typename A> __device__ __forceinline__ A load_cg(const A* p) { return __ldcg(p); }
+template <typename S> __device__ __forceinline__ Moments<S> load_cg(const Moments<S>* p) {
+  return Moments<S>{__ldcg(&p->n), __ldcg(&p->mean), __ldcg(&p->m2)};
+}
+template <typename S> __device__ __forceinline__ MaxSum<S> load_cg(const MaxSum<S>* p) {
+  return MaxSum<S>{__ldcg(&p->m), __ldcg(&p->s)};
+}
 template <int OP> using combine_t = typename CombineOf<OP>::type;
 
 template <int OP, typename A> __device__ __forceinline__ A identity() { return combine_t<OP>::template identity<A>(); }
 template <int OP, typename A> __device__ __forceinline__ A combine(A a, A b) { return combine_t<OP>::apply(a, b); }
 
-// What one element contributes (its square for OP_SUMSQ).
-template <int OP, typename A> __device__ __forceinline__ A lift(A v) {
-  if constexpr (OP == OP_SUMSQ) return mul_rn(v, v);
-  else return v;
+// The lift modes a kernel of input T, accumulator scalar S and op OP implements, as bits (1 << LIFT_*): the
+// planner sends no other (cukern/reduce_plan.py `lift_modes`). Each mode costs instructions on every
+// element of every kernel that has it, and so compile time, so each kernel carries only those its callers
+// use: float inputs' sums, maxima and minima skip NaN (nansum, nanmax, nanmin); their float64 sums also
+// count (count_nonzero, nanmean's count); integer inputs' float64 sums count non-zeros (a NaN cannot
+// occur, so skipping is plain there; int64 accumulators would spill); bool values are their own non-zero
+// count, so bool kernels, and every other kernel, are plain.
+template <typename T> struct FloatInput { static constexpr bool value = false; };
+template <> struct FloatInput<float> { static constexpr bool value = true; };
+template <> struct FloatInput<double> { static constexpr bool value = true; };
+template <> struct FloatInput<f16> { static constexpr bool value = true; };
+template <> struct FloatInput<bf16> { static constexpr bool value = true; };
+template <typename S1, typename S2> struct Same { static constexpr bool value = false; };
+template <typename S1> struct Same<S1, S1> { static constexpr bool value = true; };
+
+template <typename T, typename S, int OP> __host__ __device__ constexpr int lift_modes() {
+  constexpr int plain = 1 << LIFT_PLAIN, skip = 1 << LIFT_SKIP_NAN;
+  constexpr int counts = (1 << LIFT_NONZERO) | (1 << LIFT_NOT_NAN);
+  if (OP != OP_SUM && OP != OP_MAX && OP != OP_MIN) return plain;
+  if (!FloatInput<T>::value) {
+    return OP == OP_SUM && Same<S, double>::value && !Same<T, bool>::value ? plain | (1 << LIFT_NONZERO) : plain;
+  }
+  return OP == OP_SUM && Same<S, double>::value ? plain | skip | counts : plain | skip;
+}
+
+// What one element v of input type T (in the accumulator scalar type S) contributes: its square for
+// OP_SUMSQ, the moments of v - shift for OP_VAR (shift is read only there), (v, 1) for OP_LSE; sum, max and
+// min apply the run-time `mode` (LIFT_*) among those lift_modes gives them.
+template <int OP, typename T, typename A, typename S> __device__ __forceinline__ A lift(S v, S shift, int mode) {
+  constexpr int M = lift_modes<T, S, OP>();
+  if constexpr (OP == OP_VAR) return A{S(1), sub_rn(v, shift), S(0)};
+  else if constexpr (OP == OP_SUMSQ) return mul_rn(v, v);
+  else if constexpr (OP == OP_LSE) return A{v, S(1)};
+  else if constexpr (M == 1 << LIFT_PLAIN) return v;
+  else if constexpr (M == ((1 << LIFT_PLAIN) | (1 << LIFT_SKIP_NAN))) return mode != LIFT_PLAIN && v != v ? identity<OP, A>() : v;
+  else if constexpr (M == ((1 << LIFT_PLAIN) | (1 << LIFT_NONZERO))) return mode == LIFT_NONZERO ? S(v != S(0)) : v;
+  else {
+    if (mode == LIFT_PLAIN) return v;
+    if (mode == LIFT_SKIP_NAN) return v != v ? identity<OP, A>() : v;
+    return (mode == LIFT_NONZERO ? v != S(0) : v == v) ? S(1) : S(0);
+  }
+}
+
+// The shift of a slice whose first element is at p (var only; the other ops never read it).
+template <int OP, typename S, typename T> __device__ __forceinline__ S shift_of(const T* p) {
+  if constexpr (OP == OP_VAR) return to_acc<S>(*p);
+  else return S(0);
 }
 
 // Partials are combined, not lifted again: a sum of squares combines its partial sums by adding them.
@@ -159,11 +384,23 @@ template <int OP> __host__ __device__ constexpr int combine_op() { return OP == 
 
 // The result from the accumulator: as it is, divided (mean) or square-rooted (norm), both in double
 // (IEEE, correctly rounded), then rounded to O. Max and min never finish (so their kernels carry no
-// double-precision sqrt slow path).
+// double-precision sqrt slow path). var: M2 / divisor (max(n - ddof, 0)), its square root for std, NaN when
+// the mean is not finite (an infinity or a NaN among the values, as NumPy gives).
+// logsumexp: m + log(s), in the accumulator type; an empty or all -inf slice gives -inf, a +inf +inf, a NaN
+// NaN. The lift mode in finalize's high bits is dropped first.
 template <typename O, int OP, typename A> __device__ __forceinline__ O finish(A a, int finalize, double divisor) {
-  if (OP == OP_MAX || OP == OP_MIN || finalize == FINISH_NONE) return Store<O>::from(a);
-  const double d = static_cast<double>(a);
-  return Store<O>::from(finalize == FINISH_DIVIDE ? d / divisor : sqrt(d));
+  finalize = finish_of(finalize);
+  if constexpr (OP == OP_LSE) {
+    if (a.s == 0 || !isfinite(a.m)) return Store<O>::from(a.s == 0 ? Limits<decltype(a.m)>::lowest() : a.m);
+    return Store<O>::from(add_rn(a.m, log_at_least_one(a.s)));
+  } else if constexpr (OP == OP_VAR) {
+    const double v = isfinite(a.mean) ? static_cast<double>(a.m2) / divisor : __longlong_as_double(0x7ff8000000000000ll);
+    return Store<O>::from(finalize == FINISH_SQRT ? sqrt(v) : v);
+  } else {
+    if (OP == OP_MAX || OP == OP_MIN || OP == OP_PROD || finalize == FINISH_NONE) return Store<O>::from(a);
+    const double d = static_cast<double>(a);
+    return Store<O>::from(finalize == FINISH_DIVIDE ? d / divisor : sqrt(d));
+  }
 }
 
 // Elements a lane reads per chain step: its next CV chains, one 16-byte vector (8 bytes for bool).
@@ -184,19 +421,29 @@ template <typename T> __device__ __forceinline__ bool aligned16(const T* p) {
 // order, so both give the same bits. I is the index type: int (fewer registers) when n + a chunk stays
 // below 2^31.
 template <typename T, typename A, int OP, int CV, int UNROLL, typename I>
-__device__ __forceinline__ void add_chains(A (&acc)[CV], const T* x, I n, I e0, I stride, bool vector) {
+__device__ __forceinline__ void add_chains(A (&acc)[CV], const T* x, I n, I e0, I stride, bool vector,
+                                           scalar_t<A> shift, int mode) {
   static_assert(CHAIN_LENGTH % UNROLL == 0, "UNROLL divides the chain length");
+  using S = scalar_t<A>;
   constexpr int C = combine_op<OP>();
+  // Kernels that also count (float64 accumulators, the lift's extra registers) keep fewer loads in flight
+  // for half-type inputs (two) and int64 ones (half as many): more spill at their register cap (found by
+  // compiling every instantiation; the other inputs do not). The chains' order is the same.
+  constexpr bool counts = (lift_modes<T, S, OP>() & (1 << LIFT_NONZERO)) != 0;
+  constexpr int U = !counts || UNROLL <= 2 ? UNROLL
+                    : sizeof(T) == 2                                ? 2
+                    : sizeof(T) == 8 && !FloatInput<T>::value       ? UNROLL / 2
+                                                                    : UNROLL;
   if (vector && e0 + (CHAIN_LENGTH - 1) * CHAINS + CV <= n) {
 #pragma unroll
-    for (int m0 = 0; m0 < CHAIN_LENGTH; m0 += UNROLL) {
-      Pack<T, CV> p[UNROLL];
+    for (int m0 = 0; m0 < CHAIN_LENGTH; m0 += U) {
+      Pack<T, CV> p[U];
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) load(p[u], x + e0 + (m0 + u) * CHAINS);
+      for (int u = 0; u < U; ++u) load(p[u], x + e0 + (m0 + u) * CHAINS);
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
+      for (int u = 0; u < U; ++u) {
 #pragma unroll
-        for (int j = 0; j < CV; ++j) acc[j] = combine<C>(acc[j], lift<OP>(to_acc<A>(p[u].v[j])));
+        for (int j = 0; j < CV; ++j) acc[j] = combine<C>(acc[j], lift<OP, T, A>(to_acc<S>(p[u].v[j]), shift, mode));
       }
     }
     return;
@@ -212,7 +459,7 @@ __device__ __forceinline__ void add_chains(A (&acc)[CV], const T* x, I n, I e0, 
 #pragma unroll
       for (int j = 0; j < CV; ++j) {
         const I i = e0 + (m0 + u) * CHAINS + j;
-        v[u][j] = i < n ? lift<OP>(to_acc<A>(x[i * stride])) : identity<C, A>();
+        v[u][j] = i < n ? lift<OP, T, A>(to_acc<S>(x[i * stride]), shift, mode) : identity<C, A>();
       }
     }
 #pragma unroll
@@ -227,12 +474,13 @@ __device__ __forceinline__ void add_chains(A (&acc)[CV], const T* x, I n, I e0, 
 // lane's chains start at element e0. Every lane of the warp must call it; every lane of the group gets
 // the chunk's value.
 template <typename T, typename A, int OP, int CV, int UNROLL, typename I>
-__device__ __forceinline__ A chunk_value(const T* x, I n, I e0, I stride, bool vector, int group) {
+__device__ __forceinline__ A chunk_value(const T* x, I n, I e0, I stride, bool vector, int group, scalar_t<A> shift,
+                                         int mode) {
   using Comb = combine_t<combine_op<OP>()>;
   A acc[CV];
 #pragma unroll
   for (int j = 0; j < CV; ++j) acc[j] = Comb::template identity<A>();
-  add_chains<T, A, OP, CV, UNROLL, I>(acc, x, n, e0, stride, vector);
+  add_chains<T, A, OP, CV, UNROLL, I>(acc, x, n, e0, stride, vector, shift, mode);
   return group_tree_reduce<Comb>(tree_reduce<Comb>(acc), group);
 }
 
@@ -243,18 +491,21 @@ template <int CV> __device__ __forceinline__ int lane_start(int lane) {
   return (lane / kLanesPerLeaf) * LEAF + (lane % kLanesPerLeaf) * CV;
 }
 
-// Last block done: thread 0 publishes the block's partial v, fences, and bumps the counter; returns (in
-// every thread of the block) whether this block was the last to finish, in which case every partial is
-// visible to it. The caller then combines partials[0 .. gridDim.x) and resets the counter. The barrier
-// first: every thread has finished reading the block tree's shared slots before thread 0 goes on to write
-// (compute-sanitizer's racecheck reported the slot reads against the write of `last` without it).
+// Last block done: thread 0 publishes the block's partial v and bumps the counter with one acquire-release
+// atomic (the release orders the partial before the count, in one round trip to L2 where a fence and a
+// plain atomic take two); returns (in every thread of the block) whether this block was the last to
+// finish, in which case every partial is visible to it. The caller then combines partials[0 .. gridDim.x)
+// and resets the counter. The barrier first: every thread has finished reading the block's shared slots
+// before thread 0 goes on to write (compute-sanitizer's racecheck reported the slot reads against the write
+// of `last` without it).
 template <typename A> __device__ __forceinline__ bool last_block_done(A* partials, unsigned* counter, A v) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
     partials[blockIdx.x] = v;
-    __threadfence();
-    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
+    last = before == gridDim.x - 1;
   }
   __syncthreads();
   if (last) __threadfence();
@@ -264,46 +515,56 @@ template <typename A> __device__ __forceinline__ bool last_block_done(A* partial
 // ---------------------------------------------------------------------------------------------------------
 // The kernels.
 
-// The whole-array reduction in one launch, element i at x[i * stride] (any stride, either sign). The
-// gridDim.x * BLOCK / 32 warps split the chunks into equal aligned spans (a power of two each, so every
-// span, every block's run of spans and the grid are subtrees of the one tree, whatever the grid); each
-// block combines its warps and publishes a partial, and the last block to finish combines the partials
-// (at most FULL_FOLD * BLOCK) and writes the result. The counter is reset by that block, so the buffer
-// needs zeroing only once, when it is allocated.
+// The whole-array reduction in one launch, element i at x[i * stride] (any stride, either sign). Chunks go
+// to the warps in groups of BLOCK / 32 consecutive chunks, one a warp, and the blocks split the groups into
+// equal aligned spans (a power of two each): every group, every block's span and the grid are subtrees of
+// the one tree, whatever the grid. A block reads one contiguous run of memory: per round its warps each
+// take one chunk of the next group, the block combines the group (block_tree_reduce) and thread 0 pushes
+// it onto the block's stack. (Warps streaming spans of their own, thousands
+// of narrow fronts far apart, drew several % less from DRAM: bench/NOTES.md.) The block publishes its span's
+// value, and the last block to finish combines the partials (at most FULL_FOLD * BLOCK) and writes the
+// result. The counter is reset by that block, so the buffer needs zeroing only once, when it is allocated.
 template <typename T, typename O, int OP, int BLOCK, int UNROLL>
-__device__ __forceinline__ void full_reduce_body(O* out, acc_t<O>* partials, unsigned* counter, const T* x,
+__device__ __forceinline__ void full_reduce_body(O* out, state_t<O, OP>* partials, unsigned* counter, const T* x,
                                                  long long n, long long stride, int finalize, double divisor) {
-  using A = acc_t<O>;
+  using A = state_t<O, OP>;
   constexpr int F = combine_op<OP>();
   using Comb = combine_t<F>;
   constexpr int CV = lane_elements<T>();
   constexpr int kWarps = BLOCK / 32;
   constexpr long long kChunk = 32LL * CV * CHAIN_LENGTH;
   __shared__ A scratch[2 * kWarps];
-  __shared__ A stacks[kWarps][STACK_DEPTH];
+  __shared__ A stack[STACK_DEPTH];
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const long long chunks = (n + kChunk - 1) / kChunk;
-  const long long warps = static_cast<long long>(gridDim.x) * kWarps;
+  const long long groups = (chunks + kWarps - 1) / kWarps;
   long long span = 1;
-  while (span * warps < chunks) span *= 2;
-  const long long first = (static_cast<long long>(blockIdx.x) * kWarps + warp) * span;
-  const long long left = chunks - first;
+  while (span * gridDim.x < groups) span *= 2;
+  const long long first = static_cast<long long>(blockIdx.x) * span;
+  const long long left = groups - first;
   const long long count = left < 0 ? 0 : (left < span ? left : span);
   const bool vector = stride == 1 && aligned16(x);
   const long long start = lane_start<CV>(lane);
-  for (long long k = 0; k < count; ++k) {
-    const A c = chunk_value<T, A, OP, CV, UNROLL, long long>(x, n, (first + k) * kChunk + start, stride, vector, 32);
-    if (lane == 0) tree_push<Comb>(stacks[warp], c, k);  // every lane holds c; lane 0 owns the stack
+  const scalar_t<A> shift = shift_of<OP, scalar_t<A>>(x);
+  for (long long r = 0; r < count; ++r) {
+    // a chunk past the end (in the last group) reads nothing and gives the identity, the tree's padding
+    const long long chunk = (first + r) * kWarps + warp;
+    const A c = chunk_value<T, A, OP, CV, UNROLL, long long>(x, n, chunk * kChunk + start, stride, vector, 32, shift,
+                                                               lift_of(finalize));
+    // the group's tree over its warps (every lane holds its warp's c; lane 0 brings it); two sets of slots,
+    // so a round's writes never meet the last round's reads
+    const A mine[1] = {lane == 0 ? c : Comb::template identity<A>()};
+    const A g = block_tree_reduce<BLOCK, Comb>(mine, scratch, static_cast<int>(r & 1));
+    if (threadIdx.x == 0) tree_push<Comb>(stack, g, r);  // thread 0 owns the stack
   }
-  const A mine[1] = {lane == 0 ? tree_result<Comb>(stacks[warp], count) : Comb::template identity<A>()};
-  const A v = block_tree_reduce<BLOCK, Comb>(mine, scratch, 0);
+  const A v = threadIdx.x == 0 ? tree_result<Comb>(stack, count) : Comb::template identity<A>();
   if (!last_block_done(partials, counter, v)) return;
   A p[FULL_FOLD];
 #pragma unroll
   for (int i = 0; i < FULL_FOLD; ++i) {
     const unsigned at = threadIdx.x * FULL_FOLD + i;
-    p[i] = at < gridDim.x ? __ldcg(partials + at) : Comb::template identity<A>();
+    p[i] = at < gridDim.x ? load_cg(partials + at) : Comb::template identity<A>();
   }
   const A folded[1] = {tree_reduce<Comb>(p)};
   const A w = block_tree_reduce<BLOCK, Comb>(folded, scratch, 1);
@@ -315,7 +576,7 @@ __device__ __forceinline__ void full_reduce_body(O* out, acc_t<O>* partials, uns
 
 template <typename T, typename O, int OP, int BLOCK, int UNROLL>
 __global__ void __launch_bounds__(BLOCK)
-    reduce_full(O* out, acc_t<O>* partials, unsigned* counter, const T* x, long long n, long long stride,
+    reduce_full(O* out, state_t<O, OP>* partials, unsigned* counter, const T* x, long long n, long long stride,
                 int finalize, double divisor) {
   full_reduce_body<T, O, OP, BLOCK, UNROLL>(out, partials, counter, x, n, stride, finalize, divisor);
 }
@@ -350,16 +611,20 @@ struct RowCursor {
 // for rows shorter than 2^30 elements, long long otherwise. Half-type inputs with 8-byte accumulators
 // (eight doubles or int64 per 16-byte vector) get half that occupancy: at 64 registers they spill; so do
 // some 64-bit-index instantiations, whose rows are so long that a launch has few blocks: they go uncapped.
-template <typename T, typename O, typename I> __host__ __device__ constexpr int row_min_blocks(int min_blocks) {
+// var's states (three accumulators a chain) count as wide ones, and its float64 states (24 bytes a chain,
+// up to eight chains a lane) get a quarter; so do logsumexp's (an exp in every merge).
+template <typename T, typename O, int OP, typename I> __host__ __device__ constexpr int row_min_blocks(int min_blocks) {
   if (sizeof(I) == 8) return 1;
-  return sizeof(T) == 2 && sizeof(acc_t<O>) == 8 && min_blocks > 1 ? min_blocks / 2 : min_blocks;
+  if (OP == OP_VAR && sizeof(state_t<O, OP>) == 24) return min_blocks > 4 ? min_blocks / 4 : 1;
+  const bool wide = OP == OP_LSE || (sizeof(state_t<O, OP>) >= 8 && (sizeof(T) == 2 || OP == OP_VAR));
+  return wide && min_blocks > 1 ? min_blocks / 2 : min_blocks;
 }
 
 template <typename T, typename O, int OP, int MAX_BLOCK, int UNROLL, int MIN_BLOCKS, typename I>
-__global__ void __launch_bounds__(MAX_BLOCK, row_min_blocks<T, O, I>(MIN_BLOCKS))
+__global__ void __launch_bounds__(MAX_BLOCK, row_min_blocks<T, O, OP, I>(MIN_BLOCKS))
     reduce_rows(O* out, const T* x, long long rows, long long length, long long inner, long long s0, long long s1,
                 int tpr, int finalize, double divisor) {
-  using A = acc_t<O>;
+  using A = state_t<O, OP>;
   constexpr int F = combine_op<OP>();
   using Comb = combine_t<F>;
   constexpr int CV = lane_elements<T>();
@@ -367,6 +632,9 @@ __global__ void __launch_bounds__(MAX_BLOCK, row_min_blocks<T, O, I>(MIN_BLOCKS)
   __shared__ A stacks[MAX_BLOCK / 32][STACK_DEPTH];
   const int group = tpr < 32 ? tpr : 32;
   const int groups = tpr / group;
+  // Only blocks of ROW_LIFT_BLOCK lift (the planner gives lifted calls rows of at most 32 threads, which
+  // take such blocks): a lift in every block size would cost the family half its compile time again.
+  const int mode = MAX_BLOCK == ROW_LIFT_BLOCK ? lift_of(finalize) : LIFT_PLAIN;
   const int t = static_cast<int>(threadIdx.x) % tpr;
   const int slot = static_cast<int>(threadIdx.x) / tpr;
   const int per_block = static_cast<int>(blockDim.x) / tpr;
@@ -391,9 +659,10 @@ __global__ void __launch_bounds__(MAX_BLOCK, row_min_blocks<T, O, I>(MIN_BLOCKS)
     const T* p = live ? x + at.q * s0 + at.r * s1 : x;
     const I n = live ? static_cast<I>(length) : 0;
     const bool vector = aligned16(p);
+    const scalar_t<A> shift = shift_of<OP, scalar_t<A>>(p);
     A v = Comb::template identity<A>();
     for (I k = 0; k < count; ++k) {
-      const A c = chunk_value<T, A, OP, CV, UNROLL, I>(p, n, (first + k) * chunk + start, 1, vector, group);
+      const A c = chunk_value<T, A, OP, CV, UNROLL, I>(p, n, (first + k) * chunk + start, 1, vector, group, shift, mode);
       if (span == 1) {
         v = c;
       } else if (lane0) {  // every lane holds c; lane 0 owns its warp's stack and alone needs v
@@ -422,7 +691,8 @@ template <typename T, typename P, int OP, int VEC, int Q>
 __global__ void __launch_bounds__(COL_BLOCK)
     reduce_cols(P* out, const T* x, long long outer, long long rows, long long cols, long long s_outer,
                 long long s_row, long long span, int spans, int strips, int vector, int finalize, double divisor) {
-  using A = acc_t<P>;
+  using A = state_t<P, OP>;
+  using S = scalar_t<A>;
   constexpr int F = combine_op<OP>();
   using Comb = combine_t<F>;
   constexpr int R = CHAINS / Q;
@@ -439,6 +709,9 @@ __global__ void __launch_bounds__(COL_BLOCK)
   const unsigned rest = b / static_cast<unsigned>(strips);
   const long long sp = rest % static_cast<unsigned>(spans);
   const long long o = rest / static_cast<unsigned>(spans);
+  // Lifted calls never come here (the planner copies their column layouts to rows): a lift in this kernel's
+  // wide unrolled body cost registers, spills and compile time.
+  constexpr int mode = LIFT_PLAIN;
   const int tx = static_cast<int>(threadIdx.x) % CW;
   const int ty = static_cast<int>(threadIdx.x) / CW;
   const long long c0 = strip * COLS + static_cast<long long>(tx) * VEC;
@@ -448,6 +721,9 @@ __global__ void __launch_bounds__(COL_BLOCK)
   const long long count = left < span ? left : span;
   const T* base = x + o * s_outer + c0;
   const bool packs = vector && c0 + VEC <= cols;
+  S shift[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) shift[j] = c0 + j < cols ? shift_of<OP, S>(base + j) : S(0);
   for (long long k = 0; k < count; ++k) {
     const long long r0 = (first + k) * LEAF + Q * ty;
     A acc[Q][VEC];
@@ -469,11 +745,11 @@ __global__ void __launch_bounds__(COL_BLOCK)
             Pack<T, VEC> pk;
             load(pk, row);
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) v[u][q][j] = lift<OP>(to_acc<A>(pk.v[j]));
+            for (int j = 0; j < VEC; ++j) v[u][q][j] = lift<OP, T, A>(to_acc<S>(pk.v[j]), shift[j], mode);
           } else {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-              v[u][q][j] = r < rows && c0 + j < cols ? lift<OP>(to_acc<A>(row[j])) : Comb::template identity<A>();
+              v[u][q][j] = r < rows && c0 + j < cols ? lift<OP, T, A>(to_acc<S>(row[j]), shift[j], mode) : Comb::template identity<A>();
             }
           }
         }
@@ -509,17 +785,27 @@ __global__ void __launch_bounds__(COL_BLOCK)
     const long long c = strip * COLS + at / R;
     if (at % R == 0 && c < cols) {
       const A w = tree_result<Comb>(stacks[at / R], static_cast<unsigned long long>(count));
-      out[(o * spans + sp) * cols + c] = finish<P, F>(w, finalize, divisor);
+      const long long i = (o * spans + sp) * cols + c;
+      if constexpr (F == OP_VAR) {
+        // The first of two passes stores the whole state for reduce_cols_fold (out holds `spans` of them).
+        if (finish_of(finalize) == FINISH_NONE) {
+          reinterpret_cast<A*>(out)[i] = w;
+          continue;
+        }
+      }
+      out[i] = finish<P, F>(w, finalize, divisor);
     }
   }
 }
 
 // The second pass of a column reduction with `spans` spans a column: partials [outer, spans, cols] of
-// reduce_cols, combined per column in span order along the same tree, finished into out [outer, cols].
-template <typename A, typename O, int OP>
+// reduce_cols (states of accumulator P), combined per column in span order along the same tree, finished
+// into out [outer, cols].
+template <typename P, typename O, int OP>
 __global__ void __launch_bounds__(FOLD_BLOCK)
-    reduce_cols_fold(O* out, const A* partials, long long outer, long long cols, int spans, int finalize,
-                     double divisor) {
+    reduce_cols_fold(O* out, const state_t<P, OP>* partials, long long outer, long long cols, int spans,
+                     int finalize, double divisor) {
+  using A = state_t<P, OP>;
   using Comb = combine_t<OP>;
   __shared__ A stacks[FOLD_BLOCK][FOLD_DEPTH];
   const long long i = static_cast<long long>(blockIdx.x) * FOLD_BLOCK + threadIdx.x;
@@ -539,11 +825,13 @@ template <typename T, typename O, int OP, int BLOCK>
 __global__ void __launch_bounds__(BLOCK)
     reduce_strided(O* out, const T* x, long long outputs, long long o_inner, long long o_s0, long long o_s1,
                    long long count, long long r_inner, long long r_s0, long long r_s1, int finalize, double divisor) {
-  using A = acc_t<O>;
+  using A = state_t<O, OP>;
+  using S = scalar_t<A>;
   constexpr int F = combine_op<OP>();
   using Comb = combine_t<F>;
   constexpr int kWarps = BLOCK / 32;
   __shared__ A stacks[kWarps][STACK_DEPTH];
+  constexpr int mode = LIFT_PLAIN;  // as reduce_cols: lifted calls are copied to rows first
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const long long leaves = (count + LEAF - 1) / LEAF;
@@ -553,13 +841,14 @@ __global__ void __launch_bounds__(BLOCK)
     const long long o = first + warp;
     if (o >= outputs) break;
     const T* base = x + (o / o_inner) * o_s0 + (o % o_inner) * o_s1;
+    const S shift = shift_of<OP, S>(base);
     for (long long k = 0; k < leaves; ++k) {
       long long q = (k * LEAF + lane) / r_inner, rem = (k * LEAF + lane) % r_inner;
       A v[CHAIN_LENGTH];
 #pragma unroll
       for (int m = 0; m < CHAIN_LENGTH; ++m) {
         const long long r = k * LEAF + m * CHAINS + lane;
-        v[m] = r < count ? lift<OP>(to_acc<A>(base[q * r_s0 + rem * r_s1])) : Comb::template identity<A>();
+        v[m] = r < count ? lift<OP, T, A>(to_acc<S>(base[q * r_s0 + rem * r_s1]), shift, mode) : Comb::template identity<A>();
         q += step_q;
         rem += step_r;
         if (rem >= r_inner) rem -= r_inner, ++q;

@@ -2,6 +2,8 @@
 //
 //   out = x / sqrt(mean(x^2) + eps) * (offset + weight)           (offset = 1 is the Gemma form)
 //   fused: residual = round(residual + x); out = rmsnorm(residual)
+//   float8 (e4m3fn) outputs: q = e4m3(y * (1 / s)), y the float32 value above before its rounding, s a static
+//   scale or, per token, max(amax(|y|) / 448, 2^-126) with the row's s stored beside q
 //
 // The six questions (the card in cukern/lab/rmsnorm.py keeps the same answers as data, for `explain` and
 // the bench):
@@ -27,6 +29,11 @@
 //    `plan` picks them; none of them changes the tree.
 // 6. Profile: about 3 flops an element against 2 * sizeof(T) bytes: far under the ridge point, so
 //    memory-bound; the target is the device-to-device copy bandwidth.
+// The float8 kernels (rms_norm_fp8_*, fused_add_rms_norm_fp8_*) answer the same, but: out is one byte an
+// element (VEC-byte stores) plus one float per row for per-token scales; the per-token amax is a max,
+// which has no order to fix, combined by the same tree helpers in the same pass as the scaling (the rows
+// kernel keeps its row in registers through it; the wide kernel reads the row a third time); the
+// conversion to e4m3 gives the same byte on every GPU (e4m3x2).
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
@@ -66,6 +73,84 @@ struct RmsNormParams {
   int hidden;
   float eps, offset;
 };
+
+// The float8 kernels' scalars (cukern/rmsnorm.py `FP8_PARAMS`): RmsNormParams' fields, then the per-token
+// scales' row strides (in floats) and the static scale.
+struct RmsNormFp8Params {
+  long long rows, inner;
+  long long out_s0, out_s1, res_s0, res_s1, x_s0, x_s1;
+  int hidden;
+  float eps, offset;
+  long long sc_s0, sc_s1;
+  float scale;
+};
+
+// What a row's values become: rounded to T (kNone), or to e4m3 after division by a scale (kFp8).
+enum Quant { kNone = 0, kFp8 = 1 };
+
+// The scale of a kFp8 launch: per token when `scales` is given (one float a row is written there, at
+// `at`), else the static `scale`. A run-time choice (uniform over the launch, one branch a row) where a
+// template flag would double the instantiations.
+struct Fp8Out {
+  float* scales;
+  RowAddress at;
+  float scale;
+};
+
+// max with NaN propagation (PTX max.NaN, sm_80 and newer): a row holding a NaN gets a NaN amax, hence a
+// NaN scale and NaN outputs, rather than the NaN being skipped as fmaxf would.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+__device__ __forceinline__ float min_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// The per-token amax combine for common/reduce.cuh: values are |y| >= +0, so +0 is the identity and max is
+// exact and commutative, NaN or not: any tree over the row gives the same amax.
+struct MaxNaN {
+  template <typename T> __device__ __forceinline__ static T identity() { return T(0); }
+  template <typename T> __device__ __forceinline__ static T apply(T a, T b) { return max_nan(a, b); }
+};
+
+// The scale of a row whose largest |y| is amax: amax / 448 correctly rounded, at least 2^-126 (the least
+// normal float, whose reciprocal 2^126 is finite), so an all-zero row gets 2^-126 and zeros; NaN stays NaN.
+__device__ __forceinline__ float per_token_scale(float amax) { return max_nan(__fdiv_rn(amax, 448.f), 0x1p-126f); }
+
+// float -> float8 e4m3fn bits: round to nearest even, saturate to +-448 (infinities too), every NaN -> 0x7f.
+// sm_89 and newer convert two floats in one instruction (cvt.rn.satfinite.e4m3x2.f32, which has exactly
+// these rules); older GPUs (sm_80 has no float8 conversion) use integer and float32 arithmetic that gives
+// the same byte for every float, which cukern/reference.py `float8_e4m3fn_bits` repeats on the host.
+// Compiling with -DCUKERN_FP8_SOFTWARE selects the arithmetic on any GPU, so tests/test_rmsnorm_fp8.py can
+// compare the two on one device. The arithmetic: |v| is clamped to 448 with NaN kept; from 2^-6 up, the
+// float's bits are rounded to 3 mantissa bits (adding 0x7ffff plus the kept lowest bit rounds half to
+// even, a carry moving into the exponent) and the exponent rebased from 127 to 7; below, adding 2^14
+// rounds to the subnormal step 2^-9 in float arithmetic and the float's low bits are the code (0..8, 8
+// being 2^-6). A NaN's bits give a code over 0x7f, which the min makes 0x7f, left unsigned.
+__device__ __forceinline__ unsigned e4m3_arithmetic(float v) {
+  const float a = min_nan(fabsf(v), 448.f);
+  const unsigned b = __float_as_uint(a);
+  const unsigned normal = (b - (120u << 23) + 0x7ffffu + ((b >> 20) & 1u)) >> 20;
+  const unsigned subnormal = __float_as_uint(__fadd_rn(a, 16384.f)) - __float_as_uint(16384.f);
+  const unsigned code = a < 0x1p-6f ? subnormal : min(normal, 0x7fu);
+  return code == 0x7fu ? code : code | ((__float_as_uint(v) >> 24) & 0x80u);
+}
+
+// Two floats as two e4m3fn bytes, lo in the low byte.
+__device__ __forceinline__ unsigned e4m3x2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890 && !defined(CUKERN_FP8_SOFTWARE)
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return e4m3_arithmetic(lo) | (e4m3_arithmetic(hi) << 8);
+#endif
+}
 
 // The sum of squares is one fixed tree that depends on the row length only, so a row's bits never depend
 // on the batch, the grid, the block, the knobs, the alignment, the SM count or the GPU. With C =
@@ -108,10 +193,33 @@ __device__ __forceinline__ Pack<T, VEC> residual_sum(const Pack<T, VEC>& x, cons
   return s;
 }
 
-template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK, bool FUSED>
-__device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T* x, const W* weight,
+// Division by the scale is a multiplication by its correctly rounded reciprocal (one division a row, not
+// one an element), rounded once more: q = e4m3(y * rcp(s)).
+template <int VEC>
+__device__ __forceinline__ void store_e4m3(unsigned char* dst, const float (&y)[VEC], float rcp) {
+  Pack<unsigned char, VEC> q;
+  if constexpr (VEC == 1) {
+    q.v[0] = static_cast<unsigned char>(e4m3x2(__fmul_rn(y[0], rcp), 0.f));
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; j += 2) {
+      const unsigned pair = e4m3x2(__fmul_rn(y[j], rcp), __fmul_rn(y[j + 1], rcp));
+      if (j % 4 == 0) {
+        q.u[j / 4] = pair;
+      } else {
+        q.u[j / 4] |= pair << 16;
+      }
+    }
+  }
+  store(dst, q);
+}
+
+template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK, bool FUSED,
+          int QUANT = kNone, typename O = T>
+__device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T* x, const W* weight,
                                                    long long rows, RowAddress out_at, RowAddress res_at,
-                                                   RowAddress x_at, int hidden, float eps, float offset) {
+                                                   RowAddress x_at, int hidden, float eps, float offset,
+                                                   Fp8Out fp8 = {}) {
   static_assert(TPR <= 32 || TPR == BLOCK, "a row is handled by a sub-warp group or by the whole block");
   static_assert(ITEMS % GROUPS == 0, "every group of classes gets the same number of vectors");
   constexpr int kRowsPerBlock = BLOCK / TPR;
@@ -184,8 +292,53 @@ __device__ __forceinline__ void rms_norm_rows_impl(T* out, T* residual, const T*
     }
     const float inv = inverse_rms(ss, hidden, eps);
 
-    T* orow = out + out_at(at);
-    if (weight != nullptr) {
+    O* orow = out + out_at(at);
+    if constexpr (QUANT != kNone) {
+      // The row stays in registers, packed as loaded, while the per-token amax is combined (slots past the
+      // row take no part).
+      Pack<W, VEC> w[ITEMS];
+      if (weight != nullptr) {
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+          if (in[k]) load(w[k], weight + (lane + k * TPR) * VEC);
+        }
+      }
+      // y is formed twice (for the amax, then for the bytes), the same operations on the same values, rather
+      // than held as floats: twice the registers of the packed row, and fewer resident rows.
+      const auto value = [&](int k, int j) {
+        return scaled(to_float(a[k].v[j]), inv, weight != nullptr ? __fadd_rn(offset, to_float(w[k].v[j])) : unweighted);
+      };
+      float amax = 0.f;
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        if (in[k]) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) amax = max_nan(amax, fabsf(value(k, j)));
+        }
+      }
+      float s = fp8.scale;
+      if (fp8.scales != nullptr) {
+        if constexpr (TPR <= 32) {
+          amax = group_tree_reduce<TPR, MaxNaN>(amax);
+        } else {
+          const float mine[1] = {amax};
+          amax = block_tree_reduce<BLOCK, MaxNaN>(mine, scratch, parity);
+          parity ^= 1;
+        }
+        s = per_token_scale(amax);
+        if (live && lane == 0) fp8.scales[fp8.at(at)] = s;
+      }
+      const float rcp = __frcp_rn(s);
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        if (in[k]) {
+          float y[VEC];
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) y[j] = value(k, j);
+          store_e4m3(orow + (lane + k * TPR) * VEC, y, rcp);
+        }
+      }
+    } else if (weight != nullptr) {
       Pack<W, VEC> w[ITEMS];
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -237,15 +390,60 @@ __global__ void __launch_bounds__(BLOCK)
                                                                  p.eps, p.offset);
 }
 
+// The float8 forms: out holds e4m3 bytes; with `scales` (not null) one scale a row is written there, else
+// p.scale is used.
+// The float8 kernels state one resident block an SM as their bound: with none, ptxas aimed some 512-thread
+// kernels at four blocks (32 registers a thread) and spilled.
+template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    rms_norm_fp8_rows(unsigned char* out, float* scales, const T* x, const W* weight,
+                      const __grid_constant__ RmsNormFp8Params p) {
+  const RowAddress out_at{p.inner, p.out_s0, p.out_s1};
+  rms_norm_rows_impl<T, W, VEC, TPR, GROUPS, ITEMS, BLOCK, false, kFp8>(
+      out, nullptr, x, weight, p.rows, out_at, out_at, RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
+      p.offset, Fp8Out{scales, RowAddress{p.inner, p.sc_s0, p.sc_s1}, p.scale});
+}
+
+template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    fused_add_rms_norm_fp8_rows(unsigned char* out, float* scales, T* residual, const T* x, const W* weight,
+                                const __grid_constant__ RmsNormFp8Params p) {
+  rms_norm_rows_impl<T, W, VEC, TPR, GROUPS, ITEMS, BLOCK, true, kFp8>(
+      out, residual, x, weight, p.rows, RowAddress{p.inner, p.out_s0, p.out_s1},
+      RowAddress{p.inner, p.res_s0, p.res_s1}, RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps, p.offset,
+      Fp8Out{scales, RowAddress{p.inner, p.sc_s0, p.sc_s1}, p.scale});
+}
+
+// One vector of the wide kernel's float32 values, (src * inv) * (offset + weight), for the float8 passes.
+template <typename T, typename W, int VEC>
+__device__ __forceinline__ void wide_values(float (&f)[VEC], const T* src, const W* weight, unsigned col, float inv,
+                                            float offset, float unweighted) {
+  Pack<T, VEC> a;
+  load(a, src + col);
+  if (weight != nullptr) {
+    Pack<W, VEC> w;
+    load(w, weight + col);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) f[j] = scaled(to_float(a.v[j]), inv, __fadd_rn(offset, to_float(w.v[j])));
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) f[j] = scaled(to_float(a.v[j]), inv, unweighted);
+  }
+}
+
 // Rows too long for registers: a block owns a row and streams it twice in chunks of BLOCK * ITEMS * VEC.
 // Pass one sums squares (and, fused, writes the new residual); pass two rescales. Each thread reads back
 // exactly the elements it wrote, so the fused form needs no barrier between passes. Vector column
 // c * ITEMS + k of chunk c is item k of the rows kernel's layout with TPR = BLOCK, so with GROUPS dividing
 // ITEMS a thread's accumulators are the same classes, each still summed in index order.
-template <typename T, typename W, int VEC, int GROUPS, int ITEMS, int BLOCK, bool FUSED>
-__device__ __forceinline__ void rms_norm_wide_impl(T* out, T* residual, const T* x, const W* weight,
+// The float8 forms with a per-token scale stream the row a third time: the amax needs every value
+// before the first byte can be written.
+template <typename T, typename W, int VEC, int GROUPS, int ITEMS, int BLOCK, bool FUSED, int QUANT = kNone,
+          typename O = T>
+__device__ __forceinline__ void rms_norm_wide_impl(O* out, T* residual, const T* x, const W* weight,
                                                    long long rows, RowAddress out_at, RowAddress res_at,
-                                                   RowAddress x_at, int hidden, float eps, float offset) {
+                                                   RowAddress x_at, int hidden, float eps, float offset,
+                                                   Fp8Out fp8 = {}) {
   static_assert(ITEMS % GROUPS == 0, "a chunk holds whole groups of classes");
   __shared__ float scratch[2 * GROUPS * (BLOCK / 32)];
   const float unweighted = __fadd_rn(offset, 1.f);
@@ -257,7 +455,7 @@ __device__ __forceinline__ void rms_norm_wide_impl(T* out, T* residual, const T*
     const T* xr = x + x_at(at);
     T* rr = FUSED ? residual + res_at(at) : nullptr;
     const T* src = FUSED ? rr : xr;
-    T* orow = out + out_at(at);
+    O* orow = out + out_at(at);
 
     // Columns are unsigned (they stay under 2^31): with int, whose overflow is undefined, the compiler keeps
     // a 64-bit address per item live across the loop, and the fused element path spilled.
@@ -291,11 +489,42 @@ __device__ __forceinline__ void rms_norm_wide_impl(T* out, T* residual, const T*
     const float inv = inverse_rms(block_tree_reduce<BLOCK, Sum>(part, scratch, parity), hidden, eps);
     parity ^= 1;
 
+    float rcp = 0.f;
+    if constexpr (QUANT != kNone) {
+      float s = fp8.scale;
+      if (fp8.scales != nullptr) {
+        float amax = 0.f;
+        for (int base = 0; base < hidden; base += BLOCK * ITEMS * VEC) {
+#pragma unroll
+          for (int k = 0; k < ITEMS; ++k) {
+            const unsigned col = static_cast<unsigned>(base) + (threadIdx.x + k * BLOCK) * VEC;
+            if (col < static_cast<unsigned>(hidden)) {
+              float f[VEC];
+              wide_values(f, src, weight, col, inv, offset, unweighted);
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) amax = max_nan(amax, fabsf(f[j]));
+            }
+          }
+        }
+        const float mine[1] = {amax};
+        s = per_token_scale(block_tree_reduce<BLOCK, MaxNaN>(mine, scratch, parity));
+        parity ^= 1;
+        if (threadIdx.x == 0) fp8.scales[fp8.at(at)] = s;
+      }
+      rcp = __frcp_rn(s);
+    }
+
     for (int base = 0; base < hidden; base += BLOCK * ITEMS * VEC) {
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const unsigned col = static_cast<unsigned>(base) + (threadIdx.x + k * BLOCK) * VEC;
-        if (col < static_cast<unsigned>(hidden)) {
+        if constexpr (QUANT != kNone) {
+          if (col < static_cast<unsigned>(hidden)) {
+            float f[VEC];
+            wide_values(f, src, weight, col, inv, offset, unweighted);
+            store_e4m3(orow + col, f, rcp);
+          }
+        } else if (col < static_cast<unsigned>(hidden)) {
           Pack<T, VEC> a;
           load(a, src + col);
           Pack<T, VEC> y;
@@ -334,6 +563,26 @@ __global__ void __launch_bounds__(BLOCK)
                                                             RowAddress{p.inner, p.res_s0, p.res_s1},
                                                             RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
                                                             p.offset);
+}
+
+template <typename T, typename W, int VEC, int GROUPS, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    rms_norm_fp8_wide(unsigned char* out, float* scales, const T* x, const W* weight,
+                      const __grid_constant__ RmsNormFp8Params p) {
+  const RowAddress out_at{p.inner, p.out_s0, p.out_s1};
+  rms_norm_wide_impl<T, W, VEC, GROUPS, ITEMS, BLOCK, false, kFp8>(
+      out, nullptr, x, weight, p.rows, out_at, out_at, RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
+      p.offset, Fp8Out{scales, RowAddress{p.inner, p.sc_s0, p.sc_s1}, p.scale});
+}
+
+template <typename T, typename W, int VEC, int GROUPS, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    fused_add_rms_norm_fp8_wide(unsigned char* out, float* scales, T* residual, const T* x, const W* weight,
+                                const __grid_constant__ RmsNormFp8Params p) {
+  rms_norm_wide_impl<T, W, VEC, GROUPS, ITEMS, BLOCK, true, kFp8>(
+      out, residual, x, weight, p.rows, RowAddress{p.inner, p.out_s0, p.out_s1},
+      RowAddress{p.inner, p.res_s0, p.res_s1}, RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps, p.offset,
+      Fp8Out{scales, RowAddress{p.inner, p.sc_s0, p.sc_s1}, p.scale});
 }
 
 }  // namespace cukern

@@ -32,51 +32,23 @@
 //    Knobs.target_block threads; VEC from alignment. All in `plan`; bench/sweep_rotary.py measures it.
 // 6. Profile: 6 flops per pair against 4 * sizeof(T) bytes: memory-bound; the target is copy bandwidth.
 //
+// rotary_embedding_positions is the same rotation with no cache: each block first computes cos and sin of its
+// tokens' angles p w_j (w_j: the pair's frequency, float64 from the host) into shared memory, each (token,
+// pair) once, with cos_sin_at below, then rotates as rotary_embedding does from that table (the same lanes,
+// groups, units and turn). Its cos and sin are within half a float32 ulp, plus 2^-40, of a cos(p w_j) and
+// a sin(p w_j) for |p| < 2^24: the float32 cache's accuracy, at any position in that range.
+//
+// rotary_embedding_mrope is the same rotation with three positions a token (multimodal RoPE), each pair's cos
+// and sin from the cache row of its section's position (see RotaryMropeParams).
+//
 // rotary_first_bad_position is the host-checked mode's guard: one block finds the first token whose
 // position is out of range (reading ahead UNROLL positions a thread) and writes it into pinned host memory,
 // so the host syncs once, reads it without a copy and raises before the rotation is launched.
 #include "common/dtype.cuh"
+#include "common/rope.cuh"
 #include "common/vec.cuh"
 
 namespace cukern {
-
-template <typename T> struct IsBf16 { static constexpr bool value = false; };
-template <> struct IsBf16<bf16> { static constexpr bool value = true; };
-
-// A pack of T as VEC floats: bfloat16 two at a time from 32-bit words (a shift and a mask), others one by
-// one.
-template <typename T, int VEC>
-__device__ __forceinline__ void widen(float (&f)[VEC], const Pack<T, VEC>& p) {
-  if constexpr (IsBf16<T>::value && VEC % 2 == 0) {
-#pragma unroll
-    for (int j = 0; j < VEC / 2; ++j) {
-      f[2 * j] = __uint_as_float(p.u[j] << 16);
-      f[2 * j + 1] = __uint_as_float(p.u[j] & 0xffff0000u);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) f[j] = to_float(p.v[j]);
-  }
-}
-
-// The pair (x, y) turned by (c, s): x c - y s and y c + x s, every product and sum rounded once, in this
-// one order on every path. Left to itself the compiler contracts `x * c - y * s` into a fused multiply-add
-// where it likes, and it liked different places in the 16-byte and the element-wise instantiations, so a
-// token's last bit depended on its address in a buffer; explicitly rounded operations are never
-// contracted. `sin_mask` 0x80000000 negates sin (the inverse rotation): flipping the sign of the sin
-// products gives the same bits (rounding is symmetric) without holding a negated copy of the token's sin
-// in registers, which the 64-register launch bound has no room for.
-__device__ __forceinline__ float flip_sign(float v, unsigned mask) {
-  return __uint_as_float(__float_as_uint(v) ^ mask);
-}
-
-__device__ __forceinline__ void turn(float x, float y, float c, float s, unsigned sin_mask, float& x_out,
-                                     float& y_out) {
-  // The sin products first: in this order ptxas fits every instantiation in 64 registers without spills.
-  const float ys = flip_sign(__fmul_rn(y, s), sin_mask), xs = flip_sign(__fmul_rn(x, s), sin_mask);
-  x_out = __fsub_rn(__fmul_rn(x, c), ys);
-  y_out = __fadd_rn(__fmul_rn(y, c), xs);
-}
 
 // One thread's slice of one head: two packs of VEC elements, `lo` at the unit's first element and `hi`
 // dy elements on, rotating VEC pairs with VEC cos/sin values.
@@ -150,11 +122,6 @@ template <typename C, int VEC, bool NEOX> struct CosSin {
     }
   }
 };
-
-__device__ __forceinline__ long long read_position(const void* positions, int pos64, long long at) {
-  return pos64 ? __ldg(static_cast<const long long*>(positions) + at)
-               : static_cast<long long>(__ldg(static_cast<const int*>(positions) + at));
-}
 
 // ITEMS heads h0, h0 + groups, ... (q's first, then k's) of one token: pointers and loads.
 template <typename Unit, int ITEMS, typename T>
@@ -244,6 +211,210 @@ __global__ void __launch_bounds__(MAX_BLOCK, MIN_BLOCKS)
     }
     // the next token's position (grid capped by waves): read after this token's stores are issued
     pos = next < tokens ? read_position(positions, pos64, next * pos_stride) : 0;
+  }
+}
+
+// rotary_embedding_mrope: multimodal RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL). A token has three positions
+// (temporal, height, width: positions[r][t], rows pos_row_stride apart) and each pair j takes cos and sin from
+// the cache row of one of them: sections of pairs [0, a) -> 0, [a, b) -> 1, [b, rot/2) -> 2; interleaved,
+// pair j -> 1 when j % 3 == 1 and j < a, -> 2 when j % 3 == 2 and j < b, else 0. A token any of whose three
+// positions is outside the cache is left as it is. Otherwise the launch, the units and turn are
+// rotary_embedding's; the unit's cos and sin are gathered pair by pair from L1 into registers, then serve
+// every head of the token.
+struct RotaryMropeParams {
+  long long tokens, q_ts, q_hs, k_ts, k_hs, pos_stride, pos_row_stride, cache_rows, cache_ts, sin_offset;
+  int pos64, q_heads, heads, rot, lanes, groups, tokens_per_block, section_a, section_b, interleaved;
+};
+
+// The cos and sin of a unit's VEC pairs (pair indices as CosSin's), each from its section's cache row.
+template <int VEC, bool NEOX> struct MropeCosSin {
+  float c[VEC], s[VEC];
+
+  template <typename C>
+  __device__ __forceinline__ void load(const C* const (&rows)[3], int u, long long sin_offset, int quarter,
+                                       const RotaryMropeParams& p) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      int j;
+      if constexpr (NEOX || VEC == 1) {
+        j = u * VEC + i;
+      } else {
+        j = (i < VEC / 2 ? 0 : quarter) + u * (VEC / 2) + i % (VEC / 2);
+      }
+      const int m = j % 3;
+      const int r = p.interleaved ? ((m == 1 && j < p.section_a) ? 1 : (m == 2 && j < p.section_b) ? 2 : 0)
+                                  : (j < p.section_a ? 0 : j < p.section_b ? 1 : 2);
+      const C* row = r == 0 ? rows[0] : r == 1 ? rows[1] : rows[2];
+      c[i] = to_float(row[j]);
+      s[i] = to_float(row[sin_offset + j]);
+    }
+  }
+
+  __device__ __forceinline__ void widen(float (&cf)[VEC], float (&sf)[VEC]) const {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      cf[i] = c[i];
+      sf[i] = s[i];
+    }
+  }
+};
+
+// One block an SM in the launch bound: the gathered cos and sin, in float, need more than 64 registers.
+template <typename T, typename C, int VEC, bool NEOX, int ITEMS, int MAX_BLOCK>
+__global__ void __launch_bounds__(MAX_BLOCK, 1)
+    rotary_embedding_mrope(T* __restrict__ q, T* __restrict__ k, const C* __restrict__ cache,
+                           const void* __restrict__ positions, const __grid_constant__ RotaryMropeParams p) {
+  using Unit = RotaryUnit<T, VEC, NEOX>;
+  const int lanes = p.lanes, groups = p.groups, tpb = p.tokens_per_block, heads = p.heads;
+  const int tpt = lanes * groups;
+  const int slot = static_cast<int>(threadIdx.x) / tpt;
+  if (slot >= tpb) return;
+  const int rest = static_cast<int>(threadIdx.x) - slot * tpt;
+  const int group = rest / lanes;
+  const int lane = rest - group * lanes;
+  const int half = p.rot / 2;
+  const int units = half / VEC;
+  const int dy = (NEOX || VEC > 1) ? half : 1;
+  const int quarter = p.rot / 4;
+  for (long long tok = static_cast<long long>(blockIdx.x) * tpb + slot; tok < p.tokens;
+       tok += static_cast<long long>(gridDim.x) * tpb) {
+    T* qt = q + tok * p.q_ts;
+    T* kt = k + tok * p.k_ts;
+    long long pos[3];
+    bool valid = true;
+#pragma unroll
+    for (int r = 0; r < 3; ++r) {
+      pos[r] = read_position(positions, p.pos64, r * p.pos_row_stride + tok * p.pos_stride);
+      valid = valid && pos[r] >= 0 && pos[r] < p.cache_rows;
+    }
+    if (!valid) continue;
+    const C* const rows[3] = {cache + pos[0] * p.cache_ts, cache + pos[1] * p.cache_ts, cache + pos[2] * p.cache_ts};
+    for (int u = lane; u < units; u += lanes) {
+      const int first = (NEOX || VEC > 1) ? u * VEC : 2 * u;
+      MropeCosSin<VEC, NEOX> cs;
+      cs.load(rows, u, p.sin_offset, quarter, p);
+      for (int h0 = group; h0 < heads; h0 += groups * ITEMS) {
+        Unit w[ITEMS];
+        T* at[ITEMS];
+        load_batch<Unit, ITEMS>(w, at, h0, groups, p.q_heads, heads, qt, kt, p.q_hs, p.k_hs, first, dy);
+        store_batch<Unit, ITEMS>(w, at, dy, cs, 0u);
+      }
+    }
+  }
+}
+
+// rotary_embedding_positions' scalars (cukern/rotary.py POSITIONS_PARAMS): strides in elements; the attention
+// factor; 2 / pi and pi / 2 in three parts (pio2_1 + pio2_2 + pio2_3, the first two of 29 significant bits).
+struct RotaryPositionsParams {
+  long long tokens, q_ts, q_hs, k_ts, k_hs, pos_stride;
+  double attention, two_over_pi, pio2_1, pio2_2, pio2_3;
+  int pos64, q_heads, heads, rot, lanes, groups, tokens_per_block;
+};
+
+// a cos(p w) and a sin(p w) rounded to float, w = w_hi + w_lo with w_hi of 29 significant bits (the host splits
+// it), every float64 step rounded to nearest with no fused multiply-add, so cukern/reference.py
+// `rotary_positions_cos_sin` repeats it bit for bit. For |p| < 2^24 and |w| <= 1: p w_hi and p w_lo are exact
+// (24 + 29 bits), k = rint(p w_hi 2 / pi) < 2^24, so k pio2_1 and k pio2_2 are exact and p w_hi - k pio2_1
+// is exact (Sterbenz), and r = p w - k pi / 2 comes out with an error of a few 2^-54 in |r| < 0.82, where the
+// Taylor series to r^17 (sin) and r^18 (cos) are within 2^-60 of sin r and cos r. The float64 results are thus
+// within about 2^-52 of the true values, and rounding them to float adds at most half an ulp.
+__device__ __forceinline__ void cos_sin_at(long long pos, double w_hi, double w_lo, const RotaryPositionsParams& p,
+                                           float& c_out, float& s_out) {
+  const double x = static_cast<double>(pos);
+  const double a_hi = __dmul_rn(x, w_hi), a_lo = __dmul_rn(x, w_lo);
+  const double k = rint(__dmul_rn(a_hi, p.two_over_pi));
+  double r = __dsub_rn(a_hi, __dmul_rn(k, p.pio2_1));
+  r = __dsub_rn(r, __dmul_rn(k, p.pio2_2));
+  r = __dadd_rn(r, a_lo);
+  r = __dsub_rn(r, __dmul_rn(k, p.pio2_3));
+  const double r2 = __dmul_rn(r, r);
+  double sp = -1.0 / 355687428096000.0;  // -1 / 17!
+  sp = __dadd_rn(1.0 / 1307674368000.0, __dmul_rn(r2, sp));
+  sp = __dadd_rn(-1.0 / 6227020800.0, __dmul_rn(r2, sp));
+  sp = __dadd_rn(1.0 / 39916800.0, __dmul_rn(r2, sp));
+  sp = __dadd_rn(-1.0 / 362880.0, __dmul_rn(r2, sp));
+  sp = __dadd_rn(1.0 / 5040.0, __dmul_rn(r2, sp));
+  sp = __dadd_rn(-1.0 / 120.0, __dmul_rn(r2, sp));
+  sp = __dadd_rn(1.0 / 6.0, __dmul_rn(r2, sp));
+  const double sin_r = __dsub_rn(r, __dmul_rn(__dmul_rn(r, r2), sp));  // r - r^3 (1/6 - r^2 / 120 + ...)
+  double cp = 1.0 / 6402373705728000.0;  // 1 / 18!
+  cp = __dadd_rn(-1.0 / 20922789888000.0, __dmul_rn(r2, cp));
+  cp = __dadd_rn(1.0 / 87178291200.0, __dmul_rn(r2, cp));
+  cp = __dadd_rn(-1.0 / 479001600.0, __dmul_rn(r2, cp));
+  cp = __dadd_rn(1.0 / 3628800.0, __dmul_rn(r2, cp));
+  cp = __dadd_rn(-1.0 / 40320.0, __dmul_rn(r2, cp));
+  cp = __dadd_rn(1.0 / 720.0, __dmul_rn(r2, cp));
+  cp = __dadd_rn(-1.0 / 24.0, __dmul_rn(r2, cp));
+  cp = __dadd_rn(0.5, __dmul_rn(r2, cp));
+  const double cos_r = __dsub_rn(1.0, __dmul_rn(r2, cp));  // 1 - r^2 (1/2 - r^2 / 24 + ...)
+  // theta = r + k pi / 2: the quadrant k mod 4 swaps and negates (exact)
+  const int quadrant = static_cast<int>(static_cast<long long>(k) & 3);
+  const double c = quadrant == 0 ? cos_r : quadrant == 1 ? -sin_r : quadrant == 2 ? -cos_r : sin_r;
+  const double s = quadrant == 0 ? sin_r : quadrant == 1 ? cos_r : quadrant == 2 ? -sin_r : -cos_r;
+  c_out = __double2float_rn(__dmul_rn(p.attention, c));
+  s_out = __double2float_rn(__dmul_rn(p.attention, s));
+}
+
+// freqs: rot / 2 pairs (w_hi, w_lo). Dynamic shared memory: tokens_per_block rows of rot floats (cos, then sin).
+// The launch bound names one block an SM: left implicit, ptxas kept the NeoX 16-byte form in 64 registers and
+// spilled; holding the first loads across the table's float64 work, it takes under 96.
+template <typename T, int VEC, bool NEOX, int ITEMS, int MAX_BLOCK>
+__global__ void __launch_bounds__(MAX_BLOCK, 1)
+    rotary_embedding_positions(T* __restrict__ q, T* __restrict__ k, const double* __restrict__ freqs,
+                               const void* __restrict__ positions, const __grid_constant__ RotaryPositionsParams p) {
+  using Unit = RotaryUnit<T, VEC, NEOX>;
+  extern __shared__ float4 table_words[];
+  float* table = reinterpret_cast<float*>(table_words);
+  const long long tokens = p.tokens;
+  const int rot = p.rot, half = rot / 2, lanes = p.lanes, groups = p.groups, tpb = p.tokens_per_block;
+  const int tpt = lanes * groups;
+  const int slot = static_cast<int>(threadIdx.x) / tpt;
+  const int rest = static_cast<int>(threadIdx.x) - slot * tpt;
+  const int group = rest / lanes;
+  const int lane = rest - group * lanes;
+  const int units = half / VEC;
+  const int dy = (NEOX || VEC > 1) ? half : 1;
+  const int quarter = rot / 4;
+
+  for (long long first = static_cast<long long>(blockIdx.x) * tpb; first < tokens;
+       first += static_cast<long long>(gridDim.x) * tpb) {
+    const long long tok = first + slot;
+    const bool mine = slot < tpb && tok < tokens;
+    T* qt = q + tok * p.q_ts;
+    T* kt = k + tok * p.k_ts;
+    // A thread's first batch of q/k loads does not depend on the table: issued before it is computed, so the
+    // float64 work overlaps them.
+    Unit w[ITEMS];
+    T* ptr[ITEMS];
+    if (mine && lane < units) {
+      load_batch<Unit, ITEMS>(w, ptr, group, groups, p.q_heads, p.heads, qt, kt, p.q_hs, p.k_hs,
+                              (NEOX || VEC > 1) ? lane * VEC : 2 * lane, dy);
+    }
+    __syncthreads();  // the previous tokens' rotations have read the table
+    for (int i = static_cast<int>(threadIdx.x); i < tpb * half; i += static_cast<int>(blockDim.x)) {
+      const int t = i / half, j = i - t * half;
+      const long long tok = first + t;
+      if (tok < tokens) {
+        float c, s;
+        cos_sin_at(read_position(positions, p.pos64, tok * p.pos_stride), freqs[2 * j], freqs[2 * j + 1], p, c, s);
+        table[t * rot + j] = c;
+        table[t * rot + half + j] = s;
+      }
+    }
+    __syncthreads();
+    if (!mine) continue;
+    const float* row = table + slot * rot;
+    for (int u = lane; u < units; u += lanes) {
+      const int at = (NEOX || VEC > 1) ? u * VEC : 2 * u;
+      CosSin<float, VEC, NEOX> cs;
+      cs.load(row, u, half, quarter);
+      if (u != lane) load_batch<Unit, ITEMS>(w, ptr, group, groups, p.q_heads, p.heads, qt, kt, p.q_hs, p.k_hs, at, dy);
+      store_batch<Unit, ITEMS>(w, ptr, dy, cs, 0u);
+      for (int h0 = group + groups * ITEMS; h0 < p.heads; h0 += groups * ITEMS) {
+        load_batch<Unit, ITEMS>(w, ptr, h0, groups, p.q_heads, p.heads, qt, kt, p.q_hs, p.k_hs, at, dy);
+        store_batch<Unit, ITEMS>(w, ptr, dy, cs, 0u);
+      }
+    }
   }
 }
 

@@ -1,15 +1,40 @@
 """cukern: hand-written CUDA kernels for CuPy arrays."""
 
 from . import timing
+from .argreduce import argmax, argmin, nanargmax, nanargmin
 from .ladder import RUNGS as reduce_ladder
-from .reduce import amax, amin, mean, norm, sum, sum_of_squares
+from .qknorm import qk_norm_rope
+from .reduce import (
+    all,
+    amax,
+    amin,
+    any,
+    count_nonzero,
+    logsumexp,
+    mean,
+    nanmax,
+    nanmean,
+    nanmin,
+    nansum,
+    norm,
+    prod,
+    std,
+    sum,
+    sum_of_squares,
+    var,
+)
 from .rmsnorm import fused_add_rms_norm, rms_norm
 from .rope_cache import rope_cache
-from .rotary import rotary_embedding
+from .rotary import rotary_embedding, rotary_embedding_mrope, rotary_embedding_positions
+from .scan import cumprod, cumsum
+from .segment import segment_max, segment_mean, segment_min, segment_sum
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "amax", "amin", "fused_add_rms_norm", "mean", "norm", "reduce_ladder", "rms_norm", "rope_cache",
-    "rotary_embedding", "sum", "sum_of_squares", "timing",
+    "all", "amax", "amin", "any", "argmax", "argmin", "count_nonzero", "cumprod", "cumsum", "fused_add_rms_norm",
+    "logsumexp", "mean", "nanargmax", "nanargmin", "nanmax", "nanmean", "nanmin", "nansum", "norm", "prod",
+    "qk_norm_rope", "reduce_ladder", "rms_norm", "rope_cache", "rotary_embedding", "rotary_embedding_mrope",
+    "rotary_embedding_positions", "segment_max", "segment_mean", "segment_min", "segment_sum", "std", "sum",
+    "sum_of_squares", "timing", "var",
 ]

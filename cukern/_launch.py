@@ -104,22 +104,23 @@ _runtime = None
 def cupy():
     """The CuPy module, imported by the first call that needs it (importing cukern does not import CuPy): the
     one lazy import the ops' hot paths share."""
-    global _cupy, _runtime
+    global _cupy
     if _cupy is None:
         import cupy as module
 
-        _cupy, _runtime = module, module.cuda.runtime
+        _cupy = module
     return _cupy
 
 
 def on_device(device_id: int):
     """A context making ``device_id`` current: a no-op when it already is (the common case, and a hot loop's:
     it saves making a Device and two runtime calls). The one device switch of every op."""
+    global _runtime
     if _runtime is None:
-        cupy()
+        _runtime = cupy().cuda.runtime
     if device_id == _runtime.getDevice():
         return _NO_SWITCH
-    return _cupy.cuda.Device(device_id)
+    return cupy().cuda.Device(device_id)
 
 
 class CallCache:

@@ -3,11 +3,11 @@ table. The compile CLI and the compile tests walk this list, so a new family is 
 
 from __future__ import annotations
 
-from . import ladder, reduce, rmsnorm, rotary
+from . import argreduce, ladder, qknorm, reduce, rmsnorm, rotary, scan, segment
 
 
 def all_families():
-    return [rmsnorm, rotary, reduce, ladder]
+    return [rmsnorm, rotary, reduce, ladder, argreduce, qknorm, segment, scan]
 
 
 def named(source: str):

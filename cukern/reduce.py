@@ -1,10 +1,22 @@
-"""Reductions: sum, amax, amin, mean, sum_of_squares, norm (kernels in ``cuda_src/reduce.cu``; planning, pure,
-in :mod:`cukern.reduce_plan`, whose notes list the layouts and the kernel each gets).
+"""Reductions: sum, amax, amin, mean, sum_of_squares, norm, var, std, nansum, nanmax, nanmin, nanmean,
+count_nonzero, any, all, prod, logsumexp (kernels in ``cuda_src/reduce.cu``; planning, pure, in
+:mod:`cukern.reduce_plan`, whose notes list the layouts and the kernel each gets).
 
 References (float64, :mod:`cukern.reference`): ``np.sum``, ``np.max``, ``np.min``, ``np.mean``,
-``np.sum(x * x)``, ``sqrt(np.sum(x * x))`` over the same axes. Zero-size reductions answer as NumPy: sum,
-sum_of_squares and norm 0, mean NaN (with NumPy's "Mean of empty slice." RuntimeWarning), amax and amin
-raise ValueError.
+``np.sum(x * x)``, ``sqrt(np.sum(x * x))``, ``np.var``, ``np.std`` over the same axes. Zero-size reductions
+answer as NumPy: sum, sum_of_squares and norm 0, mean NaN (with NumPy's "Mean of empty slice."
+RuntimeWarning), var and std NaN (with "Degrees of freedom <= 0 for slice", also given whenever
+``n - ddof <= 0``), amax and amin raise ValueError.
+
+var and std are one pass: the tree carries (count, mean, M2) of the values less the slice's first element,
+merged by Chan's formula (reduce.cu ``Chan``), so an offset far larger than the spread costs no accuracy.
+
+nansum, nanmax, nanmin and count_nonzero are the sum, max and min kernels with a run-time lift (a NaN becomes
+the identity; x != 0 becomes 1 or 0), no kernels of their own; nanmean is two such passes (the sum, the count
+of non-NaN values), any and all compare count_nonzero's count. nanmax, nanmin and nanmean check their result
+on the host for all-NaN slices (NumPy's warning), so a CUDA-graph capture refuses them, as it refuses any and
+all (a temporary count). prod and logsumexp have kernels of their own at one tuning point
+(:data:`~cukern.reduce_plan.COMPACT_KNOBS`); their column layouts take the strided kernel.
 
 Host path: the first call for a given (op, arguments, shape, strides, dtype, 16-byte alignment, device,
 stream, tuning knobs, and ``out``'s shape, strides, dtype, device and item alignment) validates, plans and
@@ -42,7 +54,7 @@ replay, so keep it as long as the graph). Per layout (see :mod:`cukern.reduce_pl
 A refusal is a RuntimeError raised before anything is recorded (the capture stays valid); it names the
 reason and the way around it.
 
-Workspaces: per (device, stream), made by the first full or two-pass column reduction on that stream: 32 KiB
+Workspaces: per (device, stream), made by the first full or two-pass column reduction on that stream: 96 KiB
 of per-block partials, a counter (the last block resets it, so no memset per call) and scratch for the
 per-span column partials, grown to the largest need seen (at least doubling). They are never freed, nor are
 buffers they outgrow: a graph may replay a captured reduction at any time and cukern cannot see the graph
@@ -53,6 +65,7 @@ the workspace of the stream they were captured on, so replay it in order with th
 
 from __future__ import annotations
 
+import builtins
 import math
 import threading
 import warnings
@@ -62,22 +75,41 @@ import numpy as np
 
 from . import _check, _tuned
 from ._compile import get_kernel
-from ._dtypes import dtype_name
+from ._dtypes import BFLOAT16, dtype_name
 from ._launch import CallCache, Signature, launch, on_device, sm_count
 from ._launch import cupy as _cupy
-from .reduce_plan import (
+
+# The kernel families (cukern.families) read SOURCE and instantiations on the op module, the benchmarks
+# bytes_moved.
+from .reduce_plan import (  # noqa: F401
+    COMPACT_KERNEL_OPS,
     DEFAULT_KNOBS,
+    FINISH_BITS,
     FINISH_DIVIDE,
-    FINISH_NONE,
     FINISH_SQRT,
+    FLOATS,
     FULL_PARTIALS,
     KERNEL_KINDS,
+    LIFT_NONZERO,
+    LIFT_NOT_NAN,
+    LIFT_SKIP_NAN,
+    OP_LSE,
+    OP_PROD,
+    OP_SUM,
     OP_SUMSQ,
+    OP_VAR,
     OPS,
+    SOURCE,
+    STATE_BYTES,
     Knobs,
     Op,
     Plan,
+    acc_dtype,
+    bytes_moved,
     cols_geometry,
+    instantiations,
+    kernel_dtype,
+    kernel_op_knobs,
     make_knobs,
     normalize_axis,
     plan,
@@ -87,10 +119,6 @@ from .reduce_plan import (
     temporary,
     two_level,
 )
-
-# The kernel families (cukern.families) read SOURCE and instantiations on the op module, the benchmarks
-# bytes_moved.
-from .reduce_plan import SOURCE, bytes_moved, instantiations  # noqa: F401
 
 # Full sums keyed by element count (shape ``(n,)``); row sums by ``(rows, length)``. No knob changes the
 # order of a reduction (every plan is the one tree), so no knob needs keeping across the buckets of a
@@ -114,7 +142,7 @@ _STRIDED_SIG = Signature(("ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64"
 
 @dataclass
 class Workspace:
-    partials: object  # cupy uint8[FULL_PARTIALS * 8]: per-block partials of a full reduction
+    partials: object  # cupy uint8[FULL_PARTIALS * STATE_BYTES]: per-block partials of a full reduction
     counter: object  # cupy uint32[1], zero between launches
     scratch: object  # cupy uint8: per-slice partials of a two-pass column reduction
     outgrown: list = field(default_factory=list)  # earlier scratch buffers, kept for graphs that use them
@@ -145,7 +173,7 @@ def workspace(scratch: int = 0) -> Workspace:
     with _work_lock:
         ws = _workspaces.get(key)
         if ws is None:
-            ws = Workspace(cp.empty(FULL_PARTIALS * 8, dtype=np.uint8), cp.zeros(1, dtype=np.uint32),
+            ws = Workspace(cp.empty(FULL_PARTIALS * STATE_BYTES, dtype=np.uint8), cp.zeros(1, dtype=np.uint32),
                            cp.empty(0, dtype=np.uint8))
             _workspaces[key] = ws
         if ws.scratch.nbytes < scratch:
@@ -205,15 +233,15 @@ class _TwoPass:
         return out
 
 
-def _prepare(pl: Plan, x, o, op: Op, count: int, shape):
-    """The prepared launches of plan ``pl`` (a kernel kind) for arrays like ``x``, producing ``count``-element
-    reductions in dtype ``o`` as a C-contiguous result of ``shape``. Takes the stream's workspace first, so a
-    capture that cannot have it is refused before a kernel is even loaded."""
+def _prepare(pl: Plan, x, o, op: Op, divisor: float, shape):
+    """The prepared launches of plan ``pl`` (a kernel kind) for arrays like ``x``, producing reductions in
+    dtype ``o`` as a C-contiguous result of ``shape``, ``divisor`` dividing mean's sum and var's M2. Takes the
+    stream's workspace first, so a capture that cannot have it is refused before a kernel is even loaded."""
     layout, p = pl.layout, pl.kernel
     kind = layout.kind
     ws = workspace(pl.partials) if kind == "full" or pl.fold is not None else None
     kernels = [get_kernel(i) for i in plan_instantiations(pl, x.dtype, o, op.kernel_op)]
-    tail = (op.finalize, float(count))
+    tail = (op.mode, divisor)
     if kind == "full":
         # Element i at x[i * stride] from x's own first element, whatever the stride's sign: the tree
         # numbers elements in x's order, never in memory order.
@@ -233,7 +261,7 @@ def _prepare(pl: Plan, x, o, op: Op, count: int, shape):
     geometry = (outer, rows, cols, s_outer, s_row, p.span, p.spans, p.strips, p.vector)
     if pl.fold is None:
         return _Single(kernels[0], p.config, _COLS_SIG, (), 0, geometry + tail, shape, o)
-    first = _Single(kernels[0], p.config, _COLS_SIG, (), 0, geometry + (FINISH_NONE, 1.0), shape, o)
+    first = _Single(kernels[0], p.config, _COLS_SIG, (), 0, geometry + (op.lift << FINISH_BITS, 1.0), shape, o)
     second = _Single(kernels[1], pl.fold.config, _FOLD_SIG, (), 0, (outer, cols, p.spans) + tail, shape, o)
     return _TwoPass(first, second, ws.scratch.data.ptr, shape, o)
 
@@ -250,7 +278,7 @@ def _fast_key(name: str, x, axis, dtype, keepdims):
     """The cache key of a call, or None for arguments the cache does not take (axis and dtype values that
     compare equal to valid ones without being valid, such as axis=True, go the general path)."""
     ta = type(axis)
-    if not (axis is None or ta is int or (ta is tuple and all(type(a) is int for a in axis))):
+    if not (axis is None or ta is int or (ta is tuple and builtins.all(type(a) is int for a in axis))):
         return None
     if not (dtype is None or type(dtype) in (str, type) or isinstance(dtype, np.dtype)):
         return None
@@ -315,33 +343,69 @@ def _drop(a, axes):
     return a[tuple(0 if i in axes else slice(None) for i in range(a.ndim))]
 
 
-def _elementwise(op: Op, x, dst) -> None:
+def _elementwise(op: Op, x, dst, divisor: float) -> None:
     """Every reduced axis has size 1: each output is its one element of ``x`` (both in the kept shape),
     written into ``dst`` in place, with no temporary: converted to the result dtype, then squared there
     (sum_of_squares: for one element the same bits as the kernels' square in the accumulator, rounded once)
-    or made absolute (norm)."""
+    or made absolute (norm); var and std: 0 for a finite element (|x * 0|), NaN otherwise, over ``divisor``
+    (0 / 0 is NaN)."""
     cp = _cupy()
+    if op.lift == LIFT_NONZERO:
+        cp.not_equal(x, 0, out=dst)
+        return
+    if op.lift == LIFT_NOT_NAN:
+        cp.equal(x, x, out=dst)
+        return
     cp.copyto(dst, x, casting="unsafe")
+    if op.lift == LIFT_SKIP_NAN and op.kernel_op == OP_SUM:
+        if dst.dtype.kind == "f":
+            cp.nan_to_num(dst, copy=False, nan=0.0, posinf=np.inf, neginf=-np.inf)
+        elif dst.dtype == BFLOAT16:
+            cp.copyto(dst, 0, where=cp.isnan(dst))
+    if op.kernel_op == OP_VAR:
+        cp.multiply(dst, 0, out=dst)
+        cp.abs(dst, out=dst)
+        cp.true_divide(dst, divisor, out=dst)
+        return
     if op.finalize == FINISH_SQRT:
         cp.abs(dst, out=dst)
     elif op.kernel_op == OP_SUMSQ:
         cp.multiply(dst, dst, out=dst)
 
 
-def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None = None, sm: int | None = None):
+# What an empty reduction gives, where it is not 0 (sums, counts) or NaN (mean, var, std).
+_EMPTY = {OP_VAR: np.nan, OP_PROD: 1, OP_LSE: -np.inf}
+
+
+def _own_knobs(name: str) -> Knobs | None:
+    """var, std, prod and logsumexp plan with their own knobs (their kernels exist at that point only);
+    None for the ops that use the tuning cache's."""
+    k = OPS[name].kernel_op
+    return kernel_op_knobs(k) if k in (OP_VAR,) + COMPACT_KERNEL_OPS else None
+
+
+def _check_ddof(ddof):
+    if isinstance(ddof, (bool, np.bool_)) or not isinstance(ddof, (int, float, np.integer, np.floating)):
+        raise TypeError(f"ddof must be an int or a float, got {type(ddof).__name__}")
+    if not math.isfinite(ddof):
+        raise ValueError(f"ddof must be finite, got {ddof}")
+
+
+def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None = None, sm: int | None = None,
+            ddof=0):
     """The public ops' body. ``knobs`` picks the tuning (for sweeps); None: the tuning cache's winner for
     this call (:func:`_tuned_knobs`), else :data:`DEFAULT_KNOBS`. ``sm`` plans as if the device had that
-    many SMs (tests: the bits must not change); such calls bypass the call cache."""
+    many SMs (tests: the bits must not change); such calls bypass the call cache. ``ddof``: var and std."""
     cp = _cupy()
     key = None
     nd = cp.ndarray
     if sm is None and type(x) is nd and (out is None or type(out) is nd):
         if knobs is None:
-            knobs = _tuned_knobs(x, axis)
+            knobs = _own_knobs(name) or _tuned_knobs(x, axis)
         try:
             key = _fast_key(name, x, axis, dtype, keepdims)
             if key is not None:
-                key += (knobs,) if out is None else (knobs, *_out_key(out))
+                key += (knobs, type(ddof), ddof) if out is None else (knobs, type(ddof), ddof, *_out_key(out))
             call = _calls.get(key)
         except TypeError:  # unhashable arguments: the general path reports them
             key, call = None, _MISSING
@@ -354,39 +418,45 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
     op = OPS[name]
     x = _check.as_array(x, "x")
     _check.check_dtype(x, "x", op.inputs)
+    if op.kernel_op == OP_VAR:
+        _check_ddof(ddof)
     if knobs is None:
-        knobs = _tuned_knobs(x, axis)
+        knobs = _own_knobs(name) or _tuned_knobs(x, axis)
     axes = normalize_axis(axis, x.ndim)
     final = result_dtype(name, x.dtype, dtype)
-    o = x.dtype if op.minmax else final
+    o = x.dtype if op.minmax else kernel_dtype(name, x.dtype, final)
     shape = result_shape(x.shape, axes, keepdims)
     if out is not None:
         out = _validate_out(out, shape, final, x)
     count = math.prod(x.shape[i] for i in axes)
+    divisor = float(max(count - ddof, 0)) if op.kernel_op == OP_VAR else float(count)
     if count == 0 and op.minmax:
         raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
     device = x.data.device_id
     with on_device(device):
-        pl = _plan_of(x, axes, o, knobs, sm)
+        pl = _plan_of(x, axes, o, knobs, sm, name)
         aligned = x.data.ptr % x.itemsize == 0
         direct = None if out is None else bool(out.flags.c_contiguous and out.data.ptr % out.itemsize == 0)
         why = temporary(pl, aligned=aligned, converts=o != final, out_direct=direct)
         if why is not None and cp.cuda.get_current_stream().is_capturing():
             raise RuntimeError(f"{name} cannot be captured in a CUDA graph here: {why}")
-        if count == 0 and op.finalize == FINISH_DIVIDE:
+        if op.kernel_op == OP_VAR:
+            if divisor <= 0:
+                warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
+        elif count == 0 and op.finalize == FINISH_DIVIDE:
             warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
         kind = pl.layout.kind
         if kind not in KERNEL_KINDS:
             dst = cp.empty(shape, final) if out is None else out
             if kind == "fill":
-                dst.fill(np.nan if op.finalize == FINISH_DIVIDE else 0)
+                dst.fill(_EMPTY.get(op.kernel_op, np.nan if op.finalize == FINISH_DIVIDE else 0))
             elif kind == "none":
                 if not aligned:
                     x = x.copy()
-                _elementwise(op, _drop(x, axes), _drop(dst, axes) if keepdims else dst)
+                _elementwise(op, _drop(x, axes), _drop(dst, axes) if keepdims else dst, divisor)
             return dst
         if why is None:
-            call = _prepare(pl, x, o, op, count, shape)
+            call = _prepare(pl, x, o, op, divisor, shape)
             if key is not None:
                 _calls.put(key, call)
             if out is None:
@@ -395,13 +465,13 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
             return out
         if not aligned:
             x = x.copy()
-            pl = _plan_of(x, axes, o, knobs, sm)
+            pl = _plan_of(x, axes, o, knobs, sm, name)
         if pl.copy:
             order = [i for i in range(x.ndim) if i not in axes] + list(axes)
             x = cp.ascontiguousarray(x.transpose(order))
         kept = result_shape(shape, axes, False) if keepdims else shape
         result = cp.empty(kept, o)
-        _prepare(pl, x, o, op, count, kept).run(result, x)
+        _prepare(pl, x, o, op, divisor, kept).run(result, x)
         result = result.reshape(shape)
         if out is None:
             return result.astype(final)
@@ -409,21 +479,21 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
         return out
 
 
-def _plan_of(x, axes, o, knobs: Knobs, sm: int | None = None) -> Plan:
+def _plan_of(x, axes, o, knobs: Knobs, sm: int | None = None, name: str = "sum") -> Plan:
     return _plan_cached(x.shape, x.dtype, axes, tuple(s // x.itemsize for s in x.strides), x.data.ptr % 16, o,
-                        sm_count(x.data.device_id) if sm is None else sm, knobs)
+                        sm_count(x.data.device_id) if sm is None else sm, knobs, name)
 
 
 _plans = CallCache(1024)
 
 
-def _plan_cached(shape, dtype, axes, strides, ptr_mod16, out_dtype, sm, knobs=DEFAULT_KNOBS) -> Plan:
+def _plan_cached(shape, dtype, axes, strides, ptr_mod16, out_dtype, sm, knobs=DEFAULT_KNOBS, name="sum") -> Plan:
     """:func:`~cukern.reduce_plan.plan`, memoized: host time per call matters at mid sizes, where the kernel
     takes microseconds."""
-    key = (shape, dtype, axes, strides, ptr_mod16, out_dtype, sm, knobs)
+    key = (shape, dtype, axes, strides, ptr_mod16, out_dtype, sm, knobs, name)
     pl = _plans.get(key)
     if pl is _MISSING:
-        pl = _plans.put(key, plan(shape, dtype, axes, strides=strides, ptr=ptr_mod16, out_dtype=out_dtype,
+        pl = _plans.put(key, plan(shape, dtype, axes, strides=strides, ptr=ptr_mod16, op=name, out_dtype=out_dtype,
                                   sm_count=sm, knobs=knobs))
     return pl
 
@@ -476,3 +546,186 @@ def amin(x, axis=None, *, dtype=None, keepdims=False, out=None):
     """Minimum over ``axis``; NaN propagates, as ``numpy.amin``. Raises ValueError on a zero-size
     reduction. ``dtype`` converts the result."""
     return _reduce("amin", x, axis, dtype, keepdims, out)
+
+
+def var(x, axis=None, *, dtype=None, ddof=0, keepdims=False, out=None):
+    """Variance over ``axis``: ``sum_i (x[i] - mean)**2 / (n - ddof)``, in one pass.
+
+    The result dtype is x's for floating x, float64 for integer and bool x (as ``numpy.var``); ``dtype`` may
+    also be float64 (accumulating in float64). Half types accumulate in float32. ``ddof`` (an int or a
+    float): ``n - ddof <= 0`` gives inf or NaN with NumPy's RuntimeWarning; an empty slice gives NaN; an
+    infinity or a NaN in a slice gives NaN. Each slice's values are shifted by its first element and merged
+    as (count, mean, M2) along the one tree (module notes), so an offset far above the spread costs no
+    accuracy; the bits depend only on the values, n, ``ddof`` and the dtypes, as
+    :func:`cukern.reference.var_emulated` computes them. ``axis``, ``keepdims`` and ``out`` as :func:`sum`.
+    """
+    return _reduce("var", x, axis, dtype, keepdims, out, ddof=ddof)
+
+
+def std(x, axis=None, *, dtype=None, ddof=0, keepdims=False, out=None):
+    """Standard deviation over ``axis``: ``sqrt(var(x, axis, ddof=ddof))``, the square root taken once in
+    float64 and rounded to the result dtype (x's for floating x, float64 for integer and bool x). Everything
+    else as :func:`var` (:func:`cukern.reference.std_emulated` gives its bits)."""
+    return _reduce("std", x, axis, dtype, keepdims, out, ddof=ddof)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# NaN-aware reductions, counts and truth tests: the sum, max and min kernels with a lift mode
+# (reduce_plan.LIFT_*), no kernel of their own.
+
+
+def _refuse_capture(name: str, why: str) -> None:
+    if _cupy().cuda.get_current_stream().is_capturing():
+        raise RuntimeError(f"{name} cannot be captured in a CUDA graph: {why}")
+
+
+def _result_of(x, axis, keepdims: bool, dtype, out):
+    """(x as a checked array, the result shape, ``out`` checked against it and ``dtype``) before any launch."""
+    x = _check.as_array(x, "x")
+    shape = result_shape(x.shape, normalize_axis(axis, x.ndim), keepdims)
+    if out is not None:
+        out = _validate_out(out, shape, np.dtype(dtype), x)
+    return x, shape, out
+
+
+def nansum(x, axis=None, *, dtype=None, keepdims=False, out=None):
+    """Sum over ``axis`` treating NaN as 0: ``sum_i (0 if isnan(x[i]) else x[i])``.
+
+    Result dtype, accumulation, ``axis``, ``keepdims`` and ``out`` as :func:`sum` (an all-NaN or empty slice
+    gives 0, as ``numpy.nansum``). Each NaN becomes the sum's identity before the one tree, so the bits are
+    :func:`cukern.reference.nansum_emulated`'s, reproducible as :func:`sum`'s.
+    """
+    return _reduce("nansum", x, axis, dtype, keepdims, out)
+
+
+def _nan_minmax(name: str, x, axis, dtype, keepdims, out):
+    # A slice whose result is the identity (-inf for max) or NaN may be all NaN: only then count its non-NaN
+    # values, one more pass, and make those slices NaN with NumPy's warning.
+    x = _check.as_array(x, "x")
+    _check.check_dtype(x, "x", OPS[name].inputs)
+    _refuse_capture(name, "it checks its result for all-NaN slices on the host; use amax / amin, or nanmax outside")
+    r = _reduce(name, x, axis, dtype, keepdims, out)
+    if r.dtype not in FLOATS or x.dtype not in FLOATS:
+        return r
+    cp = _cupy()
+    identity = -np.inf if name == "nanmax" else np.inf
+    if bool(cp.any((r == identity) | cp.isnan(r))):
+        empty = _reduce("count_not_nan", x, axis, None, keepdims, None) == 0
+        if bool(cp.any(empty)):
+            cp.copyto(r, np.nan, where=empty)
+            warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=3)
+    return r
+
+
+def nanmax(x, axis=None, *, dtype=None, keepdims=False, out=None):
+    """Maximum over ``axis`` ignoring NaN: ``max_i x[i]`` over the non-NaN ``x[i]``; x's dtype.
+
+    An all-NaN slice gives NaN with NumPy's RuntimeWarning "All-NaN slice encountered" (found by a count of
+    the non-NaN values, a second pass made only when some result is -inf or NaN, after a synchronization;
+    so a CUDA-graph capture is refused); a zero-size reduction raises ValueError. Integer inputs are
+    :func:`amax`. Bits: :func:`cukern.reference.nanmax_emulated`. ``dtype`` converts the result.
+    """
+    return _nan_minmax("nanmax", x, axis, dtype, keepdims, out)
+
+
+def nanmin(x, axis=None, *, dtype=None, keepdims=False, out=None):
+    """Minimum over ``axis`` ignoring NaN; everything else as :func:`nanmax` (+inf in place of -inf)."""
+    return _nan_minmax("nanmin", x, axis, dtype, keepdims, out)
+
+
+def nanmean(x, axis=None, *, dtype=None, keepdims=False, out=None):
+    """Mean over ``axis`` ignoring NaN: ``nansum(x) / count(not isnan(x))``; x's dtype for floats, float64
+    for integer and bool x (which are :func:`mean`).
+
+    Two passes: the NaN-skipping sum in the accumulator dtype (float32 for float32 and half types, float64
+    for float64 or ``dtype=float64``) and the count of non-NaN values (float64, exact), divided in float64
+    and rounded to the result dtype (through float32 for half types), as
+    :func:`cukern.reference.nanmean_emulated` computes. An all-NaN or empty slice gives NaN with NumPy's
+    RuntimeWarning "Mean of empty slice." (a host check after a synchronization; a CUDA-graph capture is
+    refused). ``dtype``: as :func:`mean`.
+    """
+    cp = _cupy()
+    x = _check.as_array(x, "x")
+    _check.check_dtype(x, "x", OPS["mean"].inputs)
+    if x.dtype.kind in "biu":
+        return _reduce("mean", x, axis, dtype, keepdims, out)
+    final = result_dtype("mean", x.dtype, dtype)
+    x, _, out = _result_of(x, axis, keepdims, final, out)
+    _refuse_capture("nanmean", "it checks for all-NaN slices on the host; use mean, or nanmean outside")
+    acc = acc_dtype(final)
+    total = _reduce("nansum", x, axis, acc, keepdims, None)
+    count = _reduce("count_not_nan", x, axis, None, keepdims, None)
+    q = total.astype(np.float64) / count
+    if final.itemsize == 2:
+        q = q.astype(np.float32)  # as the mean kernels round a double result: to float, then to the half type
+    if bool(cp.any(count == 0)):
+        warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=2)
+    if out is None:
+        return q.astype(final)
+    out[...] = q
+    return out
+
+
+def count_nonzero(x, axis=None, *, keepdims=False):
+    """Number of non-zero elements over ``axis``: ``sum_i (x[i] != 0)`` (a NaN counts, -0.0 does not); an
+    int64 array (0-d for ``axis=None``), as ``numpy.count_nonzero``: the 1s add in float64 (exact below 2^53)
+    with the sum kernels, then convert (a temporary: a CUDA-graph capture refuses it)."""
+    return _reduce("count_nonzero", x, axis, None, keepdims, None)
+
+
+def _truth(name: str, x, axis, keepdims, out):
+    x, _, out = _result_of(x, axis, keepdims, np.bool_, out)
+    _check.check_dtype(x, "x", OPS["count_nonzero"].inputs)
+    _refuse_capture(name, "it compares a temporary count; compare count_nonzero's result outside the graph")
+    count = count_nonzero(x, axis, keepdims=keepdims)
+    cp = _cupy()
+    if name == "any":
+        return cp.greater(count, 0, out=out)
+    n = math.prod(x.shape[i] for i in normalize_axis(axis, x.ndim))
+    return cp.equal(count, n, out=out)
+
+
+def any(x, axis=None, *, keepdims=False, out=None):
+    """Whether any element over ``axis`` is non-zero (a NaN is): ``count_nonzero(x) > 0``; bool. An empty
+    slice gives False. ``out``: a bool array of the result's shape."""
+    return _truth("any", x, axis, keepdims, out)
+
+
+def all(x, axis=None, *, keepdims=False, out=None):
+    """Whether every element over ``axis`` is non-zero: ``count_nonzero(x) == n``; bool. An empty slice
+    gives True. ``out``: a bool array of the result's shape."""
+    return _truth("all", x, axis, keepdims, out)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# prod and logsumexp: kernels of their own at one tuning point (reduce_plan.COMPACT_KNOBS).
+
+
+def prod(x, axis=None, *, dtype=None, keepdims=False, out=None):
+    """Product over ``axis``: ``prod_i x[i]``.
+
+    NumPy's result dtypes: floats keep theirs (half types multiply in float32, float32 in float32, float64 in
+    float64, each step correctly rounded), integer and bool inputs give int64, wrapping as NumPy's int64
+    does; ``dtype`` may name that result dtype only. An empty slice gives 1. One fixed tree per reduced
+    length: the bits are :func:`cukern.reference.prod_emulated`'s. Column layouts use the strided kernel.
+    """
+    return _reduce("prod", x, axis, dtype, keepdims, out)
+
+
+def logsumexp(x, axis=None, *, keepdims=False, out=None):
+    """``log(sum_i exp(x[i]))`` over ``axis``, as ``scipy.special.logsumexp`` without ``b``, in one pass.
+
+    x's dtype for floats (half types accumulate in float32), float64 for integer and bool x (converted
+    first). The tree carries (m, s), the running maximum and the sum of ``exp(x - m)``, merged by a fixed,
+    commutative sequence of correctly rounded steps; exp and log are cukern's own routines of such steps
+    (a few ulps), so the bits depend only on the values and the reduced length, as
+    :func:`cukern.reference.logsumexp_emulated` computes them. A slice of -inf (or an empty slice) gives
+    -inf, any +inf +inf, any NaN NaN. ``axis``, ``keepdims`` and ``out`` as :func:`sum`.
+    """
+    x = _check.as_array(x, "x")
+    _check.check_dtype(x, "x", OPS["sum"].inputs)
+    if x.dtype.kind in "biu":
+        x, _, out = _result_of(x, axis, keepdims, np.float64, out)
+        _refuse_capture("logsumexp", "an integer x is converted to a temporary float64 copy; convert it first")
+        x = x.astype(np.float64)
+    return _reduce("logsumexp", x, axis, None, keepdims, out)

@@ -21,8 +21,11 @@ into as few (size, stride) levels as the strides allow. Then, in order:
 * ``full``: nothing kept, one reduced level of any stride: ``reduce_full``, one launch (last block done);
 * ``rows``: the reduced level is contiguous: ``reduce_rows``;
 * ``cols``: the reduced level is strided and the kept inner level contiguous: ``reduce_cols`` (coalesced
-  across columns), and ``reduce_cols_fold`` over per-span partials when a column is split into spans;
-* ``strided``: any other layout of at most two kept and two reduced levels: ``reduce_strided``;
+  across columns), and ``reduce_cols_fold`` over per-span partials when a column is split into spans; but
+  ``copy`` for the lifted ops (nansum, nanmax, nanmin, the counts: only the full and row kernels lift) and
+  the strided kernel for prod and logsumexp (which have no column kernel);
+* ``strided``: any other layout of at most two kept and two reduced levels: ``reduce_strided`` (``copy`` for
+  the lifted ops);
 * ``copy``: deeper layouts, and reduced axes that do not collapse with nothing kept (a full reduction of a
   transposed array); the plan copies the input to contiguous (kept axes, then reduced ones, each in order)
   and reduces that.
@@ -46,8 +49,13 @@ from ._layout import collapse, contiguous_strides
 
 SOURCE = "reduce"
 
-OP_SUM, OP_SUMSQ, OP_MAX, OP_MIN = 0, 1, 2, 3
+OP_SUM, OP_SUMSQ, OP_MAX, OP_MIN, OP_VAR, OP_PROD, OP_LSE = 0, 1, 2, 3, 4, 5, 6
 FINISH_NONE, FINISH_DIVIDE, FINISH_SQRT = 0, 1, 2
+# What sum, max and min take of each element (reduce.cu LIFT_*), a run-time mode that rides in the kernels'
+# ``finalize`` argument above FINISH_BITS: itself, the op's identity for a NaN, x != 0 as 1 or 0, x not NaN
+# as 1 or 0. None of them adds a kernel.
+LIFT_PLAIN, LIFT_SKIP_NAN, LIFT_NONZERO, LIFT_NOT_NAN = 0, 1, 2, 3
+FINISH_BITS = 4
 
 F32, F64, F16 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)
 I32, I64, BOOL = np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.bool_)
@@ -109,6 +117,17 @@ class Knobs:
 
 
 DEFAULT_KNOBS = Knobs()
+# var and std's own point (any point gives the same bits): rows of at most 128 threads, so that their rows
+# kernels come in two blocks, not three (the instantiation table stays small).
+VAR_KNOBS = Knobs(row_max_tpr=128)
+# prod and logsumexp's point: rows of at most 32 threads (one rows block size), and no column kernel (their
+# column layouts take the strided kernel): four kernels a dtype, the fewest that cover every layout.
+COMPACT_KNOBS = Knobs(row_max_tpr=32)
+COMPACT_KERNEL_OPS = (OP_PROD, OP_LSE)
+# The lifted ops' rows (nansum, nanmax, nanmin, the counts): at most 32 threads a row, so that they always
+# take ROW_SMALL_BLOCK blocks, the only rows kernels that lift (reduce.cu ROW_LIFT_BLOCK); their other knobs
+# are the tuning cache's.
+LIFT_ROW_MAX_TPR = 32
 _KNOB_NAMES = frozenset(f.name for f in dataclasses.fields(Knobs))
 
 
@@ -120,7 +139,8 @@ def make_knobs(d: dict) -> Knobs:
 
 FULL_BLOCK, FULL_BLOCKS_PER_SM, FULL_UNROLL = (
     DEFAULT_KNOBS.full_block, DEFAULT_KNOBS.full_blocks_per_sm, DEFAULT_KNOBS.full_unroll)
-FULL_PARTIALS = 4096  # per-block partials the workspace holds (8 bytes each)
+FULL_PARTIALS = 4096  # per-block partials the workspace holds (STATE_BYTES each at most)
+STATE_BYTES = 24  # the largest state the tree carries: var's (count, mean, M2) in float64
 FULL_FOLD = 8  # partials each thread of reduce_full's last block combines: the grid is at most 8 blocks
 ROW_SMALL_BLOCK = 128
 ROW_INDEX32_LIMIT = 2**30  # rows shorter than this index within the row in 32 bits (fewer registers)
@@ -154,10 +174,16 @@ class Op:
     kernel_op: int
     finalize: int
     inputs: tuple  # accepted input dtypes
+    lift: int = LIFT_PLAIN
 
     @property
     def minmax(self) -> bool:
         return self.kernel_op in (OP_MAX, OP_MIN)
+
+    @property
+    def mode(self) -> int:
+        """The kernels' ``finalize`` argument: the finish, and the lift above FINISH_BITS."""
+        return self.finalize | self.lift << FINISH_BITS
 
 
 _ALL = FLOATS + INTS + (BOOL,)
@@ -169,7 +195,20 @@ OPS = {
     "norm": Op("norm", OP_SUMSQ, FINISH_SQRT, _NO_BOOL),
     "amax": Op("amax", OP_MAX, FINISH_NONE, _NO_BOOL),
     "amin": Op("amin", OP_MIN, FINISH_NONE, _NO_BOOL),
+    "var": Op("var", OP_VAR, FINISH_DIVIDE, _ALL),
+    "std": Op("std", OP_VAR, FINISH_SQRT, _ALL),
+    "nansum": Op("nansum", OP_SUM, FINISH_NONE, _ALL, LIFT_SKIP_NAN),
+    "nanmax": Op("nanmax", OP_MAX, FINISH_NONE, _NO_BOOL, LIFT_SKIP_NAN),
+    "nanmin": Op("nanmin", OP_MIN, FINISH_NONE, _NO_BOOL, LIFT_SKIP_NAN),
+    "count_nonzero": Op("count_nonzero", OP_SUM, FINISH_NONE, _ALL, LIFT_NONZERO),
+    # nanmean's denominator and the all-NaN test of nanmax / nanmin (not public): float64, exact below 2^53
+    "count_not_nan": Op("count_not_nan", OP_SUM, FINISH_NONE, FLOATS, LIFT_NOT_NAN),
+    "prod": Op("prod", OP_PROD, FINISH_NONE, _ALL),
+    "logsumexp": Op("logsumexp", OP_LSE, FINISH_NONE, FLOATS),
 }
+VAR_OPS = ("var", "std")
+MINMAX_OPS = ("amax", "amin", "nanmax", "nanmin")
+COUNT_OPS = ("count_nonzero", "count_not_nan")
 
 
 def acc_dtype(result_dtype) -> np.dtype:
@@ -182,26 +221,53 @@ def acc_dtype(result_dtype) -> np.dtype:
     return F32
 
 
+def state_itemsize(kernel_op: int, result_dtype) -> int:
+    """Bytes of the value the tree carries (reduce.cu ``state_t``): the accumulator, three of them for var."""
+    a = acc_dtype(result_dtype).itemsize
+    return 3 * a if kernel_op == OP_VAR else 2 * a if kernel_op == OP_LSE else a
+
+
 def default_dtype(op: str, dtype) -> np.dtype:
-    """NumPy's result dtype when ``dtype=None``: integer sums widen to int64, integer means and norms are
-    float64, floats (half types included) keep their dtype."""
+    """NumPy's result dtype when ``dtype=None``: integer sums widen to int64, integer means, norms, variances
+    and standard deviations are float64, floats (half types included) keep their dtype; integer products
+    int64; counts int64 (count_not_nan: float64)."""
     t = np.dtype(dtype)
-    if op in ("amax", "amin"):
+    if op in MINMAX_OPS:
         return t
+    if op == "count_nonzero":
+        return I64
+    if op == "count_not_nan":
+        return F64
     if t in FLOATS:
         return t
-    return I64 if op in ("sum", "sum_of_squares") else F64
+    return I64 if op in ("sum", "sum_of_squares", "nansum", "prod") else F64
 
 
 def kernel_dtypes(op: str, dtype) -> tuple:
     """The result dtypes the kernels produce directly for ``op`` on ``dtype`` (``dtype=`` may pick any)."""
     t = np.dtype(dtype)
-    if op in ("amax", "amin"):
+    if op in MINMAX_OPS:
         return (t,)
+    if op in COUNT_OPS:
+        # Counts add 1.0s in float64 (exact below 2^53) with the sums' own kernels, then convert: no kernel
+        # of its own (int64 accumulators with the lift would spill).
+        return (F64,)
+    if op in ("prod", "logsumexp"):
+        return (default_dtype(op, t),)
+    if op in VAR_OPS:
+        # One on purpose (every one is a set of kernels; the shift keeps float32 accurate).
+        return (t,) if t in FLOATS else (F64,)
     floats = tuple(dict.fromkeys((t, F32, F64))) if t in FLOATS else (F32, F64)
     if op in ("mean", "norm"):
         return floats
     return floats if t in FLOATS else (I32, I64, F32, F64)
+
+
+def kernel_dtype(op: str, dtype, final) -> np.dtype:
+    """The dtype the kernels write for ``op`` on ``dtype`` when the result is ``final``: ``final`` where they
+    can, else the op's one kernel dtype (counts: float64), converted afterwards."""
+    allowed = kernel_dtypes(op, dtype)
+    return np.dtype(final) if np.dtype(final) in allowed else allowed[0]
 
 
 def result_dtype(op: str, dtype, requested=None) -> np.dtype:
@@ -210,7 +276,7 @@ def result_dtype(op: str, dtype, requested=None) -> np.dtype:
     if requested is None:
         return default_dtype(op, t)
     r = parse_dtype(requested)
-    if op in ("amax", "amin"):
+    if op in MINMAX_OPS:
         if r not in _NO_BOOL:
             raise TypeError(f"dtype={dtype_name(r)} is not supported; use one of {_names(_NO_BOOL)}")
         return r
@@ -443,8 +509,8 @@ class ColsPlan:
 
 def col_vector_width(itemsize: int, acc_itemsize: int) -> int:
     """Columns a thread owns: a 16-byte pack, but no more than 16 bytes of accumulators a chain (a column
-    thread holds its chains and its loads in flight in registers)."""
-    return min(16 // itemsize, 16 // acc_itemsize)
+    thread holds its chains and its loads in flight in registers), and at least one column."""
+    return max(1, min(16 // itemsize, 16 // acc_itemsize))
 
 
 def col_chains(cols: int, vec: int) -> int:
@@ -528,6 +594,32 @@ def _strided_inst(t, o, op: int) -> Instantiation:
     return Instantiation(SOURCE, "reduce_strided", (t, o, op, STRIDED_BLOCK))
 
 
+def lift_modes(t, o, kernel_op: int) -> int:
+    """reduce.cu ``lift_modes``: the lift modes (bits 1 << LIFT_*) that the kernels for input ``t``, kernel
+    result ``o`` and ``kernel_op`` implement: NaN skipping for float inputs' sums, maxima and minima, every
+    mode for their float64 sums, non-zero counting for integer and bool inputs' float64 sums (skipping NaN is
+    plain there), plain elsewhere."""
+    plain, skip = 1 << LIFT_PLAIN, 1 << LIFT_SKIP_NAN
+    if kernel_op not in (OP_SUM, OP_MAX, OP_MIN):
+        return plain
+    a = acc_dtype(o)
+    if np.dtype(t) == BOOL:
+        return plain  # bool values are their own non-zero count
+    if np.dtype(t) not in FLOATS:
+        return plain | (1 << LIFT_NONZERO) if kernel_op == OP_SUM and a == F64 else plain
+    if kernel_op == OP_SUM and a == F64:
+        return plain | skip | (1 << LIFT_NONZERO) | (1 << LIFT_NOT_NAN)
+    return plain | skip
+
+
+def kernel_op_knobs(kernel_op: int) -> Knobs:
+    """The knobs an op plans with when the call gives none (every op but var, std, prod and logsumexp may
+    take the tuning cache's instead)."""
+    if kernel_op == OP_VAR:
+        return VAR_KNOBS
+    return COMPACT_KNOBS if kernel_op in COMPACT_KERNEL_OPS else DEFAULT_KNOBS
+
+
 def _combine_op(op: int) -> int:
     return OP_SUM if op == OP_SUMSQ else op
 
@@ -544,16 +636,18 @@ def kernel_combos() -> list:
 
 def instantiations() -> list:
     """Every production instantiation the dispatcher can launch with the default knobs: for each combo, the
-    full, rows and strided kernels, and for each chain count the column kernel writing results (one pass)
-    and writing partials (first of two passes), and the fold of those partials."""
+    full, rows and strided kernels, and (but for prod and logsumexp) for each chain count the column kernel
+    writing results (one pass) and writing partials (first of two passes), and the fold of those partials."""
     out = set()
     for t, o, op in kernel_combos():
         a = acc_dtype(o)
         out.add(_full_inst(t, o, op, plan_full(1, t.itemsize)))
-        for rp in _row_plans():
+        for rp in _row_plans(kernel_op_knobs(op)):
             out.add(_rows_inst(t, o, op, rp))
         out.add(_strided_inst(t, o, op))
-        vec = col_vector_width(t.itemsize, a.itemsize)
+        if op in COMPACT_KERNEL_OPS:
+            continue
+        vec = col_vector_width(t.itemsize, state_itemsize(op, o))
         for q in (1, 4):
             out.add(_cols_inst(t, o, op, vec, q))
             out.add(_cols_inst(t, a, op, vec, q))
@@ -588,17 +682,25 @@ class Plan:
 
 
 def plan(shape, dtype, axis=None, *, strides=None, ptr: int = 0, op: str = "sum", out_dtype=None,
-         sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> Plan:
+         sm_count: int = 132, knobs: Knobs | None = None) -> Plan:
     """The launches for reducing ``axis`` of an array of ``shape`` and ``dtype`` with ``strides`` (in
     elements; default contiguous) at address ``ptr`` (only its alignment matters), for ``op`` producing
-    ``out_dtype`` (default: ``op``'s NumPy result dtype). Depends on nothing else, and whatever
-    ``sm_count`` and ``knobs`` are, every result is the same tree (module notes)."""
+    ``out_dtype`` (default: ``op``'s NumPy result dtype), with ``knobs`` (default: :func:`kernel_op_knobs`).
+    Depends on nothing else, and whatever ``sm_count`` and ``knobs`` are, every result is the same tree
+    (module notes)."""
     shape = tuple(shape)
     t = np.dtype(dtype)
     o = np.dtype(out_dtype) if out_dtype is not None else default_dtype(op, t)
+    if knobs is None:
+        knobs = kernel_op_knobs(OPS[op].kernel_op)
+    if OPS[op].lift != LIFT_PLAIN and knobs.row_max_tpr > LIFT_ROW_MAX_TPR:
+        knobs = dataclasses.replace(knobs, row_max_tpr=LIFT_ROW_MAX_TPR)
     strides = contiguous_strides(shape) if strides is None else tuple(strides)
     axes = normalize_axis(axis, len(shape))
     layout = classify(shape, strides, axes)
+    if layout.kind in ("cols", "strided") and OPS[op].lift != LIFT_PLAIN:
+        # The column and strided kernels have no lift (reduce.cu reduce_cols): such layouts are copied to rows.
+        layout = dataclasses.replace(layout, kind="copy")
     copy = layout.kind == "copy"
     if copy:
         # Kept axes first, reduced last, contiguous: one kept and one reduced level, so "rows" or "full".
@@ -613,16 +715,20 @@ def plan(shape, dtype, axis=None, *, strides=None, ptr: int = 0, op: str = "sum"
         return Plan(layout, copy, plan_full(layout.count, t.itemsize, sm_count, knobs))
     if kind == "rows":
         return Plan(layout, copy, plan_rows(layout.count, layout.outputs, t.itemsize, sm_count, knobs))
+    if kind == "cols" and OPS[op].kernel_op in COMPACT_KERNEL_OPS:
+        # prod and logsumexp have no column kernel: their columns take the strided kernel (one warp an
+        # output, the same tree).
+        layout, kind = dataclasses.replace(layout, kind="strided"), "strided"
     if kind == "strided":
         return Plan(layout, copy, plan_strided(layout.outputs, sm_count))
     outer, s_outer, rows, s_row, cols = cols_geometry(layout)
-    a = acc_dtype(o)
-    vec = col_vector_width(t.itemsize, a.itemsize)
+    state = state_itemsize(OPS[op].kernel_op, o)
+    vec = col_vector_width(t.itemsize, state)
     q = col_chains(cols, vec)
     first = plan_cols(outer, rows, cols, vec, _cols_aligned(ptr, vec, t.itemsize, (s_row, s_outer)), q, sm_count)
     if first.spans == 1:
         return Plan(layout, copy, first)
-    return Plan(layout, copy, first, plan_fold(outer, cols), outer * first.spans * cols * a.itemsize)
+    return Plan(layout, copy, first, plan_fold(outer, cols), outer * first.spans * cols * state)
 
 
 def plan_instantiations(pl: Plan, t, o, op: int) -> list:
@@ -650,8 +756,8 @@ def temporary(pl: Plan, *, aligned: bool, converts: bool, out_direct: bool | Non
     straight into its destination. A CUDA-graph capture must not record such a call: the temporary returns
     to the memory pool when the call ends while the graph keeps writing it.
 
-    ``aligned``: x's address is a multiple of its item size. ``converts``: amax or amin converting to another
-    dtype (``dtype=``). ``out_direct``: None without ``out``, else whether ``out`` is C-contiguous and
+    ``aligned``: x's address is a multiple of its item size. ``converts``: the kernels write another dtype
+    than the result's (amax or amin with ``dtype=``; count_nonzero). ``out_direct``: None without ``out``, else whether ``out`` is C-contiguous and
     aligned to its item size. Zero-size and size-1 reductions write any destination elementwise."""
     kind = pl.layout.kind
     if kind in ("empty", "fill"):
@@ -664,8 +770,8 @@ def temporary(pl: Plan, *, aligned: bool, converts: bool, out_direct: bool | Non
         return ("x's layout is first copied to contiguous, kept axes then reduced ones; make that copy before the "
                 "capture (cupy.ascontiguousarray(x.transpose(...))) and reduce its last axes")
     if converts:
-        return ("the result is converted from x's dtype afterwards; leave dtype=None, pass an out of x's dtype "
-                "and convert outside the graph")
+        return ("the result is converted from the kernels' dtype afterwards (amax / amin with dtype=, counts of "
+                "count_nonzero); leave dtype=None, pass an out of the kernels' dtype, or convert outside the graph")
     if out_direct is False:
         return "out is not C-contiguous (or not aligned to its item size); pass a C-contiguous out"
     return None

@@ -8,6 +8,8 @@ roundings in its order, so tests compare bits rather than tolerances.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 
@@ -80,6 +82,86 @@ def fused_add_rms_norm_emulated(x, residual, weight=None, eps=1e-6, offset=0.0):
     residual = _numpy(residual)
     r = (residual.astype(np.float32) + _numpy(x).astype(np.float32)).astype(residual.dtype)
     return r, rms_norm_emulated(r, weight, eps, offset)
+
+
+def float8_e4m3fn_bits(v):
+    """The float8 e4m3fn byte of each float32 of ``v`` as the kernels write it, as ``uint8`` (NumPy, or CuPy
+    for a CuPy ``v``): round to nearest even, saturate to +-448 (infinities too), every NaN 0x7f. The
+    integer and float32 steps of cuda_src/rms_norm.cu ``e4m3_arithmetic``; for every non-NaN float the
+    byte of ``ml_dtypes.float8_e4m3fn`` of ``clip(v, -448, 448)`` (tests/test_rmsnorm_fp8.py checks both)."""
+    xp = _xp(v)
+    v = xp.asarray(v, dtype=np.float32)
+    a = xp.minimum(xp.abs(v), np.float32(448))  # NaN kept
+    b = a.view(np.uint32)
+    normal = (b - np.uint32(120 << 23) + np.uint32(0x7FFFF) + ((b >> 20) & np.uint32(1))) >> 20  # wraps below 2^-6
+    with np.errstate(invalid="ignore"):  # a NaN's sum (its code comes from the normal branch)
+        subnormal = (a + np.float32(16384)).view(np.uint32) - np.float32(16384).view(np.uint32)
+    code = xp.where(a < np.float32(2.0**-6), subnormal, xp.minimum(normal, np.uint32(0x7F)))
+    sign = (v.view(np.uint32) >> 24) & np.uint32(0x80)
+    return xp.where(code == 0x7F, code, code | sign).astype(np.uint8)
+
+
+def _rms_norm_values_emulated(x, weight, eps, offset):
+    """The float32 values of :func:`rms_norm_emulated` before their rounding to x's dtype."""
+    v = _numpy(x).astype(np.float32)
+    ss = rms_norm_sum_of_squares_emulated(v) if v.shape[-1] else np.zeros(v.shape[:-1], np.float32)
+    one = np.float32(1)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = one / np.sqrt(ss / np.float32(v.shape[-1]) + np.float32(float(eps)))
+        w = one if weight is None else _numpy(weight).astype(np.float32)
+        return (v * inv[..., None]) * (np.float32(float(offset)) + w)
+
+
+FP8_MAX = 448.0
+FP8_MIN_SCALE = 2.0**-126
+
+
+def rms_norm_fp8_emulated(x, weight=None, eps=1e-6, offset=0.0, scale="per_token"):
+    """The bytes (and per-token scales) :func:`cukern.rms_norm` writes with ``out_dtype=float8_e4m3fn``:
+    ``y`` the float32 values of :func:`rms_norm_emulated` before rounding; ``s`` the static ``scale`` as
+    float32, or per row ``max(amax / 448, 2^-126)`` with amax the largest ``|y|`` (NaN if any is NaN),
+    correctly rounded; ``q = float8_e4m3fn_bits(y * (1 / s))``, each step rounded to float32. Returns
+    ``q`` (``uint8``), or ``(q, s)`` for ``scale="per_token"``."""
+    y = _rms_norm_values_emulated(x, weight, eps, offset)
+    per_token = isinstance(scale, str)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if per_token:
+            amax = np.abs(y).max(axis=-1) if y.shape[-1] else np.zeros(y.shape[:-1], np.float32)
+            s = np.maximum(amax / np.float32(FP8_MAX), np.float32(FP8_MIN_SCALE)).astype(np.float32)
+        else:
+            s = np.float32(scale)
+        r = np.float32(1) / np.asarray(s, np.float32)
+        q = float8_e4m3fn_bits(y * (r[..., None] if per_token else r))
+    return (q, s) if per_token else q
+
+
+def fused_add_rms_norm_fp8_emulated(x, residual, weight=None, eps=1e-6, offset=0.0, scale="per_token"):
+    """``(new_residual, q)`` or ``(new_residual, q, s)``: the residual of :func:`fused_add_rms_norm_emulated`,
+    then :func:`rms_norm_fp8_emulated` of it."""
+    residual = _numpy(residual)
+    r = (residual.astype(np.float32) + _numpy(x).astype(np.float32)).astype(residual.dtype)
+    out = rms_norm_fp8_emulated(r, weight, eps, offset, scale)
+    return (r,) + out if isinstance(out, tuple) else (r, out)
+
+
+def rms_norm_fp8(x, weight=None, eps=1e-6, offset=0.0, scale="per_token"):
+    """The float64 reference of the float8 outputs, on the host: ``y`` = :func:`rms_norm` in float64, ``s`` the
+    static scale or per row ``max(amax(|y|) / 448, 2^-126)`` in float64, and ml_dtypes' own float8_e4m3fn
+    conversion of ``clip(y / s, -448, 448)``. Returns the bytes (``uint8``), or ``(bytes, s)`` per token."""
+    import ml_dtypes
+
+    y = _numpy(rms_norm(_numpy(x), None if weight is None else _numpy(weight), eps, offset))
+    per_token = isinstance(scale, str)
+    with np.errstate(invalid="ignore"):
+        if per_token:
+            amax = np.abs(y).max(axis=-1) if y.shape[-1] else np.zeros(y.shape[:-1])
+            s = np.maximum(amax / FP8_MAX, FP8_MIN_SCALE)
+            q = np.clip(y / s[..., None], -FP8_MAX, FP8_MAX)
+        else:
+            s = float(np.float32(scale))
+            q = np.clip(y / s, -FP8_MAX, FP8_MAX)
+    q = q.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    return (q, s) if per_token else q
 
 
 def rope_frequency(j, rotary_dim, base=10000.0, scaling=None, max_position=None):
@@ -246,6 +328,119 @@ def rotary_embedding_emulated(positions, query, key, cos_sin_cache, is_neox=True
     return tuple(out)
 
 
+def qk_norm_rope(positions, query, key, q_weight, k_weight, cos_sin_cache, eps=1e-6, offset=0.0, is_neox=True,
+                 rotary_dim=None):
+    """``(query, key)`` as float64 copies (key None stays None): each head RMS-normalized over head_size
+    (:func:`rms_norm` with ``q_weight`` or ``k_weight``), then rotated (:func:`rotary_embedding`). Reads q, k,
+    the weights, one cache row and one position per token; writes q, k."""
+    q = rms_norm(query, q_weight, eps, offset)
+    k = None if key is None else rms_norm(key, k_weight, eps, offset)
+    return rotary_embedding(positions, q, k, cos_sin_cache, is_neox=is_neox, rotary_dim=rotary_dim)
+
+
+def qk_norm_rope_emulated(positions, query, key, q_weight, k_weight, cos_sin_cache, eps=1e-6, offset=0.0,
+                          is_neox=True, rotary_dim=None):
+    """The bits :func:`cukern.qk_norm_rope` writes, as NumPy copies in query's dtype (key None stays None):
+    :func:`rms_norm_emulated` over each head (rounded to the dtype), then :func:`rotary_embedding_emulated`
+    of that. The fused kernel keeps exactly these two roundings, so it equals the two calls bit for bit."""
+    q = rms_norm_emulated(query, q_weight, eps, offset)
+    k = None if key is None else rms_norm_emulated(key, k_weight, eps, offset)
+    return rotary_embedding_emulated(positions, q, k, cos_sin_cache, is_neox=is_neox, rotary_dim=rotary_dim)
+
+
+def _rope_frequencies(rotary_dim, base, scaling, max_position):
+    from .rope_cache import rope_frequencies
+
+    return rope_frequencies(1 if max_position is None else max_position, rotary_dim, base, scaling)
+
+
+def rotary_positions_cos_sin(positions, rotary_dim, base=10000.0, scaling=None, max_position=None):
+    """``[tokens, rotary_dim]`` float32: the cos then sin values :func:`cukern.rotary_embedding_positions`
+    computes for each token's position, bit for bit, on the host: cuda_src/rotary.cu ``cos_sin_at``'s float64
+    steps (the exact product with the split frequency, the three-part reduction by pi / 2, the Taylor
+    polynomials, the quadrant) one correctly rounded NumPy operation at a time, then ``a x`` rounded to
+    float32."""
+    from math import factorial
+
+    from .rotary import PIO2_1, PIO2_2, PIO2_3, TWO_OVER_PI, top_bits
+
+    w, a = _rope_frequencies(rotary_dim, base, scaling, max_position)
+    w_hi = top_bits(w)
+    w_lo = w - w_hi
+    x = _numpy(positions).astype(np.float64)[:, None]
+    a_hi, a_lo = x * w_hi, x * w_lo
+    k = np.rint(a_hi * TWO_OVER_PI)
+    r = ((a_hi - k * PIO2_1) - k * PIO2_2 + a_lo) - k * PIO2_3
+    r2 = r * r
+    sp = np.full_like(r, -1.0 / factorial(17))
+    for n in (15, 13, 11, 9, 7, 5, 3):
+        sp = (1.0 if n % 4 == 3 else -1.0) / factorial(n) + r2 * sp
+    sin_r = r - (r * r2) * sp
+    cp = np.full_like(r, 1.0 / factorial(18))
+    for n in (16, 14, 12, 10, 8, 6, 4):
+        cp = (1.0 if n % 4 == 2 else -1.0) / factorial(n) + r2 * cp
+    cos_r = 1.0 - r2 * (0.5 + r2 * cp)
+    quadrant = k.astype(np.int64) & 3
+    c = np.choose(quadrant, [cos_r, -sin_r, -cos_r, sin_r])
+    s = np.choose(quadrant, [sin_r, cos_r, -sin_r, -cos_r])
+    return np.concatenate([(a * c).astype(np.float32), (a * s).astype(np.float32)], axis=1)
+
+
+def rotary_embedding_positions(positions, query, key, rotary_dim, base=10000.0, scaling=None, is_neox=True,
+                               max_position=None):
+    """``(query, key)`` rotated as float64 copies by ``a cos(p w_j)``, ``a sin(p w_j)`` computed in float64
+    (``p w_j`` rounded once: within ``|p w_j| 2^-53`` of the exact angle). Reads q, k, one position per token;
+    writes q, k."""
+    w, a = _rope_frequencies(rotary_dim, base, scaling, max_position)
+    angle = _numpy(positions).astype(np.float64)[:, None] * w
+    rows = np.concatenate([a * np.cos(angle), a * np.sin(angle)], axis=1)
+    return rotary_embedding(np.arange(rows.shape[0]), query, key, rows, is_neox=is_neox)
+
+
+def rotary_embedding_positions_emulated(positions, query, key, rotary_dim, base=10000.0, scaling=None,
+                                        is_neox=True, max_position=None):
+    """The bits :func:`cukern.rotary_embedding_positions` writes: :func:`rotary_embedding_emulated` with each
+    token's row of :func:`rotary_positions_cos_sin` as its cache row."""
+    rows = rotary_positions_cos_sin(positions, rotary_dim, base, scaling, max_position)
+    return rotary_embedding_emulated(np.arange(rows.shape[0]), query, key, rows, is_neox=is_neox)
+
+
+def mrope_rows(positions, cos_sin_cache, mrope_section, interleaved=False, rotary_dim=None):
+    """``(rows, ok)``: for each token the ``rotary_dim`` cos then sin values multimodal RoPE turns its pairs by,
+    pair j's from the cache row of ``positions[r(j), t]`` (``r(j)``: the section of ``mrope_section`` j falls
+    in, contiguous or interleaved as :func:`cukern.rotary.mrope_sections` says), in the cache's dtype; ``ok``:
+    the tokens whose three positions are all inside the cache (the others' rows are meaningless)."""
+    cache = _numpy(cos_sin_cache)
+    positions = _numpy(positions).astype(np.int64)
+    width = cache.shape[1]
+    half = (width if rotary_dim is None else rotary_dim) // 2
+    j = np.arange(half)
+    s0, s1, s2 = (int(s) for s in mrope_section)
+    if interleaved:
+        r = np.where((j % 3 == 1) & (j < 3 * s1), 1, np.where((j % 3 == 2) & (j < 3 * s2), 2, 0))
+    else:
+        r = np.where(j < s0, 0, np.where(j < s0 + s1, 1, 2))
+    ok = np.all((positions >= 0) & (positions < cache.shape[0]), axis=0)
+    p = np.where(ok, positions, 0)[r].T  # [tokens, half]: each pair's position
+    return np.concatenate([cache[p, j], cache[p, width // 2 + j]], axis=1), ok
+
+
+def rotary_embedding_mrope(positions, query, key, cos_sin_cache, mrope_section, interleaved=False, is_neox=True,
+                           rotary_dim=None):
+    """``(query, key)`` rotated by multimodal RoPE as float64 copies: :func:`rotary_embedding` with each token's
+    :func:`mrope_rows` row; a token with a position outside the cache is left as it is."""
+    rows, ok = mrope_rows(positions, cos_sin_cache, mrope_section, interleaved, rotary_dim)
+    return rotary_embedding(np.where(ok, np.arange(rows.shape[0]), -1), query, key, rows, is_neox=is_neox)
+
+
+def rotary_embedding_mrope_emulated(positions, query, key, cos_sin_cache, mrope_section, interleaved=False,
+                                    is_neox=True, rotary_dim=None):
+    """The bits :func:`cukern.rotary_embedding_mrope` writes: :func:`rotary_embedding_emulated` with each
+    token's :func:`mrope_rows` row (the cache's own values, widened to float32 as the kernel widens them)."""
+    rows, ok = mrope_rows(positions, cos_sin_cache, mrope_section, interleaved, rotary_dim)
+    return rotary_embedding_emulated(np.where(ok, np.arange(rows.shape[0]), -1), query, key, rows, is_neox=is_neox)
+
+
 # Reductions (cukern.reduce). Each reads x once and writes one value per kept position. Values are
 # upcast before reducing: float64 for floats, int64 for integers, so the reference is exact for integers
 # and within a few float64 ulps otherwise.
@@ -326,6 +521,10 @@ def _tree_min(a, b):
     return out
 
 
+def _tree_prod(a, b):
+    return a * b
+
+
 def reduction_tree(v, combine=_tree_sum, identity=0):
     """The tree over the last axis of ``v`` (values already lifted into the accumulator dtype), one result
     per leading position: leaves of 256 elements, in each 32 chains (chain c: elements c, c + 32, ... of the
@@ -345,7 +544,7 @@ def reduction_tree(v, combine=_tree_sum, identity=0):
         chain = np.full((v.shape[0], leaves, TREE_CHAINS), fill, v.dtype)
         for m in range(TREE_CHAIN_LENGTH):
             chain = combine(chain, v[:, :, m, :])
-        p = chain.reshape(v.shape[0], -1)
+        p = chain.reshape(v.shape[0], leaves * TREE_CHAINS)
         size = 1 << (p.shape[1] - 1).bit_length()
         if size != p.shape[1]:
             p = np.concatenate([p, np.full((p.shape[0], size - p.shape[1]), fill, p.dtype)], axis=1)
@@ -366,23 +565,39 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
     if n == 0:
         if op.minmax:
             raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
-        return np.full(shape, np.nan if op.finalize == P.FINISH_DIVIDE else 0, final)
+        empty = 1 if op.kernel_op == P.OP_PROD else np.nan if op.finalize == P.FINISH_DIVIDE else 0
+        return np.full(shape, empty, final)
     kept = [i for i in range(x.ndim) if i not in axes]
     v = np.transpose(x, kept + list(axes)).reshape(-1, n)  # C order over the reduced axes
     if n == 1:
         # cukern reduces size-1 axes elementwise, in the result dtype: no tree, no chain to start from +0.
+        if op.lift in (P.LIFT_NONZERO, P.LIFT_NOT_NAN):
+            hit = v[:, 0] != 0 if op.lift == P.LIFT_NONZERO else ~np.isnan(v[:, 0].astype(np.float64))
+            return hit.astype(final).reshape(shape)
         r = v[:, 0].astype(final)
+        if op.lift == P.LIFT_SKIP_NAN and op.kernel_op == P.OP_SUM and r.dtype in P.FLOATS:
+            r = np.where(np.isnan(r), np.zeros_like(r), r)
         if op.finalize == P.FINISH_SQRT:
             r = np.abs(r)
         elif op.kernel_op == P.OP_SUMSQ:
             r = r * r
         return r.reshape(shape)
-    o = x.dtype if op.minmax else final
+    o = x.dtype if op.minmax else P.kernel_dtype(name, x.dtype, final)
     a = P.acc_dtype(o)
     w = v.astype(a)
     if op.kernel_op == P.OP_SUMSQ:
         w = w * w
-    if op.kernel_op == P.OP_MAX:
+    if op.lift == P.LIFT_SKIP_NAN and a.kind == "f":
+        fill = {P.OP_MAX: -np.inf, P.OP_MIN: np.inf}.get(op.kernel_op, 0)
+        w = np.where(np.isnan(w), np.array(fill, a), w)
+    elif op.lift == P.LIFT_NONZERO:
+        w = (w != 0).astype(a)
+    elif op.lift == P.LIFT_NOT_NAN:
+        w = (~np.isnan(w)).astype(a)
+    if op.kernel_op == P.OP_PROD:
+        with np.errstate(over="ignore", invalid="ignore"):
+            acc = w.prod(axis=1, dtype=a) if a.kind == "i" else reduction_tree(w, _tree_prod, 1)
+    elif op.kernel_op == P.OP_MAX:
         acc = w.max(axis=1) if a.kind == "i" else reduction_tree(w, _tree_max, -np.inf)
     elif op.kernel_op == P.OP_MIN:
         acc = w.min(axis=1) if a.kind == "i" else reduction_tree(w, _tree_min, np.inf)
@@ -434,3 +649,597 @@ def amax_emulated(x, axis=None, dtype=None, keepdims=False):
 def amin_emulated(x, axis=None, dtype=None, keepdims=False):
     """The bits :func:`cukern.amin` returns: as :func:`amax_emulated`, with min (-0 over +0)."""
     return _reduce_emulated("amin", x, axis, dtype, keepdims)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Arg-reductions (cuda_src/argreduce.cu): NumPy's own functions are the references (upcast floats to
+# float64, which keeps every order and tie); the emulators search the kernel's keys.
+
+
+def _arg_reference(fn, x, axis, keepdims):
+    x = np.asarray(x)
+    wide = x if x.dtype.kind in "biu" else x.astype(np.float64)
+    return fn(wide, axis=axis, keepdims=keepdims)
+
+
+def argmax(x, axis=None, keepdims=False):
+    """``np.argmax`` of x (floats widened to float64)."""
+    return _arg_reference(np.argmax, x, axis, keepdims)
+
+
+def argmin(x, axis=None, keepdims=False):
+    """``np.argmin`` of x (floats widened to float64)."""
+    return _arg_reference(np.argmin, x, axis, keepdims)
+
+
+def nanargmax(x, axis=None, keepdims=False):
+    """``np.nanargmax`` of x (floats widened to float64; ValueError for an all-NaN slice)."""
+    return _arg_reference(np.nanargmax, x, axis, keepdims)
+
+
+def nanargmin(x, axis=None, keepdims=False):
+    """``np.nanargmin`` of x (floats widened to float64; ValueError for an all-NaN slice)."""
+    return _arg_reference(np.nanargmin, x, axis, keepdims)
+
+
+def arg_keys(x, op: str):
+    """The key cuda_src/argreduce.cu's ``element_key`` gives each element of the host array ``x``, unsigned of
+    x's width: its unsigned order is ``op``'s order (reversed for argmin and nanargmin), -0 keyed as +0,
+    a NaN's key all ones (argmax, argmin: it wins) or 0 (the nan forms: it loses); no number's key is 0 or
+    all ones."""
+    from . import argreduce as A
+
+    dt = np.dtype(x.dtype)
+    kind, width = A.KINDS[dt], dt.itemsize
+    flip, nan_loses = A.OPS[op]
+    u = np.dtype(f"u{width}")
+    b = np.ascontiguousarray(x).view(u)
+    sign = u.type(1 << (8 * width - 1))
+    if kind == A.KIND_BOOL:
+        k = (b != 0).astype(u)
+    elif kind == A.KIND_SIGNED:
+        k = b ^ sign
+    elif kind == A.KIND_UNSIGNED:
+        k = b.copy()
+    else:
+        infinity = {A.KIND_HALF: 0x7C00, A.KIND_BFLOAT: 0x7F80}.get(kind, 0x7F800000 if width == 4 else 0x7FF0000000000000)
+        mag = b & ~sign
+        k = np.where(((b & sign) != 0) & (mag != 0), ~b, mag | sign).astype(u)
+    if flip:
+        k = ~k
+    if kind in (A.KIND_FLOAT, A.KIND_HALF, A.KIND_BFLOAT):
+        k = np.where(mag > u.type(infinity), u.type(0) if nan_loses else ~u.type(0), k).astype(u)
+    return k
+
+
+def _arg_emulated(op: str, x, axis, keepdims):
+    from .argreduce import FLOATS, OPS
+
+    x = np.asarray(x)
+    k = arg_keys(x, op)
+    if x.ndim == 0:
+        axis = None
+    if OPS[op][1] and x.dtype in FLOATS and k.size and (np.max(k, axis=axis) == 0).any():
+        raise ValueError("All-NaN slice encountered")
+    return np.argmax(k, axis=axis, keepdims=keepdims)  # the first of the largest keys
+
+
+def argmax_emulated(x, axis=None, keepdims=False):
+    """The indices :func:`cukern.argmax` returns: the first index of the largest :func:`arg_keys`."""
+    return _arg_emulated("argmax", x, axis, keepdims)
+
+
+def argmin_emulated(x, axis=None, keepdims=False):
+    """The indices :func:`cukern.argmin` returns (keys in reversed order, so the largest key is the least
+    value)."""
+    return _arg_emulated("argmin", x, axis, keepdims)
+
+
+def nanargmax_emulated(x, axis=None, keepdims=False):
+    """The indices :func:`cukern.nanargmax` returns (NaNs keyed 0; an all-NaN slice raises ValueError)."""
+    return _arg_emulated("nanargmax", x, axis, keepdims)
+
+
+def nanargmin_emulated(x, axis=None, keepdims=False):
+    """The indices :func:`cukern.nanargmin` returns (NaNs keyed 0; an all-NaN slice raises ValueError)."""
+    return _arg_emulated("nanargmin", x, axis, keepdims)
+
+
+def reduce_var(x, axis=None, ddof=0, keepdims=False):
+    """``sum((x - mean)**2) / (n - ddof)`` in float64, two passes (``numpy.var``)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.var(_wide(x).astype(np.float64), axis=axis, ddof=ddof, keepdims=keepdims)
+
+
+def reduce_std(x, axis=None, ddof=0, keepdims=False):
+    """``sqrt(reduce_var(x))`` in float64."""
+    return np.sqrt(reduce_var(x, axis, ddof, keepdims))
+
+
+def _chan(a, b):
+    """reduce.cu's Chan merge of (count, mean, M2) arrays: the operands ordered (larger count, then larger
+    mean, first), an empty one giving the other exactly; each step one rounding in the arrays' dtype."""
+    swap = (b[0] > a[0]) | ((b[0] == a[0]) & (b[1] > a[1]))
+    hn, hm, h2 = (np.where(swap, y, x) for x, y in zip(a, b))
+    ln, lm, l2 = (np.where(swap, x, y) for x, y in zip(a, b))
+    n = hn + ln
+    d = lm - hm
+    f = ln / np.where(n == 0, np.ones_like(n), n)
+    m = hm + d * f
+    m2 = (h2 + l2) + (d * d) * (hn * f)
+    empty = ln == 0
+    return np.where(empty, hn, n), np.where(empty, hm, m), np.where(empty, h2, m2)
+
+
+def _moments_tree(d):
+    """The tree of :func:`reduction_tree` over the last axis of ``d`` (shifted values in the accumulator
+    dtype) with states (count, mean, M2): each element lifted to (1, d, 0), merged by :func:`_chan`."""
+    from .reduce_plan import TREE_CHAIN_LENGTH, TREE_CHAINS, TREE_LEAF
+
+    rows, n = d.shape
+    leaves = max(1, -(-n // TREE_LEAF))
+    pad = leaves * TREE_LEAF - n
+    zero = np.zeros((rows, pad), d.dtype)
+    one = np.ones_like(d)
+    elem = tuple(np.concatenate([a, zero], axis=1).reshape(rows, leaves, TREE_CHAIN_LENGTH, TREE_CHAINS)
+                 for a in (one, d, np.zeros_like(d)))
+    with np.errstate(all="ignore"):
+        state = tuple(np.zeros((rows, leaves, TREE_CHAINS), d.dtype) for _ in range(3))
+        for m in range(TREE_CHAIN_LENGTH):
+            state = _chan(state, tuple(e[:, :, m, :] for e in elem))
+        p = tuple(s.reshape(rows, -1) for s in state)
+        size = 1 << (p[0].shape[1] - 1).bit_length()
+        p = tuple(np.concatenate([s, np.zeros((rows, size - s.shape[1]), d.dtype)], axis=1) for s in p)
+        while p[0].shape[1] > 1:
+            p = _chan(tuple(s[:, 0::2] for s in p), tuple(s[:, 1::2] for s in p))
+    return tuple(s[:, 0] for s in p)
+
+
+def _var_emulated(name: str, x, axis, dtype, ddof, keepdims: bool):
+    from . import reduce_plan as P
+
+    x = _numpy(x)
+    axes = P.normalize_axis(axis, x.ndim)
+    final = P.result_dtype(name, x.dtype, dtype)
+    shape = P.result_shape(x.shape, axes, keepdims)
+    n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+    divisor = max(n - ddof, 0)
+    if n == 0:
+        return np.full(shape, np.nan, final)
+    kept = [i for i in range(x.ndim) if i not in axes]
+    v = np.transpose(x, kept + list(axes)).reshape(-1, n)
+    with np.errstate(all="ignore"):
+        if n == 1:
+            # cukern reduces size-1 axes elementwise: 0 for a finite element, NaN otherwise, over the divisor.
+            r = np.where(np.isfinite(v[:, 0].astype(np.float64)), 0.0, np.nan) / np.float64(divisor)
+            return r.astype(final).reshape(shape)
+        s = P.acc_dtype(final)
+        w = v.astype(s)
+        _, mean, m2 = _moments_tree(w - w[:, :1])
+        r = np.where(np.isfinite(mean), m2.astype(np.float64) / np.float64(divisor), np.nan)
+        if name == "std":
+            r = np.sqrt(r)
+    if final.itemsize == 2:
+        r = r.astype(np.float32)  # the kernels round a double result to float, then to the half type
+    return r.astype(final).reshape(shape)
+
+
+def var_emulated(x, axis=None, dtype=None, ddof=0, keepdims=False):
+    """The bits :func:`cukern.var` returns: each slice's values in the accumulator dtype (float32 for float32
+    and half-type results, float64 otherwise) less the slice's first element, lifted to (1, value, 0) and
+    merged along the one tree of :func:`reduction_tree` by reduce.cu's Chan merge (:func:`_chan`); then M2
+    widened to float64 and divided by ``max(n - ddof, 0)`` (NaN when the mean is not finite), rounded to the
+    result dtype (through float32 for half types)."""
+    return _var_emulated("var", x, axis, dtype, ddof, keepdims)
+
+
+def std_emulated(x, axis=None, dtype=None, ddof=0, keepdims=False):
+    """The bits :func:`cukern.std` returns: :func:`var_emulated`'s float64 quotient, its correctly rounded
+    square root, rounded to the result dtype."""
+    return _var_emulated("std", x, axis, dtype, ddof, keepdims)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# NaN-aware reductions, counts, prod and logsumexp (cuda_src/reduce.cu): float64 references from NumPy, and
+# the kernels' bits on the host.
+
+
+def reduce_nansum(x, axis=None, keepdims=False):
+    """``sum`` of the non-NaN elements in int64 or float64 (``numpy.nansum``)."""
+    return np.nansum(_wide(x), axis=axis, keepdims=keepdims)
+
+
+def reduce_nanmean(x, axis=None, keepdims=False):
+    """Mean of the non-NaN elements in float64; NaN for an all-NaN slice."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(_wide(x).astype(np.float64), axis=axis, keepdims=keepdims)
+
+
+def reduce_nanmax(x, axis=None, keepdims=False):
+    """Maximum of the non-NaN elements; NaN for an all-NaN slice."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmax(_wide(x), axis=axis, keepdims=keepdims)
+
+
+def reduce_nanmin(x, axis=None, keepdims=False):
+    """Minimum of the non-NaN elements; NaN for an all-NaN slice."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmin(_wide(x), axis=axis, keepdims=keepdims)
+
+
+def reduce_prod(x, axis=None, keepdims=False):
+    """Product in int64 (wrapping) or float64."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.prod(_wide(x), axis=axis, keepdims=keepdims)
+
+
+def reduce_logsumexp(x, axis=None, keepdims=False):
+    """``log(sum(exp(x)))`` in float64, shifted by the maximum (``scipy.special.logsumexp``): -inf for an
+    empty or all -inf slice, +inf for a slice holding +inf, NaN for one holding NaN."""
+    w = _wide(x).astype(np.float64)
+    with np.errstate(all="ignore"):
+        if w.size == 0:
+            return np.full(np.sum(w, axis=axis, keepdims=keepdims).shape, -np.inf)
+        m = np.max(w, axis=axis, keepdims=True)
+        safe = np.where(np.isfinite(m), m, 0.0)
+        r = np.log(np.sum(np.exp(w - safe), axis=axis, keepdims=True)) + safe
+        r = np.where(np.isfinite(m), r, m)
+    return r if keepdims else np.squeeze(r, axis=axis)
+
+
+def nansum_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.nansum` returns: :func:`sum_emulated` with each NaN replaced by 0 first."""
+    return _reduce_emulated("nansum", x, axis, dtype, keepdims)
+
+
+def _count_not_nan_emulated(x, axis, keepdims):
+    return _reduce_emulated("count_not_nan", x, axis, None, keepdims)
+
+
+def _nan_minmax_emulated(name, x, axis, dtype, keepdims):
+    x = _numpy(x)
+    r = _reduce_emulated(name, x, axis, dtype, keepdims)
+    if (x.dtype.kind == "f" or x.dtype.name == "bfloat16") and (r.dtype.kind == "f" or r.dtype.name == "bfloat16"):
+        r = np.where(_count_not_nan_emulated(x, axis, keepdims) == 0, np.array(np.nan, r.dtype), r)
+    return np.asarray(r)
+
+
+def nanmax_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.nanmax` returns: :func:`amax_emulated` with each NaN replaced by -inf first,
+    then NaN for the slices without a non-NaN value."""
+    return _nan_minmax_emulated("nanmax", x, axis, dtype, keepdims)
+
+
+def nanmin_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.nanmin` returns: as :func:`nanmax_emulated`, with min and +inf."""
+    return _nan_minmax_emulated("nanmin", x, axis, dtype, keepdims)
+
+
+def nanmean_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.nanmean` returns: :func:`nansum_emulated` in the accumulator dtype, widened to
+    float64, divided by the count of non-NaN values (NaN for none), rounded to the result dtype (through
+    float32 for half types). Integer and bool inputs: :func:`mean_emulated`."""
+    from . import reduce_plan as P
+
+    x = _numpy(x)
+    if x.dtype.kind in "biu":
+        return mean_emulated(x, axis, dtype, keepdims)
+    final = P.result_dtype("mean", x.dtype, dtype)
+    total = nansum_emulated(x, axis, P.acc_dtype(final), keepdims)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        q = total.astype(np.float64) / _count_not_nan_emulated(x, axis, keepdims)
+    if final.itemsize == 2:
+        q = q.astype(np.float32)
+    return np.asarray(q.astype(final))
+
+
+def count_nonzero_emulated(x, axis=None, keepdims=False):
+    """:func:`cukern.count_nonzero`: the number of x != 0 (a NaN counts), int64."""
+    return np.asarray(_reduce_emulated("count_nonzero", x, axis, None, keepdims))
+
+
+def prod_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.prod` returns: the tree of :func:`reduction_tree` with correctly rounded
+    products from the identity 1 in the accumulator dtype (float32 for half types), rounded once to the
+    result dtype; integer products in int64, wrapping (any order gives those bits)."""
+    return _reduce_emulated("prod", x, axis, dtype, keepdims)
+
+
+# logsumexp's exp and log (reduce.cu ExpLog, exp_nonpositive, log_at_least_one): the same correctly rounded
+# steps, in the same order, in the accumulator dtype. The constants are reduce.cu's hex literals.
+_EXPLOG = {
+    np.dtype(np.float32): {
+        "underflow": -104.0, "inv_ln2": "0x1.715476p+0", "ln2_hi": "0x1.62e4p-1", "ln2_lo": "0x1.7f7d1cp-20",
+        "exp": ["0x1p+0", "0x1p+0", "0x1p-1", "0x1.555556p-3", "0x1.555556p-5", "0x1.111112p-7", "0x1.6c16c2p-10",
+                "0x1.a01a02p-13"],
+        "sqrt_half": "0x1.6a09e6p-1",
+        "log": ["0x1p+0", "0x1.555556p-2", "0x1.99999ap-3", "0x1.24924ap-3", "0x1.c71c72p-4"]},
+    np.dtype(np.float64): {
+        "underflow": -746.0, "inv_ln2": "0x1.71547652b82fep+0", "ln2_hi": "0x1.62e42feep-1",
+        "ln2_lo": "0x1.a39ef35793c76p-33",
+        "exp": ["0x1p+0", "0x1p+0", "0x1p-1", "0x1.5555555555555p-3", "0x1.5555555555555p-5", "0x1.1111111111111p-7",
+             "0x1.6c16c16c16c17p-10", "0x1.a01a01a01a01ap-13", "0x1.a01a01a01a01ap-16", "0x1.71de3a556c734p-19",
+             "0x1.27e4fb7789f5cp-22", "0x1.ae64567f544e4p-26", "0x1.1eed8eff8d898p-29", "0x1.6124613a86d09p-33"],
+        "sqrt_half": "0x1.6a09e667f3bcdp-1",
+        "log": ["0x1p+0", "0x1.5555555555555p-2", "0x1.999999999999ap-3", "0x1.2492492492492p-3",
+             "0x1.c71c71c71c71cp-4", "0x1.745d1745d1746p-4", "0x1.3b13b13b13b14p-4", "0x1.1111111111111p-4",
+             "0x1.e1e1e1e1e1e1ep-5", "0x1.af286bca1af28p-5", "0x1.8618618618618p-5"]},
+}
+
+
+def _explog(dtype):
+    c = _EXPLOG[np.dtype(dtype)]
+    t = np.dtype(dtype).type
+
+    def f(h):
+        return t(float.fromhex(h)) if isinstance(h, str) else t(h)
+
+    return {k: [f(h) for h in v] if isinstance(v, list) else f(v) for k, v in c.items()}
+
+
+def _exp_nonpositive(d):
+    """reduce.cu ``exp_nonpositive``: e^d for d <= 0 (an array of float32 or float64), 0 below the underflow
+    bound."""
+    c = _explog(d.dtype)
+    t = d.dtype.type
+    with np.errstate(all="ignore"):
+        live = d >= c["underflow"]
+        dd = np.where(live, d, t(0))
+        k = np.rint(dd * c["inv_ln2"])
+        r = (dd - k * c["ln2_hi"]) - k * c["ln2_lo"]
+        p = np.full_like(d, c["exp"][-1])
+        for coef in reversed(c["exp"][:-1]):
+            p = p * r + coef
+        ki = k.astype(np.int64)
+        k1 = -((-ki) // 2)  # truncated toward zero, as C's division
+        one = np.ones_like(d)
+        out = (p * np.ldexp(one, k1)) * np.ldexp(one, ki - k1)
+    return np.where(live, out, t(0))
+
+
+def _log_at_least_one(s):
+    """reduce.cu ``log_at_least_one``: log(s) for finite s >= 1 (an array of float32 or float64)."""
+    c = _explog(s.dtype)
+    t = s.dtype.type
+    with np.errstate(all="ignore"):
+        f, e = np.frexp(s)
+        low = f < c["sqrt_half"]
+        f = np.where(low, f * t(2), f)
+        e = np.where(low, e - 1, e)
+        u = (f - t(1)) / (f + t(1))
+        w = u * u
+        p = np.full_like(s, c["log"][-1])
+        for coef in reversed(c["log"][:-1]):
+            p = p * w + coef
+        se = e.astype(s.dtype)
+        return se * c["ln2_hi"] + (se * c["ln2_lo"] + (u + u) * p)
+
+
+def _lse_merge(a, b):
+    """reduce.cu's LogSumExp merge of (m, s) arrays, step for step."""
+    am, as_ = a
+    bm, bs = b
+    with np.errstate(all="ignore"):
+        nan = np.isnan(am) | np.isnan(bm)
+        swap = (bm > am) | ((bm == am) & (bs > as_))
+        hm, hs = np.where(swap, bm, am), np.where(swap, bs, as_)
+        lm, ls = np.where(swap, am, bm), np.where(swap, as_, bs)
+        same = lm == hm
+        m_same = np.where(hm > lm, hm, np.where(lm > hm, lm, np.where(np.signbit(hm), lm, hm)))
+        d = np.where(same | (ls == 0), np.zeros_like(lm), lm - hm)
+        merged = hs + ls * _exp_nonpositive(d)
+        m = np.where(ls == 0, hm, np.where(same, m_same, hm))
+        s = np.where(ls == 0, hs, np.where(same, hs + ls, merged))
+        return np.where(nan, am + bm, m), np.where(nan, as_ + bs, s)
+
+
+def _state_tree(elems, combine, identity):
+    """:func:`reduction_tree` for states of several arrays: ``elems`` (rows, n) arrays already lifted,
+    ``identity`` a tuple of scalars, ``combine`` merging tuples of arrays."""
+    from .reduce_plan import TREE_CHAIN_LENGTH, TREE_CHAINS, TREE_LEAF
+
+    rows, n = elems[0].shape
+    leaves = max(1, -(-n // TREE_LEAF))
+    pad = leaves * TREE_LEAF - n
+    dt = elems[0].dtype
+    el = tuple(np.concatenate([e, np.full((rows, pad), i, dt)], axis=1).reshape(rows, leaves, TREE_CHAIN_LENGTH,
+                                                                                    TREE_CHAINS)
+               for e, i in zip(elems, identity))
+    state = tuple(np.full((rows, leaves, TREE_CHAINS), i, dt) for i in identity)
+    for m in range(TREE_CHAIN_LENGTH):
+        state = combine(state, tuple(e[:, :, m, :] for e in el))
+    p = tuple(s.reshape(rows, -1) for s in state)
+    size = 1 << (p[0].shape[1] - 1).bit_length()
+    p = tuple(np.concatenate([s, np.full((rows, size - s.shape[1]), i, dt)], axis=1) for s, i in zip(p, identity))
+    while p[0].shape[1] > 1:
+        p = combine(tuple(s[:, 0::2] for s in p), tuple(s[:, 1::2] for s in p))
+    return tuple(s[:, 0] for s in p)
+
+
+def logsumexp_emulated(x, axis=None, keepdims=False):
+    """The bits :func:`cukern.logsumexp` returns: each element lifted to (x, 1) in the accumulator dtype
+    (float32 for float32 and half types, float64 for float64; integer and bool x converted to float64),
+    merged along the one tree of :func:`reduction_tree` by reduce.cu's LogSumExp merge (:func:`_lse_merge`,
+    with cukern's own exp), then m + log(s) with cukern's own log, rounded to the result dtype; -inf for an
+    empty or all -inf slice, m itself for an infinite or NaN m. A one-element slice is copied."""
+    from . import reduce_plan as P
+
+    x = _numpy(x)
+    if x.dtype.kind in "biu":
+        x = x.astype(np.float64)
+    axes = P.normalize_axis(axis, x.ndim)
+    final = x.dtype
+    shape = P.result_shape(x.shape, axes, keepdims)
+    n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+    if n == 0:
+        return np.full(shape, -np.inf, final)
+    kept = [i for i in range(x.ndim) if i not in axes]
+    v = np.transpose(x, kept + list(axes)).reshape(-1, n)
+    if n == 1:
+        return v[:, 0].astype(final).reshape(shape)
+    a = P.acc_dtype(final)
+    w = v.astype(a)
+    with np.errstate(all="ignore"):
+        m, s = _state_tree((w, np.ones_like(w)), _lse_merge, (-np.inf, 0))
+        finite = np.isfinite(m) & (s != 0)
+        r = np.where(finite, m + _log_at_least_one(np.where(finite, s, np.ones_like(s))), m)
+        r = np.where(s == 0, np.array(-np.inf, a), r)
+    return r.astype(final).reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Segmented reductions (cuda_src/segment.cu): rows offsets[s] : offsets[s + 1] of x along axis 0.
+
+
+def _segments(x, offsets):
+    x = _numpy(x)
+    o = np.asarray(_numpy(offsets)).astype(np.int64)
+    return x, o, x.reshape(x.shape[0], -1)
+
+
+def _segment_reference(x, offsets, fn, empty):
+    x, o, v = _segments(x, offsets)
+    out = np.full((len(o) - 1, v.shape[1]), empty, np.float64)
+    for s in range(len(o) - 1):
+        if o[s + 1] > o[s]:
+            out[s] = fn(v[o[s]:o[s + 1]].astype(np.float64), axis=0)
+    return out.reshape((len(o) - 1,) + x.shape[1:])
+
+
+def segment_sum(x, offsets):
+    """Each segment's float64 sum along axis 0 (0 for an empty segment)."""
+    return _segment_reference(x, offsets, np.sum, 0.0)
+
+
+def segment_max(x, offsets):
+    """Each segment's maximum along axis 0 (-inf for an empty segment; NaN if it holds a NaN)."""
+    return _segment_reference(x, offsets, np.max, -np.inf)
+
+
+def segment_min(x, offsets):
+    """Each segment's minimum along axis 0 (+inf for an empty segment; NaN if it holds a NaN)."""
+    return _segment_reference(x, offsets, np.min, np.inf)
+
+
+def segment_mean(x, offsets):
+    """Each segment's float64 mean along axis 0 (NaN for an empty segment)."""
+    return _segment_reference(x, offsets, np.mean, np.nan)
+
+
+def _segment_emulated(op: str, x, offsets):
+    """Each segment through :func:`reduction_tree` over its own length, segments of one length at a time,
+    in float32 (float64 for float64 x), then rounded to x's dtype (a mean: the sum widened to float64,
+    divided by the length, rounded through float32 for the half types)."""
+    x, o, v = _segments(x, offsets)
+    acc = np.float64 if x.dtype == np.float64 else np.float32
+    combine, identity = {"segment_sum": (_tree_sum, 0), "segment_mean": (_tree_sum, 0),
+                         "segment_max": (_tree_max, -np.inf), "segment_min": (_tree_min, np.inf)}[op]
+    rows = x.shape[0]
+    start = np.clip(o[:-1], 0, rows)
+    length = np.clip(o[1:], start, rows) - start
+    out = np.empty((len(o) - 1, v.shape[1]), acc)
+    for n in np.unique(length):
+        which = np.flatnonzero(length == n)
+        idx = start[which, None] + np.arange(n)[None, :]
+        seg = v[idx].astype(acc)  # [segments of this length, n, cols]
+        out[which] = reduction_tree(np.moveaxis(seg, 1, 2), combine, identity) if n else identity
+    if op == "segment_mean":
+        with np.errstate(invalid="ignore", divide="ignore"):
+            wide = out.astype(np.float64) / length[:, None]
+        out = wide if acc == np.float64 else wide.astype(np.float32)
+    return out.astype(x.dtype).reshape((len(o) - 1,) + x.shape[1:])
+
+
+def segment_sum_emulated(x, offsets):
+    """The bits :func:`cukern.segment_sum` returns: each segment's :func:`reduction_tree` sum, the same
+    bits as :func:`sum_emulated` of that slice along axis 0 (but for one row of -0, which the tree's chain
+    adds to +0 where a one-row sum copies it)."""
+    return _segment_emulated("segment_sum", x, offsets)
+
+
+def segment_max_emulated(x, offsets):
+    """The bits :func:`cukern.segment_max` returns (reduce.cu's max: NaN propagates, +0 over -0)."""
+    return _segment_emulated("segment_max", x, offsets)
+
+
+def segment_min_emulated(x, offsets):
+    """The bits :func:`cukern.segment_min` returns (NaN propagates, -0 under +0)."""
+    return _segment_emulated("segment_min", x, offsets)
+
+
+def segment_mean_emulated(x, offsets):
+    """The bits :func:`cukern.segment_mean` returns: the tree's sum widened to float64, divided once by the
+    length, rounded to x's dtype (through float32 for the half types; NaN for an empty segment)."""
+    return _segment_emulated("segment_mean", x, offsets)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Scans (cuda_src/scan.cu): NumPy's cumsum and cumprod in float64 (or int64) are the references; the
+# emulators evaluate the kernel's fixed expression over tiles of cukern.scan.TILE elements.
+
+
+def _scan_reference(fn, x, axis):
+    x = _numpy(x)
+    wide = x.astype(np.int64) if x.dtype.kind in "biu" else x.astype(np.float64)
+    return fn(wide, axis=axis)
+
+
+def cumsum(x, axis=None):
+    """``np.cumsum`` in float64 (int64 for integers and bool)."""
+    return _scan_reference(np.cumsum, x, axis)
+
+
+def cumprod(x, axis=None):
+    """``np.cumprod`` in float64 (int64 for integers and bool)."""
+    return _scan_reference(np.cumprod, x, axis)
+
+
+def _scan_emulated(op: str, x, axis, dtype):
+    from .scan import BLOCK, ITEMS, TILE, result_dtype
+
+    x = _numpy(x)
+    o = result_dtype(x.dtype, dtype)
+    acc = np.dtype(np.float64 if o == np.float64 else np.int64 if o.kind in "iu" else np.float32)
+    f = np.multiply if op == "cumprod" else np.add
+    identity = np.array(1 if op == "cumprod" else (-0.0 if acc.kind == "f" else 0), acc)
+    if axis is None:
+        shape, lines = (x.size,), x.reshape(1, -1)
+    else:
+        axis = axis % x.ndim
+        moved = np.moveaxis(x, axis, -1)
+        shape, lines = moved.shape, moved.reshape(-1, x.shape[axis])
+    rows, n = lines.shape
+    tiles = max(1, -(-n // TILE))
+    a = np.full((rows, tiles * TILE), identity, acc)
+    a[:, :n] = lines.astype(acc)
+    a = a.reshape(rows, tiles, BLOCK // 32, 32, ITEMS)
+    with np.errstate(all="ignore"):
+        s = f.accumulate(a, axis=-1)  # each thread's 16 elements, in order
+        u = s[..., -1]
+        for d in (1, 2, 4, 8, 16):  # the lanes' ladder, every lane at once from the old values
+            nxt = u.copy()
+            nxt[..., d:] = f(u[..., :-d], u[..., d:])
+            u = nxt
+        lane_before = np.concatenate([np.broadcast_to(identity, u.shape[:-1] + (1,)), u[..., :-1]], axis=-1)
+        warps = f.accumulate(u[..., -1], axis=-1)
+        warp_before = np.concatenate([np.broadcast_to(identity, warps.shape[:-1] + (1,)), warps[..., :-1]], axis=-1)
+        prefix = f.accumulate(warps[..., -1], axis=-1)
+        tile_before = np.concatenate([np.broadcast_to(identity, (rows, 1)), prefix[:, :-1]], axis=-1)
+        base = f(f(tile_before[:, :, None], warp_before)[..., None], lane_before)
+        out = f(base[..., None], s)
+    out = out.reshape(rows, -1)[:, :n].astype(o).reshape(shape)
+    return out if axis is None else np.moveaxis(out, -1, axis)
+
+
+def cumsum_emulated(x, axis=None, dtype=None):
+    """The bits :func:`cukern.cumsum` returns: per thread a running sum of 16 elements, the lanes' ladder,
+    the warps in order, the tiles in order, combined as ``((P + W) + L) + s`` (cuda_src/scan.cu's notes)."""
+    return _scan_emulated("cumsum", x, axis, dtype)
+
+
+def cumprod_emulated(x, axis=None, dtype=None):
+    """The bits :func:`cukern.cumprod` returns: :func:`cumsum_emulated`'s expression with products."""
+    return _scan_emulated("cumprod", x, axis, dtype)

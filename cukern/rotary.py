@@ -15,10 +15,12 @@ and written, one cache row of ``rot`` values and one position per token.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 import threading
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -50,6 +52,37 @@ PARAMS = Params((("tokens", "i64"), ("q_ts", "i64"), ("q_hs", "i64"), ("k_ts", "
 # The position check's (``RotaryCheckParams``), packed once per call layout like PARAMS.
 CHECK_PARAMS = Params((("pos_stride", "i64"), ("tokens", "i64"), ("cache_rows", "i64")))
 _CHECK_CONFIG = LaunchConfig(grid=(1,), block=(CHECK_BLOCK,))
+# rotary_embedding_positions' scalars (``RotaryPositionsParams``).
+POSITIONS_PARAMS = Params((("tokens", "i64"), ("q_ts", "i64"), ("q_hs", "i64"), ("k_ts", "i64"), ("k_hs", "i64"),
+                           ("pos_stride", "i64"), ("attention", "f64"), ("two_over_pi", "f64"), ("pio2_1", "f64"),
+                           ("pio2_2", "f64"), ("pio2_3", "f64"), ("pos64", "i32"), ("q_heads", "i32"),
+                           ("heads", "i32"), ("rot", "i32"), ("lanes", "i32"), ("groups", "i32"),
+                           ("tokens_per_block", "i32")))
+
+
+# rotary_embedding_mrope's scalars (``RotaryMropeParams``).
+MROPE_PARAMS = Params((("tokens", "i64"), ("q_ts", "i64"), ("q_hs", "i64"), ("k_ts", "i64"), ("k_hs", "i64"),
+                       ("pos_stride", "i64"), ("pos_row_stride", "i64"), ("cache_rows", "i64"), ("cache_ts", "i64"),
+                       ("sin_offset", "i64"), ("pos64", "i32"), ("q_heads", "i32"), ("heads", "i32"), ("rot", "i32"),
+                       ("lanes", "i32"), ("groups", "i32"), ("tokens_per_block", "i32"), ("section_a", "i32"),
+                       ("section_b", "i32"), ("interleaved", "i32")))
+
+
+def top_bits(x, bits: int = 29):
+    """``x`` (a float64 scalar or array) with all but its ``bits`` leading significant bits cleared (toward
+    zero): a float64 whose product with an integer under ``2^(53 - bits)`` is exact."""
+    a = np.asarray(x, np.float64)
+    return (a.view(np.uint64) & ~np.uint64((1 << (53 - bits)) - 1)).view(np.float64)
+
+
+# pi / 2 as pio2_1 + pio2_2 + pio2_3 (the first two of 29 significant bits, from 80 digits of pi) and 2 / pi,
+# for the argument reduction of cuda_src/rotary.cu `cos_sin_at`.
+_PI = Fraction("3.1415926535897932384626433832795028841971693993751058209749445923078164062862089986")
+PIO2_1 = float(top_bits(float(_PI / 2)))
+PIO2_2 = float(top_bits(float(_PI / 2 - Fraction(PIO2_1))))
+PIO2_3 = float(_PI / 2 - Fraction(PIO2_1) - Fraction(PIO2_2))
+TWO_OVER_PI = float(2 / _PI)
+POSITION_LIMIT = 2**24  # |position| below which cos_sin_at's argument reduction is exact
 
 
 @dataclass(frozen=True)
@@ -131,6 +164,15 @@ def rotation_instantiation(dtype, cache_dtype, vec: int, is_neox: bool, items: i
                                                       items, MAX_BLOCK, min_blocks))
 
 
+def positions_instantiation(dtype, vec: int, is_neox: bool, items: int = DEFAULT_KNOBS.items) -> Instantiation:
+    return Instantiation(SOURCE, "rotary_embedding_positions", (np.dtype(dtype), vec, bool(is_neox), items, MAX_BLOCK))
+
+
+def mrope_instantiation(dtype, cache_dtype, vec: int, is_neox: bool, items: int = DEFAULT_KNOBS.items) -> Instantiation:
+    return Instantiation(SOURCE, "rotary_embedding_mrope", (np.dtype(dtype), np.dtype(cache_dtype), vec, bool(is_neox),
+                                                            items, MAX_BLOCK))
+
+
 def check_instantiation(positions_dtype) -> Instantiation:
     return Instantiation(SOURCE, "rotary_first_bad_position", (np.dtype(positions_dtype), CHECK_BLOCK, CHECK_UNROLL))
 
@@ -209,6 +251,8 @@ def instantiations(knobs: Knobs = DEFAULT_KNOBS):
                 for neox in (True, False):
                     for tokens in (1, 1 << 20):
                         out.add(plan(tokens, 32, 8, 2 * 16 * vec, vec, neox, knobs=knobs).instantiation(t, c))
+                    out.add(positions_instantiation(t, vec, neox, knobs.items))
+                    out.add(mrope_instantiation(t, _F32, vec, neox, knobs.items))
     for p in POSITION_TYPES:
         out.add(check_instantiation(p))
     return sorted(out, key=lambda i: (i.name, i.expression))
@@ -530,3 +574,345 @@ def _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, che
     if kernel is None:
         kernel = call.kernel = get_kernel(call.inst).kernel
     launch(kernel, call.config, (query, key if call.has_key else _NULL, cos_sin_cache, positions, call.params))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# rotary_embedding_positions: the same rotation with cos and sin computed in the kernel.
+
+
+class _NoCache:
+    """What :func:`_validate` reads of a cache, for a call that has none: one float32 row of ``rot`` values
+    (rounded up to even) on query's device, so only the checks of positions, query, key and rotary_dim can
+    fail."""
+
+    def __init__(self, rot: int, device: int):
+        width = rot + rot % 2
+        self.shape, self.strides, self.dtype, self.itemsize = (1, width), (4 * width, 4), _F32, 4
+        self.ndim, self.size = 2, width
+        self.data = type("Pointer", (), {"ptr": 0, "device_id": device})()
+        self.device = type("Device", (), {"id": device})()
+
+
+_tables = CallCache(limit=256)
+
+
+def _frequency_table(device: int, rot: int, base, scaling, max_position):
+    """``(table, attention)``: the ``rot / 2`` frequencies of :func:`cukern.rope_cache.rope_frequencies` as
+    ``(w_hi, w_lo)`` float64 pairs on ``device`` (:func:`top_bits` splits each), made once per (device,
+    rotary_dim, base, scaling, max_position)."""
+    from .rope_cache import rope_frequencies
+
+    key = (device, rot, base, json.dumps(scaling, sort_keys=True, default=lambda o: np.asarray(o).tolist()),
+           max_position)
+    found = _tables.get(key)
+    if found is _tables.MISSING:
+        w, attention = rope_frequencies(1 if max_position is None else max_position, rot, base, scaling)
+        hi = top_bits(w)
+        with on_device(device):
+            table = _cupy().asarray(np.stack([hi, w - hi], axis=1).ravel())
+        found = _tables.put(key, (table, float(attention)))
+    return found
+
+
+_positions_calls = CallCache()
+
+
+def rotary_embedding_positions(positions, query, key, *, rotary_dim: int, base: float = 10000.0, scaling=None,
+                               is_neox: bool = True, max_position: int | None = None) -> None:
+    """Rotary position embedding with no cache: cos and sin computed in the kernel from each position, in place
+    on ``query`` and ``key``, one launch.
+
+    For token ``t`` at ``p = positions[t]`` and each pair ``j < rotary_dim / 2`` of every head:
+    ``(x, y) <- (x cos - y sin, y cos + x sin)`` with ``cos = a cos(p w_j)``, ``sin = a sin(p w_j)``, ``w_j`` and
+    ``a`` the frequencies and attention factor of :func:`cukern.rope_cache.rope_frequencies` for ``rotary_dim``,
+    ``base``, ``scaling`` and ``max_position`` (float64). cos and sin are float32 within half an ulp plus
+    ``2^-40`` of the exact values for ``|p| < 2^24`` (an argument reduction exact in that range, float64
+    polynomials): as accurate as a float32 :func:`cukern.rope_cache` at any such position, with no table to
+    hold. The rotation is :func:`cukern.rotary_embedding`'s, so the result (query's dtype) is that op's on a
+    float32 cache holding these values (:func:`cukern.reference.rotary_embedding_positions_emulated` gives
+    the bits), whatever the layout or the launch.
+
+    Parameters
+    ----------
+    positions : cupy.ndarray, int32 or int64, shape ``[tokens]`` (any stride); any values (no range to
+        check), exact below ``2^24`` in magnitude.
+    query, key : as :func:`cukern.rotary_embedding`'s (key may be None).
+    rotary_dim : int
+        Even, at most head_size.
+    base, scaling : as :func:`cukern.rope_cache`'s.
+    is_neox : bool
+        True rotates the two halves (NeoX, Llama); False rotates interleaved pairs (GPT-J).
+    max_position : int, optional
+        The context the frequencies are for, as :func:`cukern.rope_cache`'s ``max_position``: only dynamic NTK
+        and LongRoPE read it; None means within the original context.
+
+    Returns
+    -------
+    None
+
+    Notes
+    -----
+    The frequencies are uploaded on the first call for each (device, rotary_dim, base, scaling,
+    max_position); make that call before capturing a CUDA graph.
+    """
+    nd = _cupy().ndarray
+    if not (type(positions) is nd and type(query) is nd and (key is None or type(key) is nd)):
+        positions = as_array(positions, "positions")
+        query = as_array(query, "query", writable=True)
+        key = None if key is None else as_array(key, "key", writable=True)
+    rot = _int_arg(rotary_dim, "rotary_dim")
+    scaling_key = json.dumps(scaling, sort_keys=True, default=lambda o: np.asarray(o).tolist())
+    ck, offset = _call_key(positions, query, key, _NoCache(rot, query.data.device_id), is_neox, rot, False, None)
+    ck = (ck, base, scaling_key, max_position)
+    call = _positions_calls.get(ck)
+    if call is _MISSING:
+        call = _plan_positions_call(ck, positions, query, key, rot, base, scaling, is_neox, max_position)
+    if call is None:
+        return
+    meet = call.meet
+    if meet is not None and meet[0] < offset < meet[1] and offset != call.apart:
+        _check_key_apart(call, query, key, offset)
+    switch = on_device(call.device)
+    if switch is not _NO_SWITCH:
+        with switch:
+            return rotary_embedding_positions(positions, query, key, rotary_dim=rot, base=base, scaling=scaling,
+                                              is_neox=is_neox, max_position=max_position)
+    kernel = call.kernel
+    if kernel is None:
+        kernel = call.kernel = get_kernel(call.inst).kernel
+    launch(kernel, call.config, (query, key if call.has_key else _NULL, call.table, positions, call.params))
+
+
+def positions_bytes_moved(tokens: int, num_heads: int, num_kv_heads: int, rotary_dim: int, dtype,
+                          positions_dtype=np.int64) -> int:
+    """Bytes :func:`rotary_embedding_positions` must move: the rotated elements of q and k read and written, one
+    position per token (no cache)."""
+    return (2 * tokens * (num_heads + num_kv_heads) * rotary_dim * np.dtype(dtype).itemsize
+            + tokens * np.dtype(positions_dtype).itemsize)
+
+
+def positions_plan(tokens: int, num_heads: int, num_kv_heads: int, rotary_dim: int, vec: int, is_neox: bool = True,
+                   sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> tuple:
+    """``(plan, shared_bytes)`` for :func:`rotary_embedding_positions`: :func:`plan`'s launch, plus the block's
+    table of ``tokens_per_block`` rows of ``rotary_dim`` float32 cos and sin."""
+    p = plan(tokens, num_heads, num_kv_heads, rotary_dim, vec, is_neox, sm_count, knobs)
+    return p, p.tokens_per_block * rotary_dim * 4
+
+
+def _plan_positions_call(ck, positions, query, key, rot, base, scaling, is_neox, max_position):
+    if max_position is not None:
+        max_position = _int_arg(max_position, "max_position")
+    if not isinstance(base, numbers.Real) or isinstance(base, bool):
+        raise TypeError(f"base must be a real number, got {type(base).__name__}")
+    args = _validate(positions, query, key, _NoCache(rot, query.data.device_id), rot)
+    q, k, pos = args.query, args.key, args.positions
+    tokens, nh = q.shape[0], q.shape[1]
+    nkv = 0 if k is None else k.shape[1]
+    device = q.data.device_id
+    table, attention = _frequency_table(device, rot, float(base), scaling, max_position)  # checks the scaling
+    if not tokens or not nh + nkv:
+        return _positions_calls.put(ck, None)
+    vec = widest_vector(rot, q.itemsize)
+    for a in (q, k):
+        if vec > 1 and a is not None and (a.data.ptr % 16 or any((s // a.itemsize) % vec for s in a.strides[:-1])):
+            vec = 1
+    p, shared = positions_plan(tokens, nh, nkv, rot, vec, is_neox, sm_count(device))
+    qs = _elem_strides(q)
+    ks = _elem_strides(k) if k is not None else (0, 0, 1)
+    struct = POSITIONS_PARAMS.struct(
+        tokens=tokens, q_ts=qs[0], q_hs=qs[1], k_ts=ks[0], k_hs=ks[1], pos_stride=_elem_strides(pos)[0],
+        attention=attention, two_over_pi=TWO_OVER_PI, pio2_1=PIO2_1, pio2_2=PIO2_2, pio2_3=PIO2_3,
+        pos64=int(pos.dtype == np.int64), q_heads=nh, heads=nh + nkv, rot=rot, lanes=p.lanes, groups=p.groups,
+        tokens_per_block=p.tokens_per_block)
+    meet = None
+    if nkv and nh:
+        qlo, qhi = extent(0, q.shape, q.strides, q.itemsize)
+        klo, khi = extent(0, k.shape, k.strides, k.itemsize)
+        meet = (qlo - khi, qhi - klo)
+    return _positions_calls.put(ck, _PositionsCall(device, positions_instantiation(q.dtype, vec, is_neox, p.items),
+                                                   LaunchConfig(grid=(p.grid,), block=(p.block,), shared_mem=shared),
+                                                   struct, k is not None, meet, table))
+
+
+class _PositionsCall:
+    """A validated, planned :func:`rotary_embedding_positions` call: as :class:`_Call`, with the frequency
+    table in place of the cache and no position check."""
+
+    __slots__ = ("apart", "config", "device", "has_key", "inst", "kernel", "meet", "params", "struct", "table")
+
+    def __init__(self, device, inst, config, struct, has_key, meet, table):
+        self.device, self.inst, self.config, self.has_key, self.meet, self.table = (device, inst, config, has_key,
+                                                                                     meet, table)
+        self.struct, self.params = struct, struct_argument(struct)
+        self.apart = self.kernel = None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# rotary_embedding_mrope: multimodal RoPE, three positions a token.
+
+
+def mrope_sections(mrope_section, rotary_dim: int, interleaved: bool) -> tuple:
+    """``(a, b)``, the kernel's section bounds, from ``mrope_section`` (three non-negative ints, the temporal,
+    height and width pair counts, adding up to ``rotary_dim / 2``). Contiguous: pairs ``[0, a)`` take the
+    temporal position, ``[a, b)`` the height, the rest the width (``a = s0, b = s0 + s1``). Interleaved
+    (Qwen3-VL): pair j takes the height when ``j % 3 == 1 and j < a``, the width when ``j % 3 == 2 and j < b``,
+    else the temporal (``a = 3 s1, b = 3 s2``, capped at ``rot/2``). Like the Hugging Face slices
+    ``[1:3 s1:3]`` and ``[2:3 s2:3]`` it interleaves, the bounds clip at the last pair: a section whose stride
+    runs past it (``[8, 12, 12]`` over 32 pairs) gives its surplus to the temporal one."""
+    try:
+        sections = [_int_arg(s, "mrope_section's entries") for s in mrope_section]
+    except TypeError as err:
+        if "entries" in str(err):
+            raise
+        raise TypeError(f"mrope_section must be three ints, got {type(mrope_section).__name__}") from None
+    half = rotary_dim // 2
+    if len(sections) != 3 or min(sections) < 0 or sum(sections) != half:
+        raise ValueError(f"mrope_section={list(sections)} must be three non-negative ints adding up to "
+                         f"rotary_dim / 2 = {half}")
+    s0, s1, s2 = sections
+    if not interleaved:
+        return s0, s0 + s1
+    return min(3 * s1, half), min(3 * s2, half)
+
+
+class _Row:
+    """What :func:`_validate` reads of one row of a ``[3, tokens]`` positions array."""
+
+    def __init__(self, positions):
+        self.shape, self.strides, self.dtype = positions.shape[1:], positions.strides[1:], positions.dtype
+        self.ndim, self.itemsize, self.data, self.device = 1, positions.itemsize, positions.data, positions.device
+
+
+_mrope_calls = CallCache()
+
+
+def rotary_embedding_mrope(positions, query, key, cos_sin_cache, *, mrope_section, interleaved: bool = False,
+                           is_neox: bool = True, rotary_dim: int | None = None, check_positions: bool = True) -> None:
+    """Multimodal rotary embedding (Qwen2-VL, Qwen2.5-VL; ``interleaved`` for Qwen3-VL), in place on ``query``
+    and ``key``, one launch.
+
+    Token ``t`` has three positions ``positions[:, t]`` (temporal, height, width); pair ``j`` of every head is
+    turned as :func:`rotary_embedding` turns it, by ``cos_sin_cache[p, j]`` and ``cos_sin_cache[p, W/2 + j]``
+    with ``p = positions[r(j), t]``: ``r(j)`` is the section of ``mrope_section = (s0, s1, s2)`` (adding up to
+    ``rotary_dim / 2``) that j falls in, contiguous (``j < s0``: 0, then ``s1`` pairs of 1, then 2) or
+    interleaved (``j % 3 == 1`` among the first ``3 s1`` pairs: 1, ``j % 3 == 2`` among the first ``3 s2``: 2,
+    else 0). A text token, all three positions equal, is rotated exactly as :func:`rotary_embedding` rotates it.
+    Bits: :func:`cukern.reference.rotary_embedding_mrope_emulated`, whatever the layout or the launch.
+
+    Parameters
+    ----------
+    positions : cupy.ndarray, int32 or int64, shape ``[3, tokens]`` (any strides).
+    query, key, cos_sin_cache, is_neox, rotary_dim : as :func:`rotary_embedding`'s.
+    mrope_section : three ints (a model config's ``rope_scaling["mrope_section"]``).
+    interleaved : bool
+        Qwen3-VL's interleaved sections (``mrope_interleaved``).
+    check_positions : bool
+        As :func:`rotary_embedding`'s, over all three rows: the IndexError names ``positions[r, t]``; without
+        it a token with any position outside the cache is left as it is.
+
+    Returns
+    -------
+    None
+    """
+    nd = _cupy().ndarray
+    if not (type(positions) is nd and type(query) is nd and type(cos_sin_cache) is nd
+            and (key is None or type(key) is nd)):
+        positions, cos_sin_cache = (as_array(a, n) for a, n in ((positions, "positions"),
+                                                                (cos_sin_cache, "cos_sin_cache")))
+        query = as_array(query, "query", writable=True)
+        key = None if key is None else as_array(key, "key", writable=True)
+    section_key = tuple(mrope_section) if isinstance(mrope_section, (list, tuple)) else mrope_section
+    ck, offset = _call_key(positions, query, key, cos_sin_cache, is_neox, rotary_dim, False, None)
+    ck = (ck, section_key, bool(interleaved))
+    call = _mrope_calls.get(ck)
+    if call is _MISSING:
+        call = _plan_mrope_call(ck, positions, query, key, cos_sin_cache, mrope_section, interleaved, is_neox,
+                                rotary_dim)
+    if call is None:
+        return
+    meet = call.meet
+    if meet is not None and meet[0] < offset < meet[1] and offset != call.apart:
+        _check_key_apart(call, query, key, offset)
+    switch = on_device(call.device)
+    if switch is not _NO_SWITCH:
+        with switch:
+            return rotary_embedding_mrope(positions, query, key, cos_sin_cache, mrope_section=mrope_section,
+                                          interleaved=interleaved, is_neox=is_neox, rotary_dim=rotary_dim,
+                                          check_positions=check_positions)
+    if check_positions:
+        _check_mrope_positions(call, positions)
+    if call.inst is None:
+        return
+    kernel = call.kernel
+    if kernel is None:
+        kernel = call.kernel = get_kernel(call.inst).kernel
+    launch(kernel, call.config, (query, key if call.has_key else _NULL, cos_sin_cache, positions, call.params))
+
+
+def _plan_mrope_call(ck, positions, query, key, cache, mrope_section, interleaved, is_neox, rotary_dim):
+    if positions.ndim != 2 or positions.shape[0] != 3:
+        raise ValueError(f"positions has shape {tuple(positions.shape)}; it must be [3, tokens] (temporal, height, "
+                         "width)")
+    args = _validate(_Row(positions), query, key, cache, rotary_dim)
+    q, k, cache, rot = args.query, args.key, args.cache, args.rotary_dim
+    section_a, section_b = mrope_sections(mrope_section, rot, bool(interleaved))
+    tokens, nh = q.shape[0], q.shape[1]
+    nkv = 0 if k is None else k.shape[1]
+    if not tokens:
+        return _mrope_calls.put(ck, None)
+    device = q.data.device_id
+    pos_stride, row_stride = (s // positions.itemsize for s in (positions.strides[1], positions.strides[0]))
+    check = CHECK_PARAMS.struct(pos_stride=pos_stride, tokens=tokens, cache_rows=cache.shape[0])
+    if not nh + nkv:
+        return _mrope_calls.put(ck, _MropeCall(positions.strides[0], device, cache.shape[0], check))
+    knobs = _tuned.lookup(TUNING[bool(is_neox)], device, q.dtype, (tokens, nh, nkv, q.shape[2]))
+    vec = vector_width(q, k, cache, rot, is_neox, args.sin_offset)
+    p = plan(tokens, nh, nkv, rot, vec, is_neox, sm_count(device), knobs)
+    qs = _elem_strides(q)
+    ks = _elem_strides(k) if k is not None else (0, 0, 1)
+    struct = MROPE_PARAMS.struct(
+        tokens=tokens, q_ts=qs[0], q_hs=qs[1], k_ts=ks[0], k_hs=ks[1], pos_stride=pos_stride,
+        pos_row_stride=row_stride, cache_rows=cache.shape[0], cache_ts=_elem_strides(cache)[0],
+        sin_offset=args.sin_offset, pos64=int(positions.dtype == np.int64), q_heads=nh, heads=nh + nkv, rot=rot,
+        lanes=p.lanes, groups=p.groups, tokens_per_block=p.tokens_per_block, section_a=section_a,
+        section_b=section_b, interleaved=int(bool(interleaved)))
+    meet = None
+    if nkv and nh:
+        qlo, qhi = extent(0, q.shape, q.strides, q.itemsize)
+        klo, khi = extent(0, k.shape, k.strides, k.itemsize)
+        meet = (qlo - khi, qhi - klo)
+    inst = mrope_instantiation(q.dtype, cache.dtype, vec, is_neox, p.items)
+    return _mrope_calls.put(ck, _MropeCall(positions.strides[0], device, cache.shape[0], check, inst, p.config, struct,
+                                           k is not None, meet))
+
+
+class _MropeCall(_Call):
+    """A :class:`_Call` that also knows the bytes between the rows of its ``[3, tokens]`` positions."""
+
+    __slots__ = ("row_bytes",)
+
+    def __init__(self, row_bytes, *args):
+        super().__init__(*args)
+        self.row_bytes = row_bytes
+
+
+def _check_mrope_positions(call, positions) -> None:
+    """:func:`_check_positions` over the three rows of ``positions`` in turn (a launch and a host wait each),
+    naming ``positions[r, t]``."""
+    stream = _cupy().cuda.get_current_stream()
+    if stream.is_capturing():
+        raise RuntimeError("check_positions=True waits for the GPU, which a CUDA graph capture cannot do; pass "
+                           "check_positions=False while capturing (out-of-range tokens are then left unrotated)")
+    host, address = _found_pair()
+    kernel = call.check_kernel
+    if kernel is None:
+        kernel = call.check_kernel = get_kernel(check_instantiation(positions.dtype)).kernel
+    for r in range(3):
+        launch(kernel, _CHECK_CONFIG, (address, positions.data + r * call.row_bytes, call.check_params))
+        stream.synchronize()
+        first, value = host.tolist()
+        if first < positions.shape[1]:
+            rows = call.cache_rows
+            raise IndexError(f"positions[{r}, {first}] = {value} is outside cos_sin_cache's {rows} rows (valid "
+                             f"positions are 0..{rows - 1}); query and key are unchanged. Build a longer cache "
+                             "with rope_cache, or clamp the positions")

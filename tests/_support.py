@@ -33,7 +33,10 @@ def assert_no_spills(resources: dict, arch: str, what) -> None:
     assert used == 0, (what, arch, resources)
 
 
-# Families with more instantiations than this compile in parts, one worker each, merged for the tests.
+# Families with more instantiations than this compile in parts, one worker each, merged for the tests; and
+# stop at the PTX here (NVRTC without ptxas, half the time: the reductions and RMSNorm are most of the suite's
+# time). Their machine code is checked by .ci/run: `python -m cukern compile --arch sm_90 --max-local 0` for
+# those families, which fails on any spill or stack frame. The tests' PTX checks cover every family.
 PART = 200
 
 
@@ -41,10 +44,21 @@ def _parts(source: str) -> int:
     return -(-len(families.named(source).instantiations()) // PART)
 
 
+def _target(source: str, arch: str) -> str:
+    """``arch``, or its virtual architecture (PTX only) for a family past :data:`PART` instantiations."""
+    return arch if _parts(source) <= 1 else arch.replace("sm_", "compute_")
+
+
+def ptxas_ran(c: Compiled) -> bool:
+    """Whether ``c`` holds machine code (and ``c.resources()`` its registers and spills): False for the
+    families this suite compiles to PTX only (see :data:`PART`)."""
+    return not c.arch.startswith("compute_")
+
+
 def _compile(source: str, arch: str, part: int = 0, parts: int = 1):
     insts = families.named(source).instantiations()
     size = -(-len(insts) // parts)
-    return compile_program(source, insts[part * size:(part + 1) * size], arch)
+    return compile_program(source, insts[part * size:(part + 1) * size], _target(source, arch))
 
 
 def _merged(pieces: list) -> Compiled:
@@ -169,7 +183,41 @@ def assert_close(got, ref, dtype=None, *, terms: int = 1) -> None:
                                   f"against {r[worst]!r} (rtol {rtol:.3g})")
 
 
+def same_bits(got, want) -> bool:
+    """The reproducibility contract's equality: same shape, dtype and bits, NaN payloads aside (every NaN
+    equals every NaN). A GPU makes its own NaN (0x7fffffff for float32 on NVIDIA GPUs, from 0/0, inf - inf
+    and NaN operands alike) where NumPy on the host keeps or makes another (0x7fc00000), so the emulators
+    promise the bits of every number and the NaN-ness of every NaN."""
+    got, want = _host(got), _host(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    # ml_dtypes' bfloat16 and float8 say kind "V" as raw bytes do, but their NaNs are NaNs like float32's
+    if got.dtype.kind in "biu" or (got.dtype.kind == "V" and got.dtype.type.__module__ != "ml_dtypes"):
+        return got.tobytes() == want.tobytes()
+    nan_got, nan_want = np.isnan(got.astype(np.float64)), np.isnan(want.astype(np.float64))
+    return bool(np.array_equal(nan_got, nan_want)) and got[~nan_got].tobytes() == want[~nan_want].tobytes()
+
+
 def _host(a):
     if hasattr(a, "get") and not isinstance(a, np.ndarray):
         return a.get()
     return np.asarray(a)
+
+
+def struct_fields(source: str, struct: str) -> tuple:
+    """The ``(name, kind)`` fields of ``struct`` in cuda_src/<source>.cu, comments dropped, in the kinds of
+    :class:`cukern._launch.Params` (``unsigned`` packs as i32, ``unsigned long long`` as u64)."""
+    import re
+
+    from cukern._compile import read_source
+
+    body = re.search(r"struct " + struct + r" \{(.*?)\};", read_source(source), re.DOTALL).group(1)
+    body = re.sub(r"//[^\n]*", "", body)
+    kinds = {"long long": "i64", "unsigned long long": "u64", "int": "i32", "unsigned": "i32", "float": "f32",
+             "double": "f64"}
+    fields = []
+    for decl in body.split(";")[:-1]:
+        kind, names = re.fullmatch(r"\s*(unsigned long long|long long|unsigned|int|float|double) (.*)", decl,
+                                   re.DOTALL).groups()
+        fields += [(n.strip(), kinds[kind]) for n in names.split(",")]
+    return tuple(fields)

@@ -16,7 +16,8 @@ PACKAGE = ROOT / "cukern"
 
 LAB = "cukern.lab"
 LAB_IMPORTERS = {"cukern.__main__"}  # `python -m cukern`, the program's entry point, stands above both wings
-OPS = ("cukern.rmsnorm", "cukern.rotary", "cukern.reduce", "cukern.reduce_plan", "cukern.rope_cache")
+OPS = ("cukern.rmsnorm", "cukern.rotary", "cukern.reduce", "cukern.reduce_plan", "cukern.rope_cache",
+       "cukern.qknorm", "cukern.argreduce", "cukern.segment", "cukern.scan")
 
 
 def module_name(path: Path) -> str:

@@ -4,12 +4,14 @@
 import itertools
 import math
 import re
+from decimal import Decimal, localcontext
 from types import SimpleNamespace
 
 import ml_dtypes
 import numpy as np
 import pytest
-from _support import ARCHS, assert_close, assert_no_spills, compiled
+from _support import ARCHS, assert_close, assert_no_spills, compiled, same_bits
+from test_plumbing import test_params_match_the_struct_the_kernel_declares as _struct_matches
 
 from cukern import reference, rotary
 from cukern._dtypes import BFLOAT16, FLOAT_TYPES
@@ -34,11 +36,6 @@ SCALINGS = [
 ]
 
 
-def bits(a):
-    a = np.ascontiguousarray(a)
-    return a.view({2: np.uint16, 4: np.uint32}[a.itemsize])
-
-
 # ------------------------------------------------------------------------------------ references (CPU)
 
 
@@ -61,7 +58,7 @@ def test_reference_rotation_is_complex_multiplication(rng, is_neox, rot):
         z = (q[:, :, a] + 1j * q[:, :, b]) * np.exp((-1j if inverse else 1j) * pos[:, None, None] * w)
         np.testing.assert_allclose(got[:, :, a], z.real, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(got[:, :, b], z.imag, rtol=1e-12, atol=1e-12)
-        np.testing.assert_array_equal(got[:, :, rot:], q[:, :, rot:])
+        assert same_bits(got[:, :, rot:], q[:, :, rot:])
 
 
 def test_reference_rotation_partial_and_wide_cache(rng):
@@ -72,7 +69,7 @@ def test_reference_rotation_partial_and_wide_cache(rng):
     narrow = np.concatenate([cache[:, :16], cache[:, 32:48]], axis=1)
     got, _ = reference.rotary_embedding(pos, q, None, cache, rotary_dim=32)
     want, _ = reference.rotary_embedding(pos, q, None, narrow)
-    np.testing.assert_array_equal(got, want)
+    assert same_bits(got, want)
 
 
 def test_reference_inverse_and_out_of_range(rng):
@@ -84,8 +81,8 @@ def test_reference_inverse_and_out_of_range(rng):
     np.testing.assert_allclose(back[0], q, atol=1e-12)
     np.testing.assert_allclose(back[1], k, atol=1e-12)
     for t in (2, 4):
-        np.testing.assert_array_equal(r[0][t], q[t])
-    np.testing.assert_array_equal(r[0][0], q[0])  # position 0: cos 1, sin 0
+        assert same_bits(r[0][t], q[t])
+    assert same_bits(r[0][0], q[0])  # position 0: cos 1, sin 0
 
 
 @pytest.mark.parametrize("is_neox", [True, False])
@@ -105,12 +102,12 @@ def test_emulation_is_the_reference_rounded(rng, dtype, is_neox):
         for g, w, v in zip(got, want, (q, k)):
             assert g.dtype == dtype
             assert_close(g, w, dtype)
-            np.testing.assert_array_equal(bits(g[3:5]), bits(v[3:5]))
-            np.testing.assert_array_equal(bits(g[..., 48:]), bits(v[..., 48:]))
+            assert same_bits(g[3:5], v[3:5])
+            assert same_bits(g[..., 48:], v[..., 48:])
     negated = np.concatenate([cache[:, :32], -cache[:, 32:]], axis=1)
     for g, w in zip(reference.rotary_embedding_emulated(pos, q, k, cache, is_neox=is_neox, inverse=True),
                     reference.rotary_embedding_emulated(pos, q, k, negated, is_neox=is_neox)):
-        np.testing.assert_array_equal(bits(g), bits(w))
+        assert same_bits(g, w)
 
 
 @pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: "none" if s is None else s["type"])
@@ -166,8 +163,7 @@ def test_dynamic_ntk_known_values():
     """No stretch while the cache fits the original context; at max_position = 2 x original with factor 2
     the base grows by (2 * 2 - (2 - 1))^(rot / (rot - 2)) = 3^(64 / 62)."""
     s = {"type": "dynamic_ntk", "factor": 2.0, "original_max_position": 2048}
-    np.testing.assert_array_equal(rope_frequencies(2048, 64, 10000.0, s)[0],
-                                  rope_frequencies(2048, 64, 10000.0)[0])
+    assert same_bits(rope_frequencies(2048, 64, 10000.0, s)[0], rope_frequencies(2048, 64, 10000.0)[0])
     freq = rope_frequencies(4096, 64, 10000.0, s)[0]
     base = 10000.0 * 3.0 ** (64 / 62)
     np.testing.assert_allclose(freq, base ** (-np.arange(0, 64, 2) / 64), rtol=1e-14)
@@ -203,7 +199,7 @@ def test_rope_cache_refuses_non_integer_sizes(args, name):
 
 
 def test_rope_cache_takes_numpy_integers():
-    np.testing.assert_array_equal(rope_cache_host(np.int64(16), np.int32(64)), rope_cache_host(16, 64))
+    assert same_bits(rope_cache_host(np.int64(16), np.int32(64)), rope_cache_host(16, 64))
 
 
 # ---------------------------------------------------------------------------------------- plan (CPU)
@@ -468,7 +464,7 @@ def test_vector_width():
 def test_instantiations_generated_and_modest():
     insts = rotary.instantiations()
     names = {i.expression for i in insts}
-    assert len(names) == len(insts) <= 24
+    assert len(names) == len(insts) <= 48
     for t in FLOAT_TYPES:
         for c in {t, F32}:
             for vec in {16 // t.itemsize, 1}:
@@ -476,6 +472,11 @@ def test_instantiations_generated_and_modest():
                     assert rotary.rotation_instantiation(t, c, vec, neox).expression in names
     assert rotary.check_instantiation(np.int32).expression in names
     assert rotary.check_instantiation(np.int64).expression in names
+    for t in FLOAT_TYPES:
+        for vec in {16 // t.itemsize, 1}:
+            for neox in (True, False):
+                assert rotary.positions_instantiation(t, vec, neox).expression in names
+                assert rotary.mrope_instantiation(t, F32, vec, neox).expression in names
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -487,8 +488,9 @@ def test_every_instantiation_compiles_without_spills_or_local_memory(arch):
         assert lowered in res, inst.expression
         r = res[lowered]
         assert_no_spills(r, arch, inst.expression)
-        # the launch bound caps the rotation at 64 registers (half the SM's threads resident), spill-free
-        assert r["registers"] <= 64, (inst.expression, r)
+        # the launch bound caps the rotation at 64 registers (half the SM's threads resident), spill-free; the
+        # cache-free rotation holds its first loads across its float64 cos and sin, mrope its gathered cos/sin
+        assert r["registers"] <= (64 if inst.name == "rotary_embedding" else 96), (inst.expression, r)
         assert ".local" not in prog.kernel_ptx(inst), inst.expression
 
 
@@ -510,14 +512,17 @@ def test_vectorized_instantiations_use_16_byte_accesses(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_rotation_is_never_contracted_into_fma(arch):
     """Every instantiation rotates with separately rounded multiplies and adds, so the 16-byte and the
-    element-wise paths give the same bits (an fma in one path and not the other changed the last bit)."""
+    element-wise paths give the same bits (an fma in one path and not the other changed the last bit); the
+    cache-free kernel's float64 cos and sin likewise, with no approximate instruction."""
     prog = compiled(rotary.SOURCE, arch)
     for inst in rotary.instantiations():
-        if inst.name != "rotary_embedding":
+        if inst.name not in ("rotary_embedding", "rotary_embedding_positions"):
             continue
         body = prog.kernel_ptx(inst)
-        assert "fma.rn.f32" not in body, inst.expression
+        assert "fma.rn.f32" not in body and "fma.rn.f64" not in body and ".approx" not in body, inst.expression
         assert "mul.rn.f32" in body and "sub.rn.f32" in body and "add.rn.f32" in body, inst.expression
+        if inst.name == "rotary_embedding_positions":
+            assert "mul.rn.f64" in body and "cvt.rni.f64.f64" in body and "cvt.rn.f32.f64" in body, inst.expression
 
 
 # ------------------------------------------------------------------------------------------ GPU tests
@@ -571,7 +576,7 @@ def run_case(rng, *, tokens, nh, nkv, hs, rot, dtype, is_neox, kind="contiguous"
     touched[_view(np, index, qo, qs, (tokens, nh, hs))[..., :rot].ravel()] = True
     if nkv:
         touched[_view(np, index, ko, ks, (tokens, nkv, hs))[..., :rot].ravel()] = True
-    np.testing.assert_array_equal(bits(after[~touched]), bits(host[~touched]))
+    assert same_bits(after[~touched], host[~touched])
 
     rows = np.arange(tokens) if tokens <= sample else np.unique(
         np.concatenate([rng.choice(tokens, sample, replace=False), [0, tokens - 1]]))
@@ -585,7 +590,7 @@ def run_case(rng, *, tokens, nh, nkv, hs, rot, dtype, is_neox, kind="contiguous"
                                                 inverse=inverse)
     for g, w, e in zip(got, want, exact):
         assert_close(g, w, dtype)
-        np.testing.assert_array_equal(bits(g), bits(e))
+        assert same_bits(g, e)
 
 
 def _matrix():
@@ -665,7 +670,7 @@ def test_inverse_undoes_rotation(rng, dtype, is_neox):
     back = reference.rotary_embedding_emulated(pos, *there, cache, is_neox=is_neox, inverse=True)
     eps = float(ml_dtypes.finfo(dtype).eps)
     for got, exact, want in ((q, back[0], q0), (k, back[1], k0)):
-        np.testing.assert_array_equal(bits(got.get()), bits(exact))
+        assert same_bits(got.get(), exact)
         # each rotation's rounding moves an element by up to an ulp of its pair's length, so the bound is
         # relative to the largest value, not to each element
         g, w = got.get().astype(np.float64), want.get().astype(np.float64)
@@ -690,15 +695,15 @@ def test_out_of_range_positions(rng, pos_dtype):
 
     with pytest.raises(IndexError, match=r"positions\[12345\] = -1 is outside cos_sin_cache's 512 rows"):
         rotary.rotary_embedding(pos, q, k, cache)
-    np.testing.assert_array_equal(bits(q.get()), bits(q0))
-    np.testing.assert_array_equal(bits(k.get()), bits(k0))
+    assert same_bits(q.get(), q0)
+    assert same_bits(k.get(), k0)
 
     rotary.rotary_embedding(pos, q, k, cache, check_positions=False)
     want = reference.rotary_embedding(pos_host, q0, k0, cache_host)
     qa, ka = q.get(), k.get()
     for t in bad:
-        np.testing.assert_array_equal(bits(qa[t]), bits(q0[t]))
-        np.testing.assert_array_equal(bits(ka[t]), bits(k0[t]))
+        assert same_bits(qa[t], q0[t])
+        assert same_bits(ka[t], k0[t])
     assert_close(qa, want[0], BFLOAT16)
     assert_close(ka, want[1], BFLOAT16)
 
@@ -729,7 +734,7 @@ def test_wide_cache_and_partial_rotary_dim(rng):
     rotary.rotary_embedding(cupy.asarray(pos_host), q, None, cupy.asarray(cache_host), rotary_dim=48)
     want = reference.rotary_embedding(pos_host, q0, None, cache_host, rotary_dim=48)
     assert_close(q.get(), want[0], BFLOAT16)
-    np.testing.assert_array_equal(bits(q.get()[..., 48:]), bits(q0[..., 48:]))
+    assert same_bits(q.get()[..., 48:], q0[..., 48:])
 
 
 @pytest.mark.gpu
@@ -755,7 +760,7 @@ def test_rope_cache_on_device(dtype):
     got = rope_cache(300, 64, scaling=LLAMA31, dtype=dtype)
     assert got.dtype == dtype and got.shape == (300, 64)
     want = rope_cache_host(300, 64, scaling=LLAMA31).astype(dtype)
-    np.testing.assert_array_equal(bits(got.get()), bits(want))
+    assert same_bits(got.get(), want)
 
 
 @pytest.mark.gpu
@@ -831,8 +836,8 @@ def test_placement_does_not_change_the_bits(rng, dtype, cache_is_f32, is_neox):
         vec = rotary.vector_width(q, k, cache, hs, is_neox, hs // 2)
         assert (vec > 1) == (shift == 0), (shift, vec)
         rotary.rotary_embedding(pos, q, k, cache, is_neox=is_neox)
-        np.testing.assert_array_equal(bits(q.get()), bits(exact[0]), err_msg=f"query, shift {shift}")
-        np.testing.assert_array_equal(bits(k.get()), bits(exact[1]), err_msg=f"key, shift {shift}")
+        assert same_bits(q.get(), exact[0]), f"query, shift {shift}"
+        assert same_bits(k.get(), exact[1]), f"key, shift {shift}"
 
 
 @pytest.mark.gpu
@@ -868,14 +873,14 @@ def test_position_check_names_the_first_and_the_last_token(rng, pos_dtype, token
         q, k = q0.copy(), k0.copy()
         with pytest.raises(IndexError, match=rf"^positions\[{t}\] = {value} is outside cos_sin_cache's {rows} rows"):
             rotary.rotary_embedding(cupy.asarray(bad), q, k, cache)
-        np.testing.assert_array_equal(bits(q.get()), bits(q0.get()))
-        np.testing.assert_array_equal(bits(k.get()), bits(k0.get()))
+        assert same_bits(q.get(), q0.get())
+        assert same_bits(k.get(), k0.get())
     pos = cupy.asarray(good)
     q, k, qu, ku = q0.copy(), k0.copy(), q0.copy(), k0.copy()
     rotary.rotary_embedding(pos, q, k, cache)
     rotary.rotary_embedding(pos, qu, ku, cache, check_positions=False)
-    np.testing.assert_array_equal(bits(q.get()), bits(qu.get()))
-    np.testing.assert_array_equal(bits(k.get()), bits(ku.get()))
+    assert same_bits(q.get(), qu.get())
+    assert same_bits(k.get(), ku.get())
 
 
 @pytest.mark.gpu
@@ -903,13 +908,13 @@ def test_position_check_refuses_graph_capture_before_recording(rng):
         finally:
             graph = s.end_capture()  # raises if the refused call had invalidated the capture
         s.synchronize()
-        np.testing.assert_array_equal(bits(q.get()), bits(q0.get()))  # captured, not run
+        assert same_bits(q.get(), q0.get())  # captured, not run
         graph.launch(s)
         s.synchronize()
     want_q, want_k = q0.copy(), k0.copy()
     rotary.rotary_embedding(pos, want_q, want_k, cache, check_positions=False)
-    np.testing.assert_array_equal(bits(q.get()), bits(want_q.get()))  # rotated once
-    np.testing.assert_array_equal(bits(k.get()), bits(want_k.get()))
+    assert same_bits(q.get(), want_q.get())  # rotated once
+    assert same_bits(k.get(), want_k.get())
 
 
 @pytest.mark.gpu
@@ -932,5 +937,318 @@ def test_key_overlapping_query_is_refused_and_fused_views_are_not(rng):
     want = reference.rotary_embedding_emulated(pos, before[:, : 4 * hs].reshape(tokens, 4, hs),
                                                before[:, 4 * hs: 5 * hs].reshape(tokens, 1, hs), cache)
     twice = reference.rotary_embedding_emulated(pos, *want, cache)
-    np.testing.assert_array_equal(bits(q.get()), bits(twice[0]))
-    np.testing.assert_array_equal(bits(k.get()), bits(twice[1]))
+    assert same_bits(q.get(), twice[0])
+    assert same_bits(k.get(), twice[1])
+
+
+# --------------------------------------------------- rotary_embedding_positions: cos and sin in the kernel
+
+_PI_DIGITS = Decimal("3.1415926535897932384626433832795028841971693993751058209749445923078164062862089986")
+
+
+def _exact_cos_sin(p: int, w: float) -> tuple:
+    """cos and sin of the exact product of the integer ``p`` and the float64 ``w``, to about 40 digits
+    (Decimal: the angle reduced by 2 pi from 80 digits of pi, then Taylor series)."""
+    with localcontext() as ctx:
+        ctx.prec = 60
+        x = Decimal(p) * Decimal(w)  # exact
+        two_pi = 2 * _PI_DIGITS
+        x -= two_pi * (x / two_pi).to_integral_value()
+        term, c, s, n = Decimal(1), Decimal(0), Decimal(0), 0
+        while abs(term) > Decimal(10) ** -50 or n < 4:
+            if n % 2 == 0:
+                c += term if n % 4 == 0 else -term
+            else:
+                s += term if n % 4 == 1 else -term
+            n += 1
+            term = term * x / n
+        return float(c), float(s)
+
+
+def test_positions_params_match_the_struct():
+    _struct_matches(rotary.POSITIONS_PARAMS, rotary.SOURCE, "RotaryPositionsParams")
+
+
+def test_pi_over_2_in_three_parts():
+    from fractions import Fraction
+
+    assert rotary.top_bits(rotary.PIO2_1) == rotary.PIO2_1 and rotary.top_bits(rotary.PIO2_2) == rotary.PIO2_2
+    parts = Fraction(rotary.PIO2_1) + Fraction(rotary.PIO2_2) + Fraction(rotary.PIO2_3)
+    assert abs(parts - Fraction(_PI_DIGITS) / 2) < Fraction(1, 2**110)
+    w = np.array([1.0, 0.1, 1e-4, 3.3e-9])
+    hi = rotary.top_bits(w)
+    assert np.all(hi + (w - hi) == w) and np.all((w - hi) <= np.abs(w) * 2.0**-28)
+    assert all(float(Fraction(int(p)) * Fraction(float(h))) == p * h for p in (2**24 - 1, 77777) for h in hi)
+
+
+def test_in_kernel_cos_sin_are_within_half_an_ulp_at_any_position():
+    """The stated bound, on the host (the emulator is the kernel bit for bit): cos and sin within half a
+    float32 ulp plus 2^-40 of the exact a cos(p w), a sin(p w), at positions up to 2^24 - 1, negative ones
+    too, for plain and YaRN frequencies; the float32 cache's error at the same points obeys the same bound
+    only where float64's rounded angle p w is accurate enough."""
+    r = np.random.default_rng(7)
+    pos = np.concatenate([[0, 1, 2, 3, 4095, 2**20 - 1, 2**20, 2**24 - 1, -1, -(2**24 - 1)],
+                          r.integers(0, 2**24, 40), -r.integers(0, 2**20, 10)])
+    for scaling, rot in ((None, 128), (QWEN_YARN, 64)):
+        got = reference.rotary_positions_cos_sin(pos, rot, 1e6, scaling)
+        w, a = rope_frequencies(1, rot, 1e6, scaling)
+        half = rot // 2
+        cols = list(range(0, half, 7)) + [half - 1]
+        for i, p in enumerate(pos):
+            for j in cols:
+                c, s = _exact_cos_sin(int(p), float(w[j]))
+                for value, exact in ((got[i, j], a * c), (got[i, half + j], a * s)):
+                    bound = float(np.spacing(np.float32(abs(exact)))) / 2 + 2.0**-40
+                    assert abs(float(value) - exact) <= bound, (p, j, value, exact)
+
+
+def test_positions_error_beside_a_float32_cache(rng):
+    """The rotated values' max abs error against float64 at positions up to 2^20: the cache-free op's and a
+    float32 cache's (the same rotation) are alike, within the float64 reference's own angle error."""
+    tokens, hs = 64, 128
+    pos = np.concatenate([[2**20 - 1, 2**20 - 2], rng.integers(0, 2**20, tokens - 2)])
+    q = rng.standard_normal((tokens, 4, hs)).astype(np.float32)
+    want = reference.rotary_embedding_positions(pos, q, None, hs)[0]
+    got = reference.rotary_embedding_positions_emulated(pos, q, None, hs)[0].astype(np.float64)
+    w, _ = rope_frequencies(1, hs)
+    cache = np.concatenate([np.cos(pos[:, None] * w), np.sin(pos[:, None] * w)], axis=1).astype(np.float32)
+    cached = reference.rotary_embedding_emulated(np.arange(tokens), q, None, cache)[0].astype(np.float64)
+    err, cache_err = np.abs(got - want).max(), np.abs(cached - want).max()
+    slack = 2**20 * 2.0**-53 * np.abs(q).max() * 2  # the reference's own angle rounding
+    assert err <= 2 * np.spacing(np.float32(np.abs(want).max())) and abs(err - cache_err) <= slack + err / 4
+    assert_close(got, want, F32)
+
+
+def test_positions_validation_runs_before_the_gpu():
+    q = np.zeros((2, 1, 8), np.float32)
+    with pytest.raises(TypeError, match="positions is a numpy.ndarray"):
+        rotary.rotary_embedding_positions(np.zeros(2, np.int64), q, None, rotary_dim=8)
+
+
+@pytest.mark.parametrize("kw, err, match", [({"rotary_dim": 7}, ValueError, "rotary_dim=7"),
+                                            ({"rotary_dim": 8.0}, TypeError, "rotary_dim must be an int"),
+                                            ({"rotary_dim": 128}, ValueError, "over head_size=64"),
+                                            ({"rotary_dim": 8, "base": "1e4"}, TypeError, "base must be"),
+                                            ({"rotary_dim": 8, "scaling": {"type": "ntk"}}, ValueError, "ntk"),
+                                            ({"rotary_dim": 8, "max_position": 1.5}, TypeError, "max_position")])
+def test_positions_bad_arguments(monkeypatch, kw, err, match):
+    monkeypatch.setattr(rotary, "sm_count", lambda device: 132)
+    monkeypatch.setattr(rotary, "_frequency_table", lambda device, rot, base, scaling, max_position: (
+        None, rope_frequencies(1 if max_position is None else max_position, rot, base, scaling)[1]))
+    args = {"positions": Fake((7,), np.int64), "query": Fake((7, 8, 64)), "key": None}
+    rot = kw.pop("rotary_dim")
+    with pytest.raises(err, match=match):
+        rot = rotary._int_arg(rot, "rotary_dim")
+        rotary._plan_positions_call(object(), args["positions"], args["query"], args["key"], rot,
+                                    kw.get("base", 10000.0), kw.get("scaling"), True, kw.get("max_position"))
+
+
+def test_positions_plan_table_fits_shared_memory():
+    for rot, vec in ((2, 1), (64, 8), (128, 8), (256, 8), (512, 1), (128, 1)):
+        for tokens in (1, 7, 16384):
+            p, shared = rotary.positions_plan(tokens, 32, 8, rot, vec)
+            assert shared == p.tokens_per_block * rot * 4 <= 48 * 1024
+
+
+def _positions_case(rng, *, tokens, nh, nkv, hs, rot, dtype, is_neox, kind="contiguous", pos=None, base=10000.0,
+                    scaling=None, pos_dtype=np.int64):
+    import cupy
+
+    dtype = np.dtype(dtype)
+    n, (qo, qs), (ko, ks) = _layout(tokens, nh, nkv, hs, kind)
+    host = _random(rng, n, dtype)
+    flat = cupy.asarray(host)
+    q = _view(cupy, flat, qo, qs, (tokens, nh, hs))
+    k = _view(cupy, flat, ko, ks, (tokens, nkv, hs)) if nkv else None
+    pos_h = (rng.integers(0, 2**20, tokens) if pos is None else np.asarray(pos)).astype(pos_dtype)
+    rotary.rotary_embedding_positions(cupy.asarray(pos_h), q, k, rotary_dim=rot, base=base, scaling=scaling,
+                                      is_neox=is_neox)
+    after = flat.get()
+    q0 = _view(np, host, qo, qs, (tokens, nh, hs))
+    k0 = _view(np, host, ko, ks, (tokens, nkv, hs)) if nkv else None
+    exact = reference.rotary_embedding_positions_emulated(pos_h, q0, k0, rot, base, scaling, is_neox)
+    want = reference.rotary_embedding_positions(pos_h, q0, k0, rot, base, scaling, is_neox)
+    got = [_view(np, after, qo, qs, (tokens, nh, hs))] + ([_view(np, after, ko, ks, (tokens, nkv, hs))] if nkv else [])
+    for g, e, w in zip(got, exact, want):
+        assert same_bits(g, e)
+        assert_close(g, w, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=str)
+@pytest.mark.parametrize("kind", ["fused", "misaligned"])
+def test_positions_kernel_is_the_emulator(rng, dtype, is_neox, kind):
+    _positions_case(rng, tokens=300, nh=32, nkv=8, hs=128, rot=128, dtype=dtype, is_neox=is_neox, kind=kind)
+    _positions_case(rng, tokens=5, nh=3, nkv=1, hs=96, rot=64, dtype=dtype, is_neox=is_neox, kind=kind,
+                    pos=[0, 2**24 - 1, -7, 2**20, 1], pos_dtype=np.int32, base=1e6, scaling=QWEN_YARN)
+
+
+@pytest.mark.gpu
+def test_positions_decode_key_none_and_blocks_that_loop(rng):
+    _positions_case(rng, tokens=1, nh=32, nkv=8, hs=128, rot=128, dtype=BFLOAT16, is_neox=True)
+    _positions_case(rng, tokens=7, nh=64, nkv=0, hs=128, rot=32, dtype=F16, is_neox=False)
+    _positions_case(rng, tokens=20000, nh=2, nkv=1, hs=64, rot=64, dtype=F32, is_neox=True)
+
+
+@pytest.mark.gpu
+def test_positions_kernel_cos_sin_match_a_cache_built_from_them(rng):
+    """The cache-free op equals rotary_embedding on a float32 cache holding its own cos and sin rows."""
+    import cupy
+
+    tokens, hs = 50, 128
+    pos = rng.integers(0, 2**20, tokens)
+    q0 = cupy.asarray(_random(rng, tokens * 8 * hs, BFLOAT16).reshape(tokens, 8, hs))
+    q, q2 = q0.copy(), q0.copy()
+    rotary.rotary_embedding_positions(cupy.asarray(pos), q, None, rotary_dim=hs)
+    rows = cupy.asarray(reference.rotary_positions_cos_sin(pos, hs))
+    rotary.rotary_embedding(cupy.arange(tokens), q2, None, rows)
+    assert same_bits(q.get(), q2.get())
+
+
+# ------------------------------------------------------------------- rotary_embedding_mrope: three positions
+
+
+def _hf_mrope(pos3, x, cache, section, interleaved):
+    """Multimodal RoPE transcribed from the Hugging Face form (float64, NeoX halves): cos and sin for each of
+    the three position rows, then pair j's taken from its section's row (contiguous chunks, or Qwen3-VL's
+    interleaving: rows 1 and 2 at j = 1, 4, ... and j = 2, 5, ... within 3 s1 and 3 s2, the slices clipping
+    at the last pair as Python's do)."""
+    half = cache.shape[1] // 2
+    cos = np.stack([cache[p, :half] for p in pos3])  # [3, tokens, half]
+    sin = np.stack([cache[p, half:] for p in pos3])
+    if interleaved:
+        c, s = cos[0].copy(), sin[0].copy()
+        for dim, offset in ((1, 1), (2, 2)):
+            c[:, offset:section[dim] * 3:3] = cos[dim][:, offset:section[dim] * 3:3]
+            s[:, offset:section[dim] * 3:3] = sin[dim][:, offset:section[dim] * 3:3]
+    else:
+        bounds = np.cumsum([0] + list(section))
+        c = np.concatenate([cos[i][:, bounds[i]:bounds[i + 1]] for i in range(3)], axis=1)
+        s = np.concatenate([sin[i][:, bounds[i]:bounds[i + 1]] for i in range(3)], axis=1)
+    c, s = c[:, None, :], s[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+@pytest.mark.parametrize("interleaved, section", [(False, (16, 24, 24)), (True, (24, 20, 20)), (False, (8, 0, 56)),
+                                                  (True, (22, 21, 21)), (True, (4, 30, 30)), (True, (0, 0, 64))])
+def test_mrope_reference_is_the_hugging_face_form(rng, interleaved, section):
+    tokens, rows = 9, 300
+    cache = reference.rope_cache(rows, 128, 1e6)
+    pos3 = rng.integers(0, rows, (3, tokens))
+    q = rng.standard_normal((tokens, 4, 128))
+    got, _ = reference.rotary_embedding_mrope(pos3, q, None, cache, section, interleaved)
+    np.testing.assert_allclose(got, _hf_mrope(pos3, q, cache, section, interleaved), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_mrope_text_tokens_are_rotary_embedding(rng, interleaved, is_neox):
+    """Three equal positions: the bits of rotary_embedding; a token with any position outside the cache is
+    left as it is."""
+    cache = rope_cache_host(64, 64).astype(np.float32)
+    pos = rng.integers(0, 64, 6)
+    pos3 = np.stack([pos, pos, pos])
+    pos3[1, 2] = 64
+    q = _random(rng, 6 * 3 * 64, BFLOAT16).reshape(6, 3, 64)
+    got = reference.rotary_embedding_mrope_emulated(pos3, q, None, cache, (10, 11, 11), interleaved, is_neox)[0]
+    bad = pos.copy()
+    bad[2] = -1
+    want = reference.rotary_embedding_emulated(bad, q, None, cache, is_neox=is_neox)[0]
+    assert same_bits(got, want)
+    assert_close(got, reference.rotary_embedding_mrope(pos3, q, None, cache, (10, 11, 11), interleaved,
+                                                       is_neox)[0], BFLOAT16)
+
+
+@pytest.mark.parametrize("section, interleaved, err, match", [
+    ((16, 24), False, ValueError, "three non-negative ints adding up to rotary_dim / 2 = 64"),
+    ((16, 24, 25), False, ValueError, "adding up to"), ((-1, 33, 32), False, ValueError, "non-negative"),
+    ((4, 30, 31), True, ValueError, "adding up to"), ((16.0, 24, 24), False, TypeError, "entries"),
+    (16, False, TypeError, "mrope_section must be three ints")])
+def test_mrope_sections_are_checked(section, interleaved, err, match):
+    with pytest.raises(err, match=match):
+        rotary.mrope_sections(section, 128, interleaved)
+
+
+def test_mrope_section_bounds():
+    assert rotary.mrope_sections((16, 24, 24), 128, False) == (16, 40)
+    assert rotary.mrope_sections([24, 20, 20], 128, True) == (60, 60)
+    assert rotary.mrope_sections((np.int64(22), 21, 21), 128, True) == (63, 63)
+    # the Hugging Face slices [1:3 s1:3] and [2:3 s2:3] clip at the last pair, and so do the bounds
+    assert rotary.mrope_sections((8, 12, 12), 64, True) == (32, 32)
+    assert rotary.mrope_sections((4, 30, 30), 128, True) == (64, 64)
+
+
+def test_mrope_validation_with_fakes(monkeypatch):
+    monkeypatch.setattr(rotary, "sm_count", lambda device: 132)
+    monkeypatch.setattr(rotary._tuned, "lookup", lambda rule, device, dtype, shape: rule.default)
+    q, cache = Fake((7, 8, 128)), Fake((100, 128), F32)
+    call = rotary._plan_mrope_call(("a",), Fake((3, 7), np.int64), q, None, cache, (16, 24, 24), False, True, None)
+    assert call.struct["section_a"] == 16 and call.struct["section_b"] == 40 and call.row_bytes == 7 * 8
+    assert call.struct["pos_row_stride"] == 7 and call.inst.name == "rotary_embedding_mrope"
+    for pos, match in ((Fake((7,), np.int64), r"\[3, tokens\]"), (Fake((2, 7), np.int64), r"\[3, tokens\]"),
+                       (Fake((3, 6), np.int64), "positions has shape"), (Fake((3, 7), F32), "positions has dtype")):
+        with pytest.raises((TypeError, ValueError), match=match):
+            rotary._plan_mrope_call(("b",), pos, q, None, cache, (16, 24, 24), False, True, None)
+
+
+def test_mrope_params_match_the_struct():
+    _struct_matches(rotary.MROPE_PARAMS, rotary.SOURCE, "RotaryMropeParams")
+
+
+def _mrope_case(rng, *, tokens, nh, nkv, hs, rot, dtype, is_neox, section, interleaved, kind="contiguous",
+                rows=4096, pos_dtype=np.int64, cache_dtype=F32):
+    import cupy
+
+    dtype = np.dtype(dtype)
+    n, (qo, qs), (ko, ks) = _layout(tokens, nh, nkv, hs, kind)
+    host = _random(rng, n, dtype)
+    flat = cupy.asarray(host)
+    q = _view(cupy, flat, qo, qs, (tokens, nh, hs))
+    k = _view(cupy, flat, ko, ks, (tokens, nkv, hs)) if nkv else None
+    cache_h = rope_cache_host(rows, rot, 1e6).astype(cache_dtype)
+    pos_h = rng.integers(0, rows, (3, tokens)).astype(pos_dtype)
+    pos_h[:, ::5] = pos_h[0, ::5]  # text tokens among the image ones
+    rotary.rotary_embedding_mrope(cupy.asarray(pos_h), q, k, cupy.asarray(cache_h), mrope_section=section,
+                                  interleaved=interleaved, is_neox=is_neox)
+    after = flat.get()
+    q0 = _view(np, host, qo, qs, (tokens, nh, hs))
+    k0 = _view(np, host, ko, ks, (tokens, nkv, hs)) if nkv else None
+    exact = reference.rotary_embedding_mrope_emulated(pos_h, q0, k0, cache_h, section, interleaved, is_neox)
+    want = reference.rotary_embedding_mrope(pos_h, q0, k0, cache_h, section, interleaved, is_neox)
+    got = [_view(np, after, qo, qs, (tokens, nh, hs))] + ([_view(np, after, ko, ks, (tokens, nkv, hs))] if nkv else [])
+    for g, e, w in zip(got, exact, want):
+        assert same_bits(g, e)
+        assert_close(g, w, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("interleaved, section", [(False, (16, 24, 24)), (True, (24, 20, 20))])
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=str)
+def test_mrope_kernel_is_the_emulator(rng, dtype, is_neox, interleaved, section):
+    _mrope_case(rng, tokens=300, nh=16, nkv=2, hs=128, rot=128, dtype=dtype, is_neox=is_neox, section=section,
+                interleaved=interleaved, kind="fused")
+    _mrope_case(rng, tokens=7, nh=3, nkv=1, hs=96, rot=64, dtype=dtype, is_neox=is_neox, section=(8, 12, 12),
+                interleaved=interleaved, kind="misaligned", pos_dtype=np.int32, cache_dtype=dtype)
+
+
+@pytest.mark.gpu
+def test_mrope_out_of_range_positions(rng):
+    import cupy
+
+    tokens, rows = 50, 64
+    cache_h = rope_cache_host(rows, 64).astype(np.float32)
+    pos_h = rng.integers(0, rows, (3, tokens))
+    pos_h[2, 17], pos_h[1, 30] = rows, -3
+    q0 = _random(rng, tokens * 2 * 64, F16).reshape(tokens, 2, 64)
+    q = cupy.asarray(q0)
+    args = (cupy.asarray(pos_h), q, None, cupy.asarray(cache_h))
+    with pytest.raises(IndexError, match=r"positions\[1, 30\] = -3 is outside cos_sin_cache's 64 rows"):
+        rotary.rotary_embedding_mrope(*args, mrope_section=(10, 11, 11))
+    assert same_bits(q.get(), q0)
+    rotary.rotary_embedding_mrope(*args, mrope_section=(10, 11, 11), check_positions=False)
+    exact = reference.rotary_embedding_mrope_emulated(pos_h, q0, None, cache_h, (10, 11, 11))[0]
+    assert same_bits(q.get(), exact)
+    assert same_bits(q.get()[[17, 30]], q0[[17, 30]])

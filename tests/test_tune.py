@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from cukern import _tuned, reduce, rmsnorm, rotary
+from cukern import _tuned, argreduce, qknorm, reduce, rmsnorm, rotary
 from cukern._dtypes import BFLOAT16, FLOAT_TYPES
 from cukern.lab import bench, tune
 
@@ -174,13 +174,16 @@ SWEEP = {
     "rotary_embedding": ROPE_SHAPES, "rotary_embedding_gptj": ROPE_SHAPES,
     "sum": [(1,), (3,), (1000,), ((1 << 20) + 7,), (1 << 29,), ((1 << 31) + 1,)],
     "sum_rows": [(1, 1), (3, 111), (7, 989), (32768, 16384), (1, 1 << 22), (100000, 3)],
+    "argmax": [(1,), (63,), (1000,), ((1 << 20) + 7,), (1 << 28,), ((1 << 31) + 1,)],
+    "qk_norm_rope": ROPE_SHAPES + [(3, 4, 0, 1024), (2, 1, 1, 1000)],
 }
 
 
 def test_tunables_use_the_ops_own_rules():
     rules = {"rms_norm": rmsnorm.TUNING[False], "fused_add_rms_norm": rmsnorm.TUNING[True],
              "rotary_embedding": rotary.TUNING[True], "rotary_embedding_gptj": rotary.TUNING[False],
-             "sum": reduce.TUNING["sum"], "sum_rows": reduce.TUNING["sum_rows"]}
+             "sum": reduce.TUNING["sum"], "sum_rows": reduce.TUNING["sum_rows"],
+             "argmax": argreduce.TUNING["argmax"], "qk_norm_rope": qknorm.TUNING}
     assert {op: t.rule for op, t in tune.TUNABLES.items()} == rules
     assert set(SWEEP) == set(tune.TUNABLES), "a new tunable needs its shapes in SWEEP"
 
@@ -240,6 +243,7 @@ def test_result_entry_and_format():
 
 
 @pytest.mark.gpu
+@pytest.mark.serial
 @pytest.mark.parametrize("shape", [(4096, 1024), (256, 4096)])
 def test_tune_finds_a_plan_at_least_as_fast_as_the_heuristic(shape):
     from cukern import timing
@@ -262,6 +266,7 @@ def test_tune_finds_a_plan_at_least_as_fast_as_the_heuristic(shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [c for c in bench.OPS["rms_norm"].cases + bench.OPS["fused_add_rms_norm"].cases],
                          ids=lambda c: f"{c.op}-{'x'.join(map(str, c.shape))}-{c.dtype}")
+@pytest.mark.serial  # timings: alone on the GPU
 def test_heuristic_is_within_5_percent_of_the_tuned_best(case):
     t, shape = tune.tunable_for_case(case)
     r = tune.tune(t.op, shape, case.dtype, repeat=50, save=False)

@@ -4,10 +4,15 @@
 //
 // A combine C is a type with `template <typename T> static T identity()` and `template <typename T> static
 // T apply(T a, T b)`, the accumulator type T any type __shfl_xor_sync moves (float, double, int, long long).
-// Sum is here; reduce.cu adds NaN-propagating max and min.
+// Sum is here; reduce.cu adds NaN-propagating max and min, and a (count, mean, M2) struct accumulator, which
+// the tree helpers move between lanes through shuffle_xor (reduce.cu overloads it for that struct).
 #pragma once
 
 namespace cukern {
+
+// One lane's value from lane (lane ^ m). A dependent call, so an overload for an accumulator struct declared
+// beside that struct (found by argument-dependent lookup) takes over for it.
+template <typename T> __device__ __forceinline__ T shuffle_xor(T v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 
 struct Sum {
   template <typename T> __device__ __forceinline__ static T identity() { return T(0); }
@@ -73,7 +78,7 @@ template <typename C, int N, typename T> __device__ __forceinline__ T tree_reduc
 // Every lane of the warp must call it; every lane of a group gets the group's result.
 template <int G, typename C, typename T> __device__ __forceinline__ T group_tree_reduce(T v) {
 #pragma unroll
-  for (int m = 1; m < G; m *= 2) v = C::apply(v, __shfl_xor_sync(0xffffffffu, v, m));
+  for (int m = 1; m < G; m *= 2) v = C::apply(v, shuffle_xor(v, m));
   return v;
 }
 
@@ -101,7 +106,7 @@ __device__ __forceinline__ T block_tree_reduce(const T (&v)[N], T* scratch, int 
 
 // group_tree_reduce for a group width known only at run time (`width` as G above).
 template <typename C, typename T> __device__ __forceinline__ T group_tree_reduce(T v, int width) {
-  for (int m = 1; m < width; m *= 2) v = C::apply(v, __shfl_xor_sync(0xffffffffu, v, m));
+  for (int m = 1; m < width; m *= 2) v = C::apply(v, shuffle_xor(v, m));
   return v;
 }
 

@@ -12,6 +12,7 @@ template <> struct Word<16> { using type = uint4; };
 template <> struct Word<8> { using type = uint2; };
 template <> struct Word<4> { using type = unsigned int; };
 template <> struct Word<2> { using type = unsigned short; };
+template <> struct Word<1> { using type = unsigned char; };  // float8 outputs one element at a time
 
 template <typename T, int N> struct Pack {
   static constexpr int kBytes = static_cast<int>(sizeof(T)) * N;

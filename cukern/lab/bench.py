@@ -39,13 +39,15 @@ class Case:
 @dataclass
 class OpBench:
     """How to benchmark one op: ``setup(case) -> state``; ``run(state)`` calls cukern; ``cupy(state)`` the
-    CuPy composite; ``bytes(case)`` the bytes moved."""
+    CuPy composite; ``bytes(case)`` the bytes moved; ``variants(state)``, optional: more ``(impl, fn)`` pairs
+    computing the same with cukern another way (``cukern-composed``: the unfused calls)."""
 
     setup: Callable
     run: Callable
     cupy: Callable
     bytes: Callable
     cases: list
+    variants: Callable | None = None
 
 
 OPS: dict = {}
@@ -109,6 +111,8 @@ def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, pr
         state = b.setup(case)
         nbytes = b.bytes(case)
         impls = [("cukern", lambda s=state: b.run(s)), ("cupy", lambda s=state: b.cupy(s))]
+        if b.variants is not None:
+            impls[1:1] = b.variants(state)
         tuned = _tuned_impl(case, repeat, warmup) if tune else None
         if tuned is not None:
             impls.insert(1, tuned)
@@ -136,9 +140,11 @@ def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, pr
         del state, impls, tuned
         cupy.get_default_memory_pool().free_all_blocks()
         bar.step(f"{case.op} {'x'.join(map(str, case.shape))} {case.dtype}")
+    host_peers = [pipeline.HostCall(*c) for c in extra.host_calls()] if extra is not None else []
     for name, fn in sets.items():
         bar.step(name, n=0)
-        records += fn(peak, repeat=repeat, warmup=warmup)
+        kwargs = {"peers": host_peers} if fn is pipeline.records else {}
+        records += fn(peak, repeat=repeat, warmup=warmup, **kwargs)
         bar.step(name)
     bar.close()
     dev = cupy.cuda.Device()

@@ -177,13 +177,14 @@ def register_host(call: HostCall) -> None:
     HOST_CALLS.append(call)
 
 
-def records(peak: float, *, repeat: int = 100, warmup: int = 10, n: int = 2000) -> list:
-    """The benchmark's pipeline records: each registered host call's cost in its order (``median_us`` the
-    lowest of five rounds' medians, see :func:`host_overhead`; none for a peer that cannot run here); then for
-    1, 8 and 64 tokens each decode call's graph-replayed time (``impl`` ``cukern-graph``, 8 calls captured to
-    a graph). ``peak``: the copy bandwidth in GB/s the percentages are of."""
+def records(peak: float, *, repeat: int = 100, warmup: int = 10, n: int = 2000, peers=()) -> list:
+    """The benchmark's pipeline records: each registered host call's cost in its order, then each of ``peers``
+    (:class:`HostCall` s of other frameworks, from ``bench/peers.py``) (``median_us`` the lowest of five
+    rounds' medians, see :func:`host_overhead`; none for a peer that cannot run here); then for 1, 8 and 64
+    tokens each decode call's graph-replayed time (``impl`` ``cukern-graph``, 8 calls captured to a graph).
+    ``peak``: the copy bandwidth in GB/s the percentages are of."""
     out = []
-    for c in HOST_CALLS:
+    for c in [*HOST_CALLS, *peers]:
         made = c.make()
         if made is None:
             continue

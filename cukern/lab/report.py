@@ -158,6 +158,9 @@ def plot_roofline(points: list, device: Device, path) -> None:
     FP32 compute roof; achieved GFLOP/s where measured, else the attainable bound (hollow markers)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 6))
+    # kernels that do no arithmetic at all (argmax compares, a scan or a copy adds nothing the card counts)
+    # have no place on log axes: they are in the table, not the plot
+    points = [p for p in points if p["intensity"] > 0]
     lo = min(min(p["intensity"] for p in points) / 4, 0.01)
     hi = max(max(p["intensity"] for p in points) * 4, device.ridge * 8)
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]

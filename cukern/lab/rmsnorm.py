@@ -1,5 +1,6 @@
 """RMSNorm in the lab: the benchmark's cases, inputs and CuPy composite peer, the tuning space, the
-decode-step calls and the cards of ``rms_norm`` and ``fused_add_rms_norm``, each from
+decode-step calls and the cards of ``rms_norm`` and ``fused_add_rms_norm`` (and of their float8 outputs with
+per-token scales, ``rms_norm_fp8`` and ``fused_add_rms_norm_fp8``), each from
 :mod:`cukern.rmsnorm`'s own rules (its ``TUNING``, ``widest_vector``, ``vector_width``, ``plan`` and
 ``bytes_moved``)."""
 
@@ -10,7 +11,7 @@ import math
 
 import numpy as np
 
-from .. import rmsnorm
+from .. import reference, rmsnorm
 from .._dtypes import BFLOAT16, dtype_name, parse_dtype
 from .._layout import ArraySpec
 from . import bench, card, pipeline, tune
@@ -18,6 +19,7 @@ from .bench import Case
 from .device import fits_l2
 
 OPS = {False: "rms_norm", True: "fused_add_rms_norm"}
+FP8_OPS = {False: "rms_norm_fp8", True: "fused_add_rms_norm_fp8"}
 DECODE_HIDDEN = 4096
 
 
@@ -30,6 +32,23 @@ def inputs(shape, dtype, fused: bool) -> dict:
     w = rng.standard_normal(shape[-1], dtype=np.float32).astype(dtype)
     r = rng.standard_normal(shape, dtype=np.float32).astype(dtype) if fused else None
     return {"x": x, "w": w, "r": r, "out": cupy.empty_like(x)}
+
+
+def fp8_inputs(shape, dtype, fused: bool) -> dict:
+    """:func:`inputs` with a uint8 output for float8 bytes."""
+    import cupy
+
+    s = inputs(shape, dtype, fused)
+    s["out"] = cupy.empty(shape, np.uint8)
+    return s
+
+
+def _run_fp8(s):
+    """The public call with float8 outputs and per-token scales on the inputs of :func:`fp8_inputs`."""
+    kw = {"out": s["out"], "out_dtype": rmsnorm.FLOAT8_E4M3FN, "scale": "per_token"}
+    if s["r"] is not None:
+        return rmsnorm.fused_add_rms_norm(s["x"], s["r"], s["w"], **kw)
+    return rmsnorm.rms_norm(s["x"], s["w"], **kw)
 
 
 def _run(s):
@@ -71,6 +90,34 @@ _CASES += [Case("rms_norm", (16384, 4096), d) for d in ("float16", "float32")]
 bench.register("rms_norm", bench.OpBench(_bench_setup, _run, _cupy, _bench_bytes, _CASES))
 bench.register("fused_add_rms_norm", bench.OpBench(_bench_setup, _run, _cupy, _bench_bytes,
                                                    [Case("fused_add_rms_norm", (16384, 4096), "bfloat16")]))
+
+
+def _fp8_setup(case: Case) -> dict:
+    return fp8_inputs(case.shape, parse_dtype(case.dtype), case.op == FP8_OPS[True])
+
+
+def _cupy_fp8(s):
+    """cukern's RMSNorm in x's dtype, then the per-token cast in CuPy array operations (CuPy has no float8
+    dtype: the bytes come from :func:`cukern.reference.float8_e4m3fn_bits` on CuPy arrays)."""
+    import cupy
+
+    if s["r"] is not None:
+        y = rmsnorm.fused_add_rms_norm(s["x"], s["r"], s["w"]).astype(cupy.float32)
+    else:
+        y = rmsnorm.rms_norm(s["x"], s["w"]).astype(cupy.float32)
+    scales = cupy.maximum(cupy.abs(y).max(axis=-1) / np.float32(rmsnorm.FP8_MAX), np.float32(rmsnorm.MIN_SCALE))
+    return reference.float8_e4m3fn_bits(y * (np.float32(1) / scales)[..., None]), scales
+
+
+def _fp8_bytes(case: Case) -> int:
+    dt = parse_dtype(case.dtype)
+    return rmsnorm.bytes_moved(case.shape, dt, dt, fused=case.op == FP8_OPS[True], out_dtype=rmsnorm.FLOAT8_E4M3FN,
+                               per_token=True)
+
+
+for _fused, _op in FP8_OPS.items():
+    bench.register(_op, bench.OpBench(_fp8_setup, _run_fp8, _cupy_fp8, _fp8_bytes,
+                                      [Case(_op, (16384, 4096), "bfloat16")]))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -131,22 +178,8 @@ def _host(with_out: bool):
     return make
 
 
-def _torch_host():
-    """``torch.nn.functional.rms_norm`` on inputs of the same shape and dtype; None without PyTorch or a GPU
-    it can use."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    x = torch.randn(_decode_shape(1), device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(DECODE_HIDDEN, device="cuda", dtype=torch.bfloat16)
-    return torch.nn.functional.rms_norm, (x, (DECODE_HIDDEN,), w, 1e-6), {}
-
-
+# torch's F.rms_norm on the same shape is bench/peers.py's host_calls() (recorded as impl "torch" beside it)
 pipeline.register_host(pipeline.HostCall("host_overhead", "cukern", _decode_shape(1), _host(False)))
-pipeline.register_host(pipeline.HostCall("host_overhead", "torch", _decode_shape(1), _torch_host))
 pipeline.register_host(pipeline.HostCall("host_overhead_out", "cukern", _decode_shape(1), _host(True)))
 
 
@@ -154,19 +187,24 @@ pipeline.register_host(pipeline.HostCall("host_overhead_out", "cukern", _decode_
 # The card.
 
 
-def _measure(shape, dtype, fused: bool):
+def _measure(shape, dtype, fused: bool, fp8: bool = False):
+    if fp8:
+        s = fp8_inputs(shape, dtype, fused)
+        return lambda: _run_fp8(s)
     s = inputs(shape, dtype, fused)
     return lambda: _run(s)
 
 
-def _describe(fused: bool):
+def _describe(fused: bool, fp8: bool = False):
+    """The card of one op; ``fp8``: float8 outputs with per-token scales."""
+
     def describe(shape, dt, params, device, knobs):
         knobs = rmsnorm.DEFAULT_KNOBS if knobs is None else knobs
         w_dt = parse_dtype(params["weight_dtype"] or dtype_name(dt))
         hidden, rows, size = shape[-1], math.prod(shape[:-1]), dt.itemsize
         vec = rmsnorm.vector_width(hidden, [ArraySpec.fresh(shape, dt)], ArraySpec.fresh((hidden,), w_dt))
         p = rmsnorm.plan(hidden, rows, vec, size, device.sm_count, knobs, fused=fused)
-        inst = p.instantiation(dt, w_dt, fused)
+        inst = p.instantiation(dt, w_dt, fused, fp8=fp8)
         groups = -(-rows // p.rows_per_block)
         per_block = -(-groups // p.grid)
         tensors = "residual + x" if fused else "x"
@@ -183,8 +221,9 @@ def _describe(fused: bool):
                 "row_groups": groups, "row_groups_per_block": per_block,
                 "grid_rule": ("capped at knobs.waves x resident blocks; blocks loop over row groups"
                               if per_block > 1 else "one block per row group")}
-        nbytes = rmsnorm.bytes_moved(shape, dt, w_dt, fused=fused)
-        written = (2 if fused else 1) * math.prod(shape) * size
+        out_dt = rmsnorm.FLOAT8_E4M3FN if fp8 else None
+        nbytes = rmsnorm.bytes_moved(shape, dt, w_dt, fused=fused, out_dtype=out_dt, per_token=fp8)
+        written = math.prod(shape) * ((size if fused else 0) + (1 if fp8 else size)) + (4 * rows if fp8 else 0)
         re_read = [f"weight ({fits_l2(hidden * w_dt.itemsize, device)}) by every row group: "
                    f"{rows * hidden * w_dt.itemsize:,} B from L1/L2, should stay in L2"]
         if p.kernel == "wide":
@@ -193,7 +232,8 @@ def _describe(fused: bool):
             re_read.append(f"each row of {tensors} a second time for the scaling pass: {rows * row_bytes:,} B "
                            f"from L2 (rows in flight: {fits_l2(live, device)})")
         traffic = {"bytes_read": nbytes - written, "bytes_written": written,
-                   "counted_by": f"cukern.rmsnorm.bytes_moved(shape, dtype, weight_dtype, fused={fused})",
+                   "counted_by": (f"cukern.rmsnorm.bytes_moved(shape, dtype, weight_dtype, fused={fused}"
+                                  + (", out_dtype=float8_e4m3fn, per_token=True)" if fp8 else ")")),
                    "access_bytes": p.vec * size,
                    "coalesced": (f"yes: lane k of a row's {p.tpr} threads takes vector k + j*{p.tpr}, so a warp "
                                  f"reads {min(p.tpr, 32) * p.vec * size} contiguous bytes per row per access"),
@@ -210,17 +250,24 @@ def _describe(fused: bool):
         elif p.groups > 1:
             combine += f", then a tree over the thread's {p.groups} groups"
         classes = rmsnorm.tree_classes(hidden)
+        rounding = "output rounded once to " + dtype_name(dt)
+        if fp8:
+            rounding = ("each row's amax of |y| (a max: no order to fix) combined by the same helpers in the same "
+                        "pass, scale max(amax / 448, 2^-126), y times its correctly rounded reciprocal rounded "
+                        "to float8 e4m3fn (saturating, the same byte on every GPU)")
+        passes = "one launch; the row never leaves registers" if p.kernel == "rows" else "one launch; the row is read twice"
+        if fp8 and p.kernel == "wide":
+            passes = "one launch; the row is read three times (sum of squares, amax, scale)"
         accumulation = {"reduces": f"sum of squares of each row's {hidden} elements of {tensors}",
                         "precision": ("float32 (inputs widened on load), every product and sum rounded (no fused "
                                       "multiply-add), 1 / sqrt(ss / hidden + eps) correctly rounded step by step, "
-                                      "output rounded once to " + dtype_name(dt)),
+                                      + rounding),
                         "order": (f"one tree fixed by hidden: element i in class i % {classes}, each class summed "
                                   f"in index order ({-(-hidden // classes)} elements), the {classes} class sums "
                                   f"added pairwise, neighbours first; each thread owns {p.groups * p.vec} classes"
                                   + (f" ({p.groups} groups of {p.vec})" if p.groups > 1 else "")),
                         "combine": combine,
-                        "passes": ("one launch; the row never leaves registers" if p.kernel == "rows"
-                                   else "one launch; the row is read twice"),
+                        "passes": passes,
                         "batch_invariant": ("yes, and more: a row's bits depend on its values, hidden, the dtypes, "
                                             "eps and offset only, not on rows, knobs, grid, alignment, SM count or "
                                             "GPU (cukern.reference.rms_norm_emulated gives them on the host)")}
@@ -228,7 +275,7 @@ def _describe(fused: bool):
             launches=[card.Launch(inst, p.grid, p.block, f"{p.kernel} kernel")], tile=tile, traffic=traffic,
             accumulation=accumulation, knobs=dataclasses.asdict(knobs), bytes=nbytes, bytes_written=written,
             flops=math.prod(shape) * (5 if fused else 4),
-            measure=lambda: _measure(shape, dt, fused),
+            measure=lambda: _measure(shape, dt, fused, fp8),
         )
 
     return describe
@@ -237,3 +284,6 @@ def _describe(fused: bool):
 _PARAMS = {"weight_dtype": None}
 card.register(card.CardSpec("rms_norm", (16384, 4096), "bfloat16", _describe(False), _PARAMS, "rms_norm"))
 card.register(card.CardSpec("fused_add_rms_norm", (16384, 4096), "bfloat16", _describe(True), _PARAMS, "rms_norm"))
+for _fused, _op in FP8_OPS.items():
+    card.register(card.CardSpec(_op, (16384, 4096), "bfloat16", _describe(_fused, fp8=True), _PARAMS, "rms_norm",
+                                tuning_op=OPS[_fused]))

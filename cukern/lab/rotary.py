@@ -203,3 +203,87 @@ card.register(card.CardSpec("rotary_embedding_gptj", (16384, 32, 128), "bfloat16
                             "rotary"))
 card.register(card.CardSpec("rotary_embedding_qkv_view", (16384, 32, 128), "bfloat16", _describe,
                             {**_PARAMS, "qkv_view": 1}, "rotary", tuning_op="rotary_embedding"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# rotary_embedding_positions: cos and sin computed in the kernel, no cache; positions up to 2^20.
+
+
+def _positions_setup(case: Case) -> dict:
+    import cupy
+
+    tokens, nh, hd = case.shape
+    s = inputs(tokens, nh, dict(case.params)["kv_heads"], hd, parse_dtype(case.dtype))
+    s["pos"] = cupy.random.default_rng(1).integers(0, 2**20, tokens, dtype=np.int64)
+    return s
+
+
+def _positions_run(s) -> None:
+    rotary.rotary_embedding_positions(s["pos"], s["q"], s["k"], rotary_dim=s["q"].shape[-1])
+
+
+def _positions_cupy(s) -> None:
+    """The composite a CuPy user would write: float32 angles from the positions, cos and sin, rotate."""
+    import cupy
+
+    hd = s["q"].shape[-1]
+    inv = 1.0 / (10000.0 ** (cupy.arange(0, hd, 2, dtype=cupy.float32) / hd))
+    angle = s["pos"].astype(cupy.float32)[:, None] * inv
+    cos, sin = cupy.cos(angle)[:, None, :], cupy.sin(angle)[:, None, :]
+    half = hd // 2
+    for t in (s["q"], s["k"]):
+        x = t.astype(cupy.float32)
+        x1, x2 = x[..., :half], x[..., half:]
+        t[...] = cupy.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(t.dtype)
+
+
+def _positions_bytes(case: Case) -> int:
+    tokens, nh, hd = case.shape
+    return rotary.positions_bytes_moved(tokens, nh, dict(case.params)["kv_heads"], hd, parse_dtype(case.dtype))
+
+
+bench.register("rotary_embedding_positions", bench.OpBench(
+    _positions_setup, _positions_run, _positions_cupy, _positions_bytes,
+    [Case("rotary_embedding_positions", (t, 32, 128), "bfloat16", (("kv_heads", 8),)) for t in (16384, 1)]))
+
+
+def _positions_describe(shape, dt, params, device, knobs):
+    tokens, nh, hd = shape
+    nkv, neox = int(params["kv_heads"]), bool(int(params["neox"]))
+    rot = int(params["rotary_dim"] or hd)
+    vec = rotary.widest_vector(rot, dt.itemsize)
+    p, shared = rotary.positions_plan(tokens, nh, nkv, rot, vec, neox, device.sm_count)
+    elems = tokens * (nh + nkv) * rot
+    nbytes = rotary.positions_bytes_moved(tokens, nh, nkv, rot, dt)
+    written = elems * dt.itemsize
+    tile = {"grid": p.grid, "block": p.block, "tokens_per_block": p.tokens_per_block,
+            "threads_per_token": f"{p.threads_per_token} ({p.lanes} lanes x {p.groups} head groups)",
+            "one_block_computes": (f"cos and sin of its {p.tokens_per_block} token(s) into shared memory "
+                                   f"({shared} B), then all {p.heads} q and k heads of each"),
+            "one_thread_computes": f"unit u of {p.heads_per_thread} head(s): {p.pairs} pair(s) a head",
+            "style": "NeoX (halves)" if neox else "GPT-J (interleaved)", "rotary_dim": rot}
+    traffic = {"bytes_read": nbytes - written, "bytes_written": written,
+               "counted_by": "cukern.rotary.positions_bytes_moved(tokens, num_heads, num_kv_heads, rotary_dim, dtype)",
+               "access_bytes": vec * dt.itemsize,
+               "coalesced": "yes: the lanes of a warp take consecutive units of a head, then the next head",
+               "re_read": ["the frequencies (rot / 2 float64 pairs) by every block, from L1",
+                           "the block's cos/sin table from shared memory by every head group"]}
+    accumulation = {"reduces": "nothing: each output is two float32 products and one add",
+                    "precision": ("cos and sin in float64 (exact argument reduction below 2^24, Taylor series), "
+                                  "rounded to float32; the rotation in float32, rounded once to " + dtype_name(dt)),
+                    "combine": "none", "passes": "one"}
+    inst = rotary.positions_instantiation(dt, vec, neox, p.items)
+    return card.Described(
+        launches=[card.Launch(inst, p.grid, p.block, "cos/sin table, then rotation", shared)], tile=tile,
+        traffic=traffic, accumulation=accumulation, knobs=dataclasses.asdict(rotary.DEFAULT_KNOBS), bytes=nbytes,
+        bytes_written=written, flops=3 * elems + tokens * (rot // 2) * 60,
+        measure=lambda: _positions_measure(shape, dtype_name(dt), nkv))
+
+
+def _positions_measure(shape, dtype: str, kv_heads: int):
+    s = _positions_setup(Case("rotary_embedding_positions", shape, dtype, (("kv_heads", kv_heads),)))
+    return lambda: _positions_run(s)
+
+
+card.register(card.CardSpec("rotary_embedding_positions", (16384, 32, 128), "bfloat16", _positions_describe,
+                            {"kv_heads": 8, "neox": 1, "rotary_dim": None}, "rotary"))

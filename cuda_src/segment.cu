@@ -1,0 +1,214 @@
+// Segmented reductions over CSR offsets along axis 0: segment_sum, segment_max, segment_min, segment_mean
+// (cukern/segment.py).
+//
+//   out[s, j] = reduce(x[offsets[s] : offsets[s + 1], j])      (mean: the sum / the segment's length)
+//
+// One tree per segment length (issue 13): a segment's L values v_i = x[offsets[s] + i, j] are reduced by the
+// tree of cuda_src/reduce.cu over L elements (cukern.reduce_plan's TREE_CHAINS, TREE_CHAIN_LENGTH):
+//   * leaves of 256 consecutive indices; in leaf k, chain c (c < 32) combines v_{256k + c + 32m}, m = 0..7,
+//     one after another into the identity (0 for sums, -inf / +inf for max / min);
+//   * the chain values, in order of 32k + c, are the leaves of a perfect binary tree with neighbours paired
+//     first, their count padded to a power of two with the identity.
+// So a segment's bits depend only on its own values and length: not on its neighbours, the number of
+// segments or columns, the grid, the block or the GPU, and they equal cukern.sum / amax / amin of the same
+// slice along axis 0 (cukern/reference.py `segment_sum_emulated` evaluates the same tree). Sums add with
+// __fadd_rn / __dadd_rn (never contracted); max and min propagate NaN and are commutative bit for bit (+0
+// over -0 in max, -0 in min); a mean divides the sum, widened to double, by L once (IEEE), then rounds to
+// the result dtype (through float for the half types). An empty segment gives the identity (NaN for mean).
+//
+// The six questions (cukern/segment.py `plan` keeps the launch math as a pure plan; the card in
+// cukern/lab/segment.py shows the same answers):
+// 1. Output tile: segment_warp: one warp per (segment, column), lane c owning chain c of every leaf, for
+//    few columns (a 1-D x above all); segment_cols: one thread per (segment, column), a block a segment
+//    and SEG_COL_BLOCK adjacent columns, for rows of 32 columns or more.
+// 2. Input traffic: every element of x inside a segment read once, offsets read twice (each segment reads
+//    its two bounds), out written once. segment_warp: a warp's 32 loads of one chain step are 32
+//    consecutive rows, contiguous when x is a unit-stride column; segment_cols: a warp's 32 threads read
+//    32 adjacent columns of one row.
+// 3. Accumulation: in float (float32, float16, bfloat16) or double (float64) along the tree above. Warp:
+//    chains in the lanes, a leaf's 32 chains by shuffles (common/reduce.cuh group_tree_reduce), leaves by
+//    a stack per warp (tree_push / tree_result). Cols: all 32 chains of a leaf in one thread's registers,
+//    the leaf by tree_reduce, leaves by a stack per thread in shared memory. No atomics.
+// 4. Staging: registers; shared memory for the leaf stacks (SEG_STACK_DEPTH levels a warp or a thread).
+// 5. Tuning: none: the launch follows from the shape (which kernel, blocks of 256 / 128 threads).
+// 6. Profile: one combine an element against sizeof(T) bytes: memory-bound; the target is the copy
+//    bandwidth.
+#include "common/dtype.cuh"
+#include "common/reduce.cuh"
+
+namespace cukern {
+
+constexpr int SEG_CHAINS = 32;
+constexpr int SEG_CHAIN_LENGTH = 8;
+constexpr int SEG_LEAF = SEG_CHAINS * SEG_CHAIN_LENGTH;
+constexpr int SEG_STACK_DEPTH = 35;  // groups of 8 chains of segments up to 2^40 rows
+constexpr int SEG_WARP_BLOCK = 256;  // cukern/segment.py WARP_BLOCK
+constexpr int SEG_COL_BLOCK = 128;   // cukern/segment.py COL_BLOCK
+constexpr int SEG_GROUP = 8;         // chains segment_cols holds at once
+
+enum : int { SEG_SUM = 0, SEG_MAX = 1, SEG_MIN = 2 };
+
+template <typename T> struct SegAcc { using type = float; };
+template <> struct SegAcc<double> { using type = double; };
+template <typename T> using seg_acc_t = typename SegAcc<T>::type;
+
+__device__ __forceinline__ float seg_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double seg_add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float seg_load(float v) { return v; }
+__device__ __forceinline__ double seg_load(double v) { return v; }
+__device__ __forceinline__ float seg_load(f16 v) { return to_float(v); }
+__device__ __forceinline__ float seg_load(bf16 v) { return to_float(v); }
+
+__device__ __forceinline__ bool seg_negative_zero(float a) { return __float_as_uint(a) == 0x80000000u; }
+__device__ __forceinline__ bool seg_negative_zero(double a) {
+  return __double_as_longlong(a) == static_cast<long long>(0x8000000000000000ull);
+}
+
+__device__ __forceinline__ void seg_infinity(float& v) { v = __int_as_float(0x7f800000); }
+__device__ __forceinline__ void seg_infinity(double& v) { v = __longlong_as_double(0x7ff0000000000000ll); }
+template <typename A> __device__ __forceinline__ A seg_infinity() {
+  A v;
+  seg_infinity(v);
+  return v;
+}
+
+struct SegSum {
+  template <typename A> __device__ __forceinline__ static A identity() { return A(0); }
+  template <typename A> __device__ __forceinline__ static A apply(A a, A b) { return seg_add(a, b); }
+};
+// NumPy's max and min: a NaN operand gives a NaN (their sum), and of two equal values max keeps +0 over -0,
+// min -0 over +0, so that both are commutative bit for bit as the shuffle trees need.
+struct SegMax {
+  template <typename A> __device__ __forceinline__ static A identity() { return -seg_infinity<A>(); }
+  template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
+    if (a != a || b != b) return seg_add(a, b);
+    if (a > b) return a;
+    if (b > a) return b;
+    return seg_negative_zero(a) ? b : a;
+  }
+};
+struct SegMin {
+  template <typename A> __device__ __forceinline__ static A identity() { return seg_infinity<A>(); }
+  template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
+    if (a != a || b != b) return seg_add(a, b);
+    if (a < b) return a;
+    if (b < a) return b;
+    return seg_negative_zero(a) ? a : b;
+  }
+};
+template <int OP> struct SegCombine { using type = SegSum; };
+template <> struct SegCombine<SEG_MAX> { using type = SegMax; };
+template <> struct SegCombine<SEG_MIN> { using type = SegMin; };
+
+template <typename T> __device__ __forceinline__ T seg_store(float a) { return from_float<T>(a); }
+template <typename T> __device__ __forceinline__ T seg_store(double a) { return static_cast<T>(a); }
+template <> __device__ __forceinline__ f16 seg_store<f16>(double a) { return from_float<f16>(static_cast<float>(a)); }
+template <> __device__ __forceinline__ bf16 seg_store<bf16>(double a) { return from_float<bf16>(static_cast<float>(a)); }
+
+// Every scalar of a launch (cukern/segment.py PARAMS, the same fields in the same order). Row r, column j
+// of x is at r * row_stride + j * col_stride; out is C-contiguous [segments, cols].
+struct SegParams {
+  long long segments, cols, rows;
+  long long row_stride, col_stride;
+  int mean;
+};
+
+// A segment's rows, clamped into [0, rows] with start <= end, so offsets that were not checked
+// (check_offsets=False) can never make a kernel read outside x.
+template <typename I> __device__ __forceinline__ void segment_bounds(const I* offsets, long long s, long long rows,
+                                                                     long long& start, long long& length) {
+  long long a = static_cast<long long>(offsets[s]);
+  long long b = static_cast<long long>(offsets[s + 1]);
+  a = a < 0 ? 0 : (a > rows ? rows : a);
+  b = b < a ? a : (b > rows ? rows : b);
+  start = a;
+  length = b - a;
+}
+
+template <typename T, int OP, typename A> __device__ __forceinline__ T seg_finish(A v, long long length, int mean) {
+  if (OP == SEG_SUM && mean) return seg_store<T>(static_cast<double>(v) / static_cast<double>(length));
+  return seg_store<T>(v);
+}
+
+// One warp per (segment, column): segment blockIdx.x * warps + warp, column blockIdx.y. Lane c computes
+// chain c of each leaf (its 8 loads issued before any is combined), the leaf is the shuffle tree over the
+// lanes, and lane 0 pushes it onto the warp's stack.
+template <typename T, int OP, typename I>
+__global__ void __launch_bounds__(SEG_WARP_BLOCK)
+    segment_warp(T* out, const T* x, const I* offsets, const __grid_constant__ SegParams p) {
+  using A = seg_acc_t<T>;
+  using C = typename SegCombine<OP>::type;
+  constexpr int kWarps = SEG_WARP_BLOCK / 32;
+  __shared__ A stacks[kWarps][SEG_STACK_DEPTH];
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const long long s = static_cast<long long>(blockIdx.x) * kWarps + warp;
+  if (s >= p.segments) return;  // a whole warp leaves together: no shuffle is left waiting
+  const long long j = blockIdx.y;
+  long long start, length;
+  segment_bounds(offsets, s, p.rows, start, length);
+  const T* col = x + start * p.row_stride + j * p.col_stride;
+  const long long leaves = (length + SEG_LEAF - 1) / SEG_LEAF;
+  for (long long k = 0; k < leaves; ++k) {
+    A v[SEG_CHAIN_LENGTH];
+#pragma unroll
+    for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) {
+      const long long i = k * SEG_LEAF + m * SEG_CHAINS + lane;
+      v[m] = i < length ? static_cast<A>(seg_load(col[i * p.row_stride])) : C::template identity<A>();
+    }
+    A chain = C::template identity<A>();
+#pragma unroll
+    for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) chain = C::apply(chain, v[m]);
+    const A leaf = group_tree_reduce<32, C>(chain);
+    if (lane == 0) tree_push<C>(stacks[warp], leaf, static_cast<unsigned long long>(k));
+  }
+  if (lane == 0) {
+    const A r = tree_result<C>(stacks[warp], static_cast<unsigned long long>(leaves));
+    out[s * p.cols + j] = seg_finish<T, OP>(r, length, p.mean);
+  }
+}
+
+// One thread per (segment, column): segment blockIdx.x, column blockIdx.y * SEG_COL_BLOCK + thread. A leaf's
+// 32 chains are taken SEG_GROUP at a time (all 32 at once, with their loads, spilled for max and min), each
+// group's chains in registers, filled row by row, and reduced by tree_reduce; the groups' values are aligned
+// subtrees of the one tree (four to a leaf), so the thread's own stack in shared memory, counting groups,
+// merges them into the same tree the warp kernel's shuffles and leaf stack form.
+template <typename T, int OP, typename I>
+__global__ void __launch_bounds__(SEG_COL_BLOCK)
+    segment_cols(T* out, const T* x, const I* offsets, const __grid_constant__ SegParams p) {
+  using A = seg_acc_t<T>;
+  using C = typename SegCombine<OP>::type;
+  __shared__ A stacks[SEG_COL_BLOCK][SEG_STACK_DEPTH];
+  const long long s = blockIdx.x;
+  const long long j = static_cast<long long>(blockIdx.y) * SEG_COL_BLOCK + threadIdx.x;
+  if (j >= p.cols) return;
+  long long start, length;
+  segment_bounds(offsets, s, p.rows, start, length);
+  const T* col = x + start * p.row_stride + j * p.col_stride;
+  const long long leaves = (length + SEG_LEAF - 1) / SEG_LEAF;
+  constexpr int kGroups = SEG_CHAINS / SEG_GROUP;
+  for (long long k = 0; k < leaves; ++k) {
+#pragma unroll 1
+    for (int g = 0; g < kGroups; ++g) {
+      A chains[SEG_GROUP];
+#pragma unroll
+      for (int c = 0; c < SEG_GROUP; ++c) chains[c] = C::template identity<A>();
+#pragma unroll
+      for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) {
+        A v[SEG_GROUP];
+#pragma unroll
+        for (int c = 0; c < SEG_GROUP; ++c) {
+          const long long i = k * SEG_LEAF + m * SEG_CHAINS + g * SEG_GROUP + c;
+          v[c] = i < length ? static_cast<A>(seg_load(col[i * p.row_stride])) : C::template identity<A>();
+        }
+#pragma unroll
+        for (int c = 0; c < SEG_GROUP; ++c) chains[c] = C::apply(chains[c], v[c]);
+      }
+      tree_push<C>(stacks[threadIdx.x], tree_reduce<C>(chains), static_cast<unsigned long long>(k * kGroups + g));
+    }
+  }
+  const A r = tree_result<C>(stacks[threadIdx.x], static_cast<unsigned long long>(leaves * kGroups));
+  out[s * p.cols + j] = seg_finish<T, OP>(r, length, p.mean);
+}
+
+}  // namespace cukern

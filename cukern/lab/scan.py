@@ -1,0 +1,86 @@
+"""Scans in the lab: the benchmark's case (cumsum of 2^28 float32 values, against ``cupy.cumsum``, which is
+CUB's scan) and the cards of cumsum and cumprod, from the op module's ``plan`` and ``bytes_moved``
+(:mod:`cukern.scan`). No tunable: the tile is part of the result's definition, and nothing else is left to
+choose."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import scan
+from .._dtypes import parse_dtype
+from . import bench, card
+from .bench import Case
+
+
+def inputs(shape, dtype):
+    """Uniform values in [0.5, 1.5) of ``dtype`` (integers: 0 or 1; bool: half True)."""
+    import cupy
+
+    x = cupy.random.default_rng(0).random(shape, dtype=np.float32) + np.float32(0.5)
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return x > 1
+    return x.astype(dt)
+
+
+def _axis(params: dict):
+    a = params.get("axis")
+    if a is None or isinstance(a, int):
+        return a
+    text = str(a).strip().lower()
+    return None if text in ("none", "") else int(text)
+
+
+def _bench_setup(case: Case) -> dict:
+    return {"x": inputs(case.shape, parse_dtype(case.dtype)), "axis": _axis(dict(case.params))}
+
+
+bench.register("cumsum", bench.OpBench(
+    _bench_setup, lambda s: scan.cumsum(s["x"], axis=s["axis"]), lambda s: s["x"].cumsum(axis=s["axis"]),
+    lambda case: scan.bytes_moved(case.shape, parse_dtype(case.dtype)), [Case("cumsum", (1 << 28,), "float32")]))
+
+
+def _describe(name: str):
+    def describe(shape, dt, params, device, knobs):
+        axis = scan.normalize_axis(_axis(params), len(shape))
+        pl = scan.plan(shape, axis)
+        o = scan.result_dtype(dt)
+        launches = []
+        if pl.tiles:
+            launches.append(card.Launch(scan.instantiation(dt, o, scan.OPS[name]), pl.tiles, scan.BLOCK,
+                                        "one tile a block, decoupled look-back"))
+        tile = {"grid": pl.tiles, "block": scan.BLOCK, "lines": pl.rows, "elements_per_line": pl.n,
+                "tile_elements": scan.TILE, "one_block_computes": f"one tile of {scan.TILE} elements of a line",
+                "one_thread_computes": f"{scan.ITEMS} consecutive elements"}
+        nbytes = scan.bytes_moved(shape, dt)
+        written = int(np.prod(shape)) * o.itemsize
+        traffic = {"bytes_read": nbytes - written, "bytes_written": written,
+                   "counted_by": "cukern.scan.bytes_moved(shape, dtype)",
+                   "access_bytes": f"{dt.itemsize} B in, {o.itemsize} B out, staged through shared memory",
+                   "coalesced": "yes for a unit-stride line: a warp moves 32 consecutive elements",
+                   "re_read": ["predecessors' status and values (16 bytes each) from L2 during the look-back"]}
+        acc = "float64" if o == np.float64 else "int64" if o.kind in "iu" else "float32"
+        accumulation = {"reduces": f"{name} over lines of {pl.n:,} elements", "precision": f"{acc} accumulators",
+                        "order": (f"fixed by the tile of {scan.TILE}: a thread's 16 in order, the lanes' ladder, the "
+                                  "warps in order, the tiles in order (cukern.reference.cumsum_emulated)"),
+                        "combine": "look-back: the nearest published prefix, then the aggregates after it, forward",
+                        "passes": 1}
+        notes = []
+        if pl.copy:
+            notes.append("the input is first copied to C-contiguous; that copy is not in the count")
+
+        def measure():
+            x, fn = inputs(shape, dt), getattr(scan, name)
+            return lambda: fn(x, axis=axis)
+
+        return card.Described(launches=launches, tile=tile, traffic=traffic, accumulation=accumulation,
+                              knobs={"block": scan.BLOCK, "items": scan.ITEMS}, bytes=nbytes, bytes_written=written,
+                              flops=int(np.prod(shape)), measure=measure, notes=notes)
+
+    return describe
+
+
+for _name in scan.OPS:
+    card.register(card.CardSpec(_name, (1 << 28,), "float32", _describe(_name), {"axis": None}, "scan",
+                                dtypes=scan.DTYPES))

@@ -1,0 +1,347 @@
+"""Scans: cumsum and cumprod along an axis (kernels in ``cuda_src/scan.cu``).
+
+References (float64, :mod:`cukern.reference`): ``np.cumsum`` and ``np.cumprod`` over the same axis. NumPy's
+semantics: ``axis=None`` scans the flattened array (C order), an int axis (negative counts from the end)
+scans each line along it; ``dtype`` picks the result dtype (default: x's for floats, int64 for int32, int64
+and bool); ``out`` receives the result.
+
+Memory traffic, the count every GB/s figure uses: x read once, out written once (:func:`bytes_moved`).
+
+Reproducibility: one pass with decoupled look-back over tiles of :data:`TILE` elements, a constant of the
+definition, not a knob. Every output is one fixed expression of its line's values (``cuda_src/scan.cu``'s
+notes; :func:`cukern.reference.cumsum_emulated` and ``cumprod_emulated`` evaluate it on the host): the bits
+depend only on the values, the position in the line, the dtypes and the op, never on the grid, the order
+in which blocks run, the SM count or the GPU. Accumulation: float32 for float32 / float16 / bfloat16
+results, float64 for float64, int64 (wrapping) for int64. The sums' rounding is that of a sequential sum
+over tiles plus a tree-like sum inside a tile, so float32 results differ from NumPy's sequential sum within
+the usual error bound.
+
+Workspace: per (device, stream), a tile counter, a status word per tile and two values per tile, grown to
+the largest call; status words carry the launch's epoch, so they are never cleared. A call made while a
+CUDA graph is being captured is refused (a replayed launch would reuse its epoch and read stale status).
+
+Layouts: the scanned axis may have any stride; the other axes of x and out are merged into at most two
+levels of lines; anything else goes through C-contiguous temporaries. ``out`` may be x itself (in place):
+each tile reads its elements before writing them, and touches no other tile's.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _check
+from ._compile import Instantiation, get_kernel
+from ._dtypes import BFLOAT16, dtype_name, parse_dtype
+from ._launch import CallCache, LaunchConfig, Params, launch, on_device, struct_argument
+from ._launch import cupy as _cupy
+from ._layout import collapse
+
+SOURCE = "scan"
+BLOCK, ITEMS = 256, 16  # SCAN_BLOCK, SCAN_ITEMS in cuda_src/scan.cu
+TILE = BLOCK * ITEMS
+SCAN_SUM, SCAN_PROD = 0, 1
+OPS = {"cumsum": SCAN_SUM, "cumprod": SCAN_PROD}
+_F32, _F64, _F16, _I32, _I64, _BOOL = (np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int32, np.int64,
+                                                              np.bool_))
+DEFAULT_DTYPE = {_F32: _F32, _F64: _F64, _F16: _F16, BFLOAT16: BFLOAT16, _I32: _I64, _I64: _I64, _BOOL: _I64}
+# (input, result) pairs with a kernel: each input's default, and float32 scanned in float64.
+PAIRS = tuple(DEFAULT_DTYPE.items()) + ((_F32, _F64),)
+DTYPES = tuple(DEFAULT_DTYPE)
+
+# The kernel's scalars, one struct (``ScanParams`` in cuda_src/scan.cu; its unsigned epoch, below 2^30, packs
+# as an i32).
+PARAMS = Params((("inner", "i64"), ("x_s0", "i64"), ("x_s1", "i64"), ("x_step", "i64"), ("o_s0", "i64"),
+                 ("o_s1", "i64"), ("o_step", "i64"), ("n", "i64"), ("tiles_per_row", "i64"), ("tiles", "i64"),
+                 ("epoch", "i32")))
+EPOCHS = 1 << 30  # status words keep an epoch in their top 30 bits
+
+
+def result_dtype(dtype, requested=None) -> np.dtype:
+    """The result dtype: ``requested`` when given (it must make a pair of :data:`PAIRS` with ``dtype``), else
+    NumPy's default for cumsum and cumprod."""
+    t = np.dtype(dtype)
+    if requested is None:
+        return DEFAULT_DTYPE[t]
+    r = parse_dtype(requested)
+    if (t, r) not in PAIRS:
+        allowed = ", ".join(dtype_name(o) for i, o in PAIRS if i == t)
+        raise TypeError(f"dtype={dtype_name(r)} is not supported for x of {dtype_name(t)}; use one of {allowed}")
+    return r
+
+
+def normalize_axis(axis, ndim: int):
+    """None, or ``axis`` as a non-negative int below ``ndim`` (TypeError for anything but None or an int,
+    AxisError when out of range)."""
+    if axis is None:
+        return None
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis must be None or an int, got {axis!r}")
+    a = operator.index(axis)
+    if not -ndim <= a < ndim:
+        raise np.exceptions.AxisError(f"axis {a} is out of bounds for an array of dimension {ndim}")
+    return a % ndim
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One call's launch: ``rows`` lines of ``n`` elements, line r of x at ``r // inner * x_s0 + r % inner *
+    x_s1`` with elements ``x_step`` apart (out likewise), ``tiles_per_row`` tiles a line, one block a tile.
+    ``copy``: x is first copied to C-contiguous and the scan goes into a C-contiguous temporary."""
+
+    rows: int
+    n: int
+    copy: bool
+    inner: int = 1
+    x: tuple = (0, 0, 1)  # s0, s1, step
+    o: tuple = (0, 0, 1)
+
+    @property
+    def tiles_per_row(self) -> int:
+        return -(-self.n // TILE)
+
+    @property
+    def tiles(self) -> int:
+        return self.rows * self.tiles_per_row
+
+    @property
+    def config(self) -> LaunchConfig:
+        return LaunchConfig(grid=(self.tiles,), block=(BLOCK,))
+
+
+def instantiation(dtype, out_dtype, op: int) -> Instantiation:
+    return Instantiation(SOURCE, "scan_tiles", (np.dtype(dtype), np.dtype(out_dtype), op))
+
+
+def instantiations() -> list:
+    """One kernel per (input, result) pair of :data:`PAIRS` and op: all that :func:`plan`'s launches use."""
+    return [instantiation(t, o, op) for t, o in PAIRS for op in (SCAN_SUM, SCAN_PROD)]
+
+
+def _contiguous(shape) -> tuple:
+    return tuple(int(math.prod(shape[i + 1:])) for i in range(len(shape)))
+
+
+def _lines(shape, x_strides, o_strides, axis):
+    """(rows, n, inner, x levels, out levels) over the kept axes, or None past two levels."""
+    if axis is None:
+        sizes, (xs, os) = collapse(tuple(shape), [tuple(x_strides), tuple(o_strides)])
+        if len(sizes) > 1:
+            return None
+        return 1, math.prod(shape), 1, (0, 0, xs[0] if xs else 1), (0, 0, os[0] if os else 1)
+    kept = [i for i in range(len(shape)) if i != axis]
+    sizes, (xs, os) = collapse(tuple(shape[i] for i in kept), [tuple(x_strides[i] for i in kept),
+                                                             tuple(o_strides[i] for i in kept)])
+    if len(sizes) > 2:
+        return None
+    inner, xl, ol = 1, (0, 0), (0, 0)
+    if len(sizes) == 1:
+        inner, xl, ol = sizes[0], (0, xs[0]), (0, os[0])
+    elif len(sizes) == 2:
+        inner, xl, ol = sizes[1], (xs[0], xs[1]), (os[0], os[1])
+    rows = math.prod(shape[i] for i in kept)
+    return rows, shape[axis], inner, xl + (x_strides[axis],), ol + (o_strides[axis],)
+
+
+def plan(shape, axis=None, *, x_strides=None, out_strides=None, aligned: bool = True) -> Plan:
+    """The launch scanning ``axis`` (None or a normalized int) of an array of ``shape``; strides in elements
+    (default C-contiguous; ``out_strides``: the destination's, for ``axis=None`` those of an array of
+    ``shape``, the flattened result's order). Pure."""
+    shape = tuple(shape)
+    c = _contiguous(shape)
+    xs = c if x_strides is None else tuple(x_strides)
+    os = c if out_strides is None else tuple(out_strides)
+    laid = _lines(shape, xs, os, axis) if aligned else None
+    copy = laid is None
+    if copy:
+        laid = _lines(shape, c, c, axis)
+    rows, n, inner, xl, ol = laid
+    if rows * -(-n // TILE) >= 2**31:
+        raise ValueError(f"{rows} lines of {n} elements make more than 2**31 - 1 tiles")
+    return Plan(rows, n, copy, inner, xl, ol)
+
+
+def bytes_moved(shape, dtype, out_dtype=None) -> int:
+    """Bytes the op must move: x read once, out written once."""
+    n = math.prod(shape)
+    o = DEFAULT_DTYPE[np.dtype(dtype)] if out_dtype is None else np.dtype(out_dtype)
+    return n * (np.dtype(dtype).itemsize + o.itemsize)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Workspaces (see the module notes).
+
+
+@dataclass
+class Workspace:
+    counter: object  # uint32[1], zero between launches (the block drawing the last tile resets it)
+    status: object  # uint32[tiles], epoch-tagged
+    values: object  # uint64[2 * tiles]: aggregates, then prefixes
+    epoch: int = 0
+
+
+_workspaces: dict = {}
+_work_lock = threading.Lock()
+
+
+def workspace(tiles: int):
+    """(workspace, epoch) for a launch of ``tiles`` tiles on the current stream; refused under capture."""
+    cp = _cupy()
+    stream = cp.cuda.get_current_stream()
+    if stream.is_capturing():
+        raise RuntimeError("cumsum and cumprod tag their look-back status with a per-launch epoch, which a CUDA "
+                           "graph would replay unchanged; call them outside the capture")
+    key = (cp.cuda.runtime.getDevice(), stream.ptr)
+    with _work_lock:
+        ws = _workspaces.get(key)
+        if ws is None or ws.status.size < tiles:
+            size = max(tiles, 2 * (ws.status.size if ws is not None else 0))
+            # The pool hands the old buffers out again only in this stream's order, after the launches using them.
+            ws = _workspaces[key] = Workspace(cp.zeros(1, np.uint32), cp.zeros(size, np.uint32),
+                                              cp.empty(2 * size, np.uint64), 0 if ws is None else ws.epoch)
+        ws.epoch = ws.epoch % (EPOCHS - 1) + 1
+        if ws.epoch == 1:  # a new cycle of epochs: status words of the last one must not match
+            ws.status.fill(0)
+        return ws, ws.epoch
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The public ops.
+
+
+@dataclass(frozen=True)
+class _Call:
+    kernel: object
+    plan: Plan
+    fields: dict  # PARAMS but the epoch
+    out_dtype: np.dtype
+    shape: tuple  # the result's
+
+
+_calls = CallCache()
+_MISSING = CallCache.MISSING
+
+
+def _prepare(op: str, x, axis, dtype, out) -> _Call:
+    _check.check_dtype(x, "x", DTYPES)
+    a = normalize_axis(axis, x.ndim)
+    o = result_dtype(x.dtype, dtype)
+    shape = (x.size,) if a is None else x.shape
+    itemsize = x.itemsize
+    aligned = all(s % itemsize == 0 for s in x.strides) and x.data.ptr % itemsize == 0
+    x_strides = tuple(s // itemsize for s in x.strides) if aligned else None
+    out_strides = None
+    if out is not None and out.shape != shape:
+        out = None  # refused by _validate_out before any launch; plan as for a fresh result meanwhile
+    if out is not None and a is not None:
+        out_strides = tuple(s // out.itemsize for s in out.strides)
+    elif out is not None and out.ndim == 1:
+        out_strides = tuple(out.strides[0] // out.itemsize * c for c in _contiguous(x.shape))
+    if out is not None and (any(s % out.itemsize for s in out.strides) or out.data.ptr % out.itemsize):
+        aligned = False
+    pl = plan(x.shape, a, x_strides=x_strides, out_strides=out_strides, aligned=aligned)
+    (x_s0, x_s1, x_step), (o_s0, o_s1, o_step) = pl.x, pl.o
+    fields = {"inner": pl.inner, "x_s0": x_s0, "x_s1": x_s1, "x_step": x_step, "o_s0": o_s0, "o_s1": o_s1,
+              "o_step": o_step, "n": pl.n, "tiles_per_row": pl.tiles_per_row, "tiles": pl.tiles}
+    with on_device(x.data.device_id):
+        kernel = get_kernel(instantiation(x.dtype, o, OPS[op])) if pl.tiles else None
+    return _Call(kernel, pl, fields, o, shape)
+
+
+def _validate_out(out, call: _Call, x):
+    out = _check.as_array(out, "out", writable=True)
+    if out.shape != call.shape:
+        raise ValueError(f"out has shape {out.shape}; the result has shape {call.shape}")
+    if out.dtype != call.out_dtype:
+        raise TypeError(f"out has dtype {dtype_name(out.dtype)}; the result has dtype {dtype_name(call.out_dtype)}")
+    _check.check_same_device({"x": x, "out": out})
+    _check.check_writable(out, "out")
+    same = out.data.ptr == x.data.ptr and out.dtype == x.dtype and (
+        out.strides == x.strides or (out.ndim == 1 and x.flags.c_contiguous))
+    if not same:
+        _check.check_no_overlap(out, "out", x, "x", identical_ok=False)
+    return out
+
+
+def _run(op: str, x, axis, dtype, out):
+    cp = _cupy()
+    x = _check.as_array(x, "x")
+    key = None
+    call = _MISSING
+    if (axis is None or type(axis) is int) and (dtype is None or isinstance(dtype, (str, type, np.dtype))) and (
+            out is None or type(out) is cp.ndarray):
+        okey = None if out is None else (out.shape, out.strides, out.dtype, out.data.ptr % 16)
+        key = (op, x.shape, x.strides, x.dtype, x.data.ptr % 16, x.data.device_id, axis, str(dtype), okey)
+        call = _calls.get(key)
+    if call is _MISSING:
+        if out is not None:
+            out = _check.as_array(out, "out", writable=True)
+        call = _prepare(op, x, axis, dtype, out)
+        if key is not None:
+            _calls.put(key, call)
+    if out is not None:
+        out = _validate_out(out, call, x)
+    with on_device(x.data.device_id):
+        pl = call.plan
+        dst = out if out is not None and not pl.copy else cp.ndarray(call.shape, call.out_dtype)
+        if call.kernel is not None:
+            src = cp.ascontiguousarray(x) if pl.copy else x
+            ws, epoch = workspace(pl.tiles)
+            params = struct_argument(PARAMS.struct(**call.fields, epoch=epoch))
+            values = ws.values.data.ptr
+            launch(call.kernel, pl.config,
+                   (dst, src, ws.counter, ws.status, np.uint64(values), np.uint64(values + 8 * ws.status.size),
+                    params))
+        if out is None:
+            return dst
+        if dst is not out:
+            cp.copyto(out, dst)
+        return out
+
+
+_DOC = """``out = {formula}`` along ``axis``; result dtype ``dtype`` (default: x's for floats, int64 for int32,
+int64 and bool).
+
+``out[..., i, ...] = x[..., 0, ...] {sym} ... {sym} x[..., i, ...]``, accumulated in float32 (float32, float16,
+bfloat16 results), float64 or int64 (wrapping), in the fixed order of ``cuda_src/scan.cu`` (tiles of
+:data:`cukern.scan.TILE` elements), so the bits do not depend on the launch
+(:func:`cukern.reference.{op}_emulated`).
+
+Parameters
+----------
+x : cupy.ndarray of float32, float64, float16, bfloat16, int32, int64 or bool; any strides.
+axis : None or int
+    The axis scanned (negative counts from the end); None scans the flattened array (C order).
+dtype : optional
+    The result dtype: x's default (above), or float64 for float32 x.
+out : cupy.ndarray of the result's shape (x's, or ``(x.size,)`` for None) and dtype, optional; may be x itself
+    (in place), must not overlap it otherwise.
+
+Returns
+-------
+out
+
+Raises
+------
+TypeError
+    For a dtype outside those above, an unsupported ``dtype=``, a non-int axis or an ``out`` of another dtype.
+ValueError
+    For an ``out`` of the wrong shape or partially overlapping x; AxisError (a ValueError) for an axis out of
+    range. Every check runs before anything is launched. RuntimeError under CUDA-graph capture.
+"""
+
+
+def cumsum(x, axis=None, dtype=None, out=None):
+    return _run("cumsum", x, axis, dtype, out)
+
+
+def cumprod(x, axis=None, dtype=None, out=None):
+    return _run("cumprod", x, axis, dtype, out)
+
+
+cumsum.__doc__ = _DOC.format(formula="cumsum(x, axis)", sym="+", op="cumsum")
+cumprod.__doc__ = _DOC.format(formula="cumprod(x, axis)", sym="*", op="cumprod")

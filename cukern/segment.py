@@ -1,0 +1,306 @@
+"""Segmented reductions over CSR offsets: segment_sum, segment_max, segment_min, segment_mean (kernels in
+``cuda_src/segment.cu``).
+
+References (float64, :mod:`cukern.reference`)::
+
+    out[s] = reduce(x[offsets[s] : offsets[s + 1]], axis=0)      s < len(offsets) - 1
+
+An empty segment gives the identity: 0 for sums, -inf for max, +inf for min, NaN for mean.
+
+Memory traffic, the count every GB/s figure uses: x read once, the offsets read once, out written once
+(:func:`bytes_moved`).
+
+Reproducibility: each segment is reduced by the tree of :mod:`cukern.reduce_plan`'s notes over its own
+length (chains of 8 rows 32 apart, then pairs of neighbours), in float32 for float32 / float16 / bfloat16
+and float64 for float64, so its bits depend only on its values and its length: not on the other segments,
+the number of columns, the launch or the GPU. They equal :func:`cukern.sum` (``amax``, ``amin``) of the same
+slice along axis 0 (but for a one-row segment holding -0, which the tree's chain, started at +0, sums to
++0); :func:`cukern.reference.segment_sum_emulated` and its siblings compute them on the host.
+
+Offsets: int32 or int64, 1-D, ``segments + 1`` values with ``0 <= offsets[0] <= ... <= offsets[-1] <=
+x.shape[0]`` (rows outside ``[offsets[0], offsets[-1])`` are not read). With ``check_offsets=True`` (the
+default) the call checks them on the GPU and waits for the answer (a host synchronization, refused under
+CUDA-graph capture), raising ValueError before the reduction is launched. With ``check_offsets=False``
+nothing waits; the kernels then clamp every bound into ``[0, x.shape[0]]`` and read an inverted pair as an
+empty segment, so bad offsets give wrong values but never touch memory outside x.
+
+Layouts: axis 0 may have any stride; the trailing axes must merge into one strided level (else x is first
+copied to C-contiguous, one more read and write of x). ``out`` is written directly when C-contiguous, else
+through a temporary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _check
+from ._compile import Instantiation, get_kernel
+from ._dtypes import BFLOAT16, dtype_name
+from ._launch import CallCache, LaunchConfig, Params, launch, on_device, struct_argument
+from ._launch import cupy as _cupy
+from ._layout import collapse
+
+SOURCE = "segment"
+WARP_BLOCK = 256  # SEG_WARP_BLOCK in cuda_src/segment.cu: 8 segments a block
+COL_BLOCK = 128  # SEG_COL_BLOCK: columns a block
+COLS_KERNEL_MIN = 32  # columns from which a thread per column reads whole 32-column runs of a row
+MAX_GRID_Y = 65535
+
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BFLOAT16)
+OFFSET_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+SEG_SUM, SEG_MAX, SEG_MIN = 0, 1, 2
+OPS = {"segment_sum": (SEG_SUM, False), "segment_max": (SEG_MAX, False), "segment_min": (SEG_MIN, False),
+       "segment_mean": (SEG_SUM, True)}
+
+# The kernels' scalars, one struct (``SegParams`` in cuda_src/segment.cu).
+PARAMS = Params((("segments", "i64"), ("cols", "i64"), ("rows", "i64"), ("row_stride", "i64"),
+                 ("col_stride", "i64"), ("mean", "i32")))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One call's launch: ``kernel`` "warp" (a warp per segment and column) or "cols" (a thread per segment
+    and column), ``grid`` (x, y), ``block``; ``copy``: x is first copied to C-contiguous."""
+
+    kernel: str | None
+    grid: tuple
+    block: int
+    copy: bool
+    segments: int
+    cols: int
+    row_stride: int
+    col_stride: int
+
+    @property
+    def config(self) -> LaunchConfig:
+        return LaunchConfig(grid=self.grid, block=(self.block,))
+
+    def instantiation(self, dtype, op: int, offsets_dtype) -> Instantiation:
+        return Instantiation(SOURCE, f"segment_{self.kernel}", (np.dtype(dtype), op, np.dtype(offsets_dtype)))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def plan(shape, segments: int, *, strides=None, ptr: int = 0, itemsize: int = 4) -> Plan:
+    """The launch reducing ``segments`` segments of an array of ``shape`` (rows along axis 0), ``strides`` in
+    elements (default C-contiguous), at address ``ptr``: pure. No knob: the kernel and grid follow from the
+    column count, and no launch changes a segment's tree."""
+    shape = tuple(shape)
+    contiguous = tuple(int(math.prod(shape[i + 1:])) for i in range(len(shape)))
+    strides = contiguous if strides is None else tuple(strides)
+    cols = math.prod(shape[1:])
+    sizes, (sts,) = collapse(shape[1:], [strides[1:]])
+    copy = len(sizes) > 1 or ptr % itemsize != 0
+    if copy:
+        strides = contiguous
+        sts = (1,)
+    col_stride = sts[0] if sts else 0
+    row_stride = strides[0] if shape else 0
+    if segments == 0 or cols == 0:
+        return Plan(None, (1, 1), 1, copy, segments, cols, row_stride, col_stride)
+    if segments >= 2**31:
+        raise ValueError(f"{segments} segments; at most 2**31 - 1 are supported")
+    if cols >= COLS_KERNEL_MIN:
+        gy = _cdiv(cols, COL_BLOCK)
+        if gy > MAX_GRID_Y:
+            raise ValueError(f"x has {cols} columns a row; at most {MAX_GRID_Y * COL_BLOCK} are supported")
+        return Plan("cols", (segments, gy), COL_BLOCK, copy, segments, cols, row_stride, col_stride)
+    return Plan("warp", (_cdiv(segments, WARP_BLOCK // 32), cols), WARP_BLOCK, copy, segments, cols, row_stride,
+                col_stride)
+
+
+def instantiations() -> list:
+    """Both kernels for every dtype, combine and offsets dtype: what :func:`plan` chooses, from its kernel
+    names and the tables above."""
+    out = []
+    for kernel in ("warp", "cols"):
+        p = Plan(kernel, (1, 1), 1, False, 1, 1, 1, 1)
+        for dt in DTYPES:
+            for op in (SEG_SUM, SEG_MAX, SEG_MIN):
+                for o in OFFSET_DTYPES:
+                    out.append(p.instantiation(dt, op, o))
+    return out
+
+
+def bytes_moved(shape, dtype, segments: int, offsets_dtype=np.int64) -> int:
+    """Bytes the op must move: x read once (every row inside a segment), the offsets read once, out
+    written once."""
+    size = np.dtype(dtype).itemsize
+    cols = math.prod(shape[1:])
+    return math.prod(shape) * size + (segments + 1) * np.dtype(offsets_dtype).itemsize + segments * cols * size
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation, the offsets check and the public ops.
+
+
+@dataclass(frozen=True)
+class _Call:
+    kernel: object  # None: nothing to launch
+    config: LaunchConfig | None
+    params: object
+    copy: bool
+    shape: tuple
+
+
+_calls = CallCache()
+_MISSING = CallCache.MISSING
+
+
+def _validate(x, offsets):
+    x = _check.as_array(x, "x")
+    offsets = _check.as_array(offsets, "offsets")
+    _check.check_dtype(x, "x", DTYPES)
+    if x.ndim < 1:
+        raise ValueError("x must have at least one dimension (axis 0 holds the segments' rows)")
+    if offsets.dtype not in OFFSET_DTYPES:
+        raise TypeError(f"offsets has dtype {dtype_name(offsets.dtype)}; it must be int32 or int64")
+    if offsets.ndim != 1 or offsets.size < 1:
+        raise ValueError(f"offsets has shape {offsets.shape}; it must be 1-D with segments + 1 values (at least one)")
+    _check.check_same_device({"x": x, "offsets": offsets})
+    return x, offsets
+
+
+def _prepare(op: str, x, offsets) -> _Call:
+    segments = offsets.size - 1
+    shape = (segments,) + x.shape[1:]
+    strides = tuple(s // x.itemsize for s in x.strides)
+    aligned = all(s % x.itemsize == 0 for s in x.strides)
+    pl = plan(x.shape, segments, strides=strides if aligned else None, ptr=x.data.ptr if aligned else 1,
+              itemsize=x.itemsize)
+    if pl.kernel is None:
+        return _Call(None, None, None, pl.copy, shape)
+    kind, mean = OPS[op]
+    params = struct_argument(PARAMS.struct(segments=segments, cols=pl.cols, rows=x.shape[0],
+                                           row_stride=pl.row_stride, col_stride=pl.col_stride, mean=int(mean)))
+    with on_device(x.data.device_id):
+        kernel = get_kernel(pl.instantiation(x.dtype, kind, offsets.dtype))
+    return _Call(kernel, pl.config, params, pl.copy, shape)
+
+
+def check_offsets(offsets, rows: int) -> None:
+    """ValueError naming the first bad offset unless ``0 <= offsets[0] <= ... <= offsets[-1] <= rows``: a
+    few CuPy reductions on the current stream, then one wait for their one-value answer (the details are
+    read back only when something is wrong). Refused while the stream captures a CUDA graph."""
+    cp = _cupy()
+    if cp.cuda.get_current_stream().is_capturing():
+        raise RuntimeError("check_offsets=True waits for the GPU, which a CUDA graph capture cannot do; pass "
+                           "check_offsets=False while capturing")
+    bad = (offsets.min() < 0) | (offsets.max() > rows)
+    if offsets.size > 1:
+        bad |= (offsets[1:] < offsets[:-1]).any()
+    if not bool(bad):
+        return
+    h = offsets.get()
+    for i, v in enumerate(h.tolist()):
+        if not 0 <= v <= rows:
+            raise ValueError(f"offsets[{i}] = {v} is outside [0, {rows}] (x has {rows} rows along axis 0)")
+        if i and v < h[i - 1]:
+            raise ValueError(f"offsets[{i}] = {v} is below offsets[{i - 1}] = {int(h[i - 1])}; offsets must not "
+                             "decrease")
+
+
+def _validate_out(out, shape, x, offsets):
+    out = _check.as_array(out, "out", writable=True)
+    if out.shape != shape:
+        raise ValueError(f"out has shape {out.shape}; the result has shape {shape}")
+    if out.dtype != x.dtype:
+        raise TypeError(f"out has dtype {dtype_name(out.dtype)}; the result has x's dtype {dtype_name(x.dtype)}")
+    _check.check_same_device({"x": x, "out": out})
+    _check.check_writable(out, "out")
+    _check.check_no_overlap(out, "out", x, "x", identical_ok=False)
+    _check.check_no_overlap(out, "out", offsets, "offsets", identical_ok=False)
+    return out
+
+
+def _run(op: str, x, offsets, out, check: bool):
+    cp = _cupy()
+    nd = cp.ndarray
+    if type(check) is not bool:
+        raise TypeError(f"check_offsets must be True or False, got {check!r}")
+    key = None
+    call = _MISSING
+    if type(x) is nd and type(offsets) is nd:
+        key = (op, x.shape, x.strides, x.dtype, x.data.ptr % 16, x.data.device_id, offsets.shape, offsets.dtype,
+               offsets.data.device_id)
+        call = _calls.get(key)
+    if call is _MISSING:
+        x, offsets = _validate(x, offsets)
+        call = _prepare(op, x, offsets)
+        if key is not None:
+            _calls.put(key, call)
+    if out is not None:
+        out = _validate_out(out, call.shape, x, offsets)
+    with on_device(x.data.device_id):
+        if check:
+            check_offsets(offsets, x.shape[0])
+        direct = out is not None and out.flags.c_contiguous
+        dst = out if direct else cp.ndarray(call.shape, x.dtype)
+        if call.kernel is not None:
+            src = cp.ascontiguousarray(x) if call.copy else x
+            launch(call.kernel, call.config, (dst, src, offsets, call.params))
+        if out is None:
+            return dst
+        if not direct:
+            cp.copyto(out, dst)
+        return out
+
+
+_DOC = """``out[s] = {formula}`` over rows ``offsets[s] : offsets[s + 1]`` of x, in x's dtype.
+
+{what} An empty segment gives {empty}. Accumulates in float32 (float64 for float64 x) along the tree fixed by
+the segment's length, so each result's bits depend only on that segment's values
+(:func:`cukern.reference.{op}_emulated`).
+
+Parameters
+----------
+x : cupy.ndarray of float32, float16, bfloat16 or float64, shape ``[rows, ...]``; any strides.
+offsets : cupy.ndarray of int32 or int64, shape ``[segments + 1]``, non-decreasing, within ``[0, rows]``.
+out : cupy.ndarray of x's dtype and shape ``[segments, ...]``, optional; must not overlap x or offsets.
+check_offsets : bool
+    Check the offsets on the GPU first and wait for the answer (a host synchronization, refused under
+    CUDA-graph capture). False skips it: nothing waits, and bad offsets give wrong values (bounds are
+    clamped into x, never read outside it).
+
+Returns
+-------
+out : shape ``[segments, ...]``, x's dtype.
+
+Raises
+------
+TypeError
+    For a dtype outside those above (x, offsets or out) or a non-bool check_offsets.
+ValueError
+    For offsets that are not 1-D with at least one value, decrease or leave ``[0, rows]`` (checked on the
+    GPU before the launch), an x without dimensions, or an out of the wrong shape or overlapping an input.
+"""
+
+
+def segment_sum(x, offsets, *, out=None, check_offsets=True):
+    return _run("segment_sum", x, offsets, out, check_offsets)
+
+
+def segment_max(x, offsets, *, out=None, check_offsets=True):
+    return _run("segment_max", x, offsets, out, check_offsets)
+
+
+def segment_min(x, offsets, *, out=None, check_offsets=True):
+    return _run("segment_min", x, offsets, out, check_offsets)
+
+
+def segment_mean(x, offsets, *, out=None, check_offsets=True):
+    return _run("segment_mean", x, offsets, out, check_offsets)
+
+
+for _fn, _formula, _what, _empty in (
+        (segment_sum, "sum(x[a:b], axis=0)", "Sums add each value once, rounded to nearest.", "0"),
+        (segment_max, "max(x[a:b], axis=0)", "A NaN in a segment gives NaN; +0 is above -0.", "-inf"),
+        (segment_min, "min(x[a:b], axis=0)", "A NaN in a segment gives NaN; -0 is below +0.", "+inf"),
+        (segment_mean, "sum(x[a:b], axis=0) / (b - a)",
+         "The sum, widened to float64, divided once by the length, then rounded to x's dtype.", "NaN")):
+    _fn.__doc__ = _DOC.format(formula=_formula, what=_what, empty=_empty, op=_fn.__name__)

@@ -1,0 +1,244 @@
+"""cumsum and cumprod: planning and the emulator on the host, the compiled kernels, and on a GPU every dtype,
+axis and layout against the emulator (bits) and NumPy in float64 (closeness)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _support import (
+    ARCHS,
+    assert_close,
+    assert_no_spills,
+    compiled,
+    fake_array,
+    same_bits,
+    struct_fields,
+)
+
+from cukern import reference as R
+from cukern import scan as C
+from cukern._dtypes import BFLOAT16, dtype_name
+
+OPS = tuple(C.OPS)
+
+
+def _values(rng, shape, dtype, op):
+    """Positive values near 1 for products (no overflow), around 1 for sums; integers small."""
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return rng.random(shape) < 0.5
+    if dt.kind == "i":
+        return rng.integers(-3, 4, shape).astype(dt) if op == "cumsum" else rng.choice([-1, 1, 2], shape).astype(dt)
+    spread = 1e-3 if op == "cumprod" else 0.5
+    return (1 + spread * rng.uniform(-1, 1, shape)).astype(dt)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Planning (pure).
+
+
+def test_params_match_the_struct():
+    assert struct_fields(C.SOURCE, "ScanParams") == C.PARAMS.fields
+
+
+@pytest.mark.parametrize("n", [1, 4095, 4096, 4097, 1 << 28])
+def test_tiles_cover_a_line(n):
+    p = C.plan((n,), None)
+    assert (p.rows, p.n, p.tiles_per_row, p.x, p.o) == (1, n, -(-n // C.TILE), (0, 0, 1), (0, 0, 1))
+    assert p.config.grid == (p.tiles,) and p.config.block == (C.BLOCK,)
+
+
+def test_lines_and_layouts():
+    p = C.plan((6, 7, 8), 1)
+    assert (p.rows, p.n, p.inner, p.x, p.o, p.copy) == (48, 7, 8, (56, 1, 8), (56, 1, 8), False)
+    p = C.plan((6, 7, 8), 2)
+    assert (p.rows, p.n, p.inner, p.x) == (42, 8, 42, (0, 8, 1))
+    assert C.plan((5, 7), None, x_strides=(1, 5)).copy  # a transposed matrix flattened: not one run
+    assert not C.plan((5, 7), None, x_strides=(-7, -1)).copy
+    assert C.plan((3, 4, 5, 6), 1, x_strides=(1000, 6, 100, 1)).copy
+    p = C.plan((4, 9), 0, out_strides=(-9, 1))
+    assert (p.x, p.o) == ((0, 1, 9), (0, 1, -9))
+    assert C.plan((4, 9), 1, aligned=False).copy
+    assert C.plan((0, 5), 1).tiles == 0 and C.plan((5, 0), 1).tiles == 0
+
+
+def test_result_dtypes():
+    assert C.result_dtype(np.int32) == np.int64 and C.result_dtype(np.bool_) == np.int64
+    assert C.result_dtype(BFLOAT16) == BFLOAT16 and C.result_dtype(np.float32, "float64") == np.float64
+    with pytest.raises(TypeError, match="dtype=float32 is not supported for x of float64"):
+        C.result_dtype(np.float64, np.float32)
+
+
+def test_instantiations_are_the_pairs():
+    insts = C.instantiations()
+    assert len(insts) == len(set(insts)) == 2 * len(C.PAIRS)
+
+
+def test_bytes_moved():
+    assert C.bytes_moved((1 << 28,), np.float32) == 2 << 30
+    assert C.bytes_moved((10, 3), np.int32) == 30 * 12
+    assert C.bytes_moved((10,), np.float32, np.float64) == 120
+
+
+@pytest.mark.parametrize("shape, axis, dtype, err, match", [
+    ((4,), None, np.int8, TypeError, "dtype int8"),
+    ((4, 5), (0,), None, TypeError, "axis must be None or an int"),
+    ((4, 5), 2, None, np.exceptions.AxisError, "out of bounds"),
+    ((4, 5), 0, np.int32, TypeError, "not supported"),
+])
+def test_bad_input(shape, axis, dtype, err, match):
+    x = fake_array(shape, np.int8 if match == "dtype int8" else np.float32)
+    with pytest.raises(err, match=match):
+        C._prepare("cumsum", x, axis, dtype, None)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The emulator on the host.
+
+
+@pytest.mark.parametrize("dtype", C.DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("op", OPS)
+def test_emulator_is_close_to_numpy(op, dtype, rng):
+    x = _values(rng, (3, 9001), dtype, op)
+    for axis in (None, 0, 1, -1):
+        got, want = getattr(R, f"{op}_emulated")(x, axis), getattr(R, op)(x, axis)
+        assert got.shape == want.shape and got.dtype == C.result_dtype(x.dtype)
+        if got.dtype.kind in "iu":
+            np.testing.assert_array_equal(got, want)
+        else:
+            assert_close(got, want, got.dtype, terms=x.size)
+
+
+def test_a_short_line_is_one_threads_running_sum():
+    x = np.float32([0.1, 0.2, 0.3, 1e8, -1e8, 0.4])
+    np.testing.assert_array_equal(R.cumsum_emulated(x), np.cumsum(x))  # NumPy's float32 cumsum is sequential
+    assert np.signbit(R.cumsum_emulated(np.float32([-0.0, -0.0]))).all()
+
+
+def test_integers_wrap():
+    x = np.array([2**62, 2**62, 2**62], np.int64)
+    np.testing.assert_array_equal(R.cumsum_emulated(x), np.cumsum(x))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Compilation.
+
+
+@pytest.mark.nvrtc(C.SOURCE)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_instantiation_compiles_without_spills_or_contraction(arch):
+    c = compiled(C.SOURCE, arch)
+    res = c.resources()
+    assert ".local" not in c.ptx
+    for inst in C.instantiations():
+        assert_no_spills(res[c.lowered[inst.expression]], arch, inst.expression)
+        body = c.kernel_ptx(inst)
+        assert "fma.rn" not in body and ".approx" not in body, inst.expression
+        assert "atom.global.add.u32" in body and "membar.gl" in body, inst.expression
+
+
+# ---------------------------------------------------------------------------------------------------------
+# On a GPU.
+
+
+def _check(op, x, xh, axis=None, dtype=None, **kw):
+    got = getattr(C, op)(x, axis=axis, dtype=dtype, **kw)
+    want = getattr(R, f"{op}_emulated")(xh, axis, dtype)
+    assert got.shape == want.shape and got.dtype == want.dtype, (op, axis)
+    assert same_bits(got, want), (op, axis, dtype)
+    return got
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", C.DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("op", OPS)
+def test_every_dtype_axis_and_op(op, dtype, rng):
+    import cupy
+
+    for shape in [(1,), (4095,), (4097,), (3, 10007), (37, 5, 11)]:
+        xh = _values(rng, shape, dtype, op)
+        x = cupy.asarray(xh)
+        for axis in [None] + list(range(-len(shape), len(shape))):
+            got = _check(op, x, xh, axis)
+            ref = getattr(R, op)(xh, axis)
+            if got.dtype.kind in "iu":
+                np.testing.assert_array_equal(got.get(), ref)
+            else:
+                assert_close(got, ref, got.dtype, terms=xh.size)
+    if np.dtype(dtype) == np.float32:
+        _check(op, x, xh, 1, np.float64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+def test_long_line_is_the_same_bits_every_run(op, rng):
+    import cupy
+
+    xh = _values(rng, ((1 << 24) + 3,), np.float32, op)
+    x = cupy.asarray(xh)
+    first = _check(op, x, xh)
+    for _ in range(3):
+        assert same_bits(getattr(C, op)(x), first)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32], ids=dtype_name)
+def test_strided_negative_misaligned_and_transposed(dtype, rng):
+    import cupy
+
+    base_h = _values(rng, (64, 4099), dtype, "cumsum")
+    base = cupy.asarray(base_h)
+    views = [lambda a: a[1:, 1:], lambda a: a[::-1, ::-3], lambda a: a.T, lambda a: a[::2, 7:4000],
+             lambda a: a.reshape(8, 8, 4099)[:, ::2].transpose(1, 2, 0)]
+    for view in views:
+        x, xh = view(base), view(base_h)
+        for axis in [None] + list(range(x.ndim)):
+            _check("cumsum", x, xh, axis)
+
+
+@pytest.mark.gpu
+def test_nan_inf_and_empty():
+    import cupy
+
+    xh = np.float32([1, 2, np.nan, 3, np.inf, -np.inf] * 1000)
+    for op in OPS:
+        _check(op, cupy.asarray(xh), xh)
+        assert C.cumsum(cupy.zeros((0, 3), np.float32), axis=1).shape == (0, 3)
+        assert getattr(C, op)(cupy.zeros((4, 0), np.int32), axis=1).dtype == np.int64
+        assert getattr(C, op)(cupy.zeros(0, np.float32)).shape == (0,)
+
+
+@pytest.mark.gpu
+def test_out_in_place_and_checked(rng):
+    import cupy
+
+    xh = _values(rng, (5, 9000), np.float32, "cumsum")
+    want = R.cumsum_emulated(xh, 1)
+    x = cupy.asarray(xh)
+    out = cupy.full(x.shape, np.nan, np.float32)  # poisoned
+    assert C.cumsum(x, axis=1, out=out) is out and same_bits(out, want)
+    wide = cupy.full((5, 18000), np.nan, np.float32)
+    C.cumsum(x, axis=1, out=wide[:, ::2])
+    assert same_bits(wide[:, ::2], want) and cupy.isnan(wide[:, 1::2]).all()
+    flat = cupy.empty(x.size, np.float32)
+    C.cumsum(x, out=flat)
+    assert same_bits(flat, R.cumsum_emulated(xh))
+    y = x.copy()
+    assert C.cumsum(y, axis=1, out=y) is y and same_bits(y, want)
+    before = x.copy()
+    for bad, err, match in [(cupy.empty((5, 8999), np.float32), ValueError, "shape"),
+                            (cupy.empty((5, 9000), np.float64), TypeError, "dtype"),
+                            (x[:, ::-1], ValueError, "overlaps"),
+                            (cupy.broadcast_to(cupy.zeros(1, np.float32), (5, 9000)), ValueError, "zero stride")]:
+        with pytest.raises(err, match=match):
+            C.cumsum(x, axis=1, out=bad)
+    assert same_bits(x, before)
+
+
+@pytest.mark.gpu
+def test_more_than_2_31_elements():
+    import cupy
+
+    n = (1 << 31) + 5
+    r = C.cumsum(cupy.ones(n, np.bool_))
+    assert r.dtype == np.int64 and int(r[-1]) == n and int(r[(1 << 31) + 1]) == (1 << 31) + 2 and int(r[0]) == 1

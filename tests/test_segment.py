@@ -1,0 +1,259 @@
+"""segment_sum, segment_max, segment_min, segment_mean: planning and the emulator on the host, the compiled
+kernels' resources, and on a GPU every dtype, layout and offsets form against the emulator (bits) and the
+float64 reference (closeness)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _support import (
+    ARCHS,
+    assert_close,
+    assert_no_spills,
+    compiled,
+    same_bits,
+    struct_fields,
+)
+
+from cukern import reference as R
+from cukern import segment as S
+from cukern._dtypes import BFLOAT16, dtype_name
+
+OPS = tuple(S.OPS)
+F32 = np.dtype(np.float32)
+
+
+def _offsets(rng, rows, segments, *, empties=True):
+    cuts = np.sort(rng.integers(0, rows + 1, segments - 1)) if segments > 1 else np.zeros(0, np.int64)
+    o = np.concatenate([[0], cuts, [rows]]).astype(np.int64)
+    if empties and segments > 3:
+        o[2] = o[1]  # at least one empty segment
+    return o
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Planning (pure).
+
+
+def test_kernel_choice_and_grid():
+    p = S.plan((1 << 20,), 1000)
+    assert (p.kernel, p.grid, p.block, p.cols, p.row_stride) == ("warp", (125, 1), S.WARP_BLOCK, 1, 1)
+    p = S.plan((1000, 3), 7)
+    assert (p.kernel, p.grid, p.cols, p.row_stride, p.col_stride) == ("warp", (1, 3), 3, 3, 1)
+    p = S.plan((1000, 4, 33), 7)
+    assert (p.kernel, p.grid, p.cols, p.row_stride, p.col_stride) == ("cols", (7, 2), 132, 132, 1)
+    assert S.plan((10, 5), 0).kernel is None and S.plan((10, 0), 3).kernel is None
+
+
+def test_layouts_that_are_copied():
+    assert not S.plan((100, 8), 3, strides=(-16, 2)).copy
+    assert S.plan((100, 8), 3, strides=(-16, 2)).row_stride == -16
+    assert S.plan((100, 4, 8), 3, strides=(64, 1, 4)).copy  # trailing axes transposed: two levels
+    assert not S.plan((100, 4, 8), 3, strides=(64, 16, 2)).copy
+    assert S.plan((64,), 3, ptr=2).copy
+
+
+def test_too_many_columns():
+    with pytest.raises(ValueError, match="columns"):
+        S.plan((2, S.MAX_GRID_Y * S.COL_BLOCK + 1), 1)
+
+
+def test_every_plan_uses_a_listed_instantiation():
+    insts = set(S.instantiations())
+    assert len(insts) == 2 * len(S.DTYPES) * 3 * len(S.OFFSET_DTYPES)
+    for shape in [(1000,), (1000, 3), (1000, 64)]:
+        p = S.plan(shape, 5)
+        for dt in S.DTYPES:
+            for op, _ in S.OPS.values():
+                for o in S.OFFSET_DTYPES:
+                    assert p.instantiation(dt, op, o) in insts
+
+
+def test_params_match_the_struct():
+    assert struct_fields(S.SOURCE, "SegParams") == S.PARAMS.fields
+
+
+def test_bytes_moved():
+    assert S.bytes_moved((1 << 28,), F32, 1 << 20) == (1 << 30) + ((1 << 20) + 1) * 8 + (1 << 20) * 4
+    assert S.bytes_moved((100, 3), np.float16, 7, np.int32) == 600 + 8 * 4 + 7 * 3 * 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The emulator on the host.
+
+
+@pytest.mark.parametrize("dtype", S.DTYPES, ids=dtype_name)
+def test_emulator_is_close_to_the_reference(dtype, rng):
+    x = rng.standard_normal((3000, 3)).astype(dtype)
+    o = _offsets(rng, 3000, 40)
+    for op in OPS:
+        got, want = getattr(R, f"{op}_emulated")(x, o), getattr(R, op)(x, o)
+        assert got.dtype == x.dtype and got.shape == want.shape
+        assert_close(got, want, dtype, terms=3000)
+    assert (R.segment_sum_emulated(x, o)[1] == 0).all() and np.isnan(R.segment_mean_emulated(x, o)[1]).all()
+    assert (R.segment_max_emulated(x, o)[1] == -np.inf).all() and (R.segment_min_emulated(x, o)[1] == np.inf).all()
+
+
+def test_a_segments_bits_are_the_sum_of_its_slice(rng):
+    x = rng.standard_normal((5000, 2)).astype(np.float32)
+    o = np.array([0, 3, 3, 260, 1300, 5000])
+    got = R.segment_sum_emulated(x, o)
+    for s in range(len(o) - 1):
+        if o[s + 1] - o[s] > 1:
+            assert same_bits(got[s], R.sum_emulated(x[o[s]:o[s + 1]], axis=0))
+            assert same_bits(R.segment_max_emulated(x, o)[s], R.amax_emulated(x[o[s]:o[s + 1]], axis=0))
+
+
+def test_nan_and_signed_zero():
+    x = np.array([1.0, np.nan, 2.0, -0.0, 0.0, -0.0], np.float32)
+    o = np.array([0, 3, 5, 6])
+    assert np.isnan(R.segment_max_emulated(x, o)[0]) and np.isnan(R.segment_sum_emulated(x, o)[0])
+    assert not np.signbit(R.segment_max_emulated(x, o)[1]) and np.signbit(R.segment_min_emulated(x, o)[1])
+    assert not np.signbit(R.segment_sum_emulated(x, o)[2])  # the chain starts at +0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Compilation.
+
+
+@pytest.mark.nvrtc(S.SOURCE)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_instantiation_compiles_without_spills_or_contraction(arch):
+    c = compiled(S.SOURCE, arch)
+    res = c.resources()
+    insts = S.instantiations()
+    assert len(c.lowered) == len(insts)
+    assert ".local" not in c.ptx
+    for inst in insts:
+        assert_no_spills(res[c.lowered[inst.expression]], arch, inst.expression)
+        body = c.kernel_ptx(inst)
+        assert "fma.rn" not in body and ".approx" not in body, inst.expression
+
+
+# ---------------------------------------------------------------------------------------------------------
+# On a GPU.
+
+
+def _check(op, x, xh, o, oh, **kw):
+    got = getattr(S, op)(x, o, **kw)
+    want = getattr(R, f"{op}_emulated")(xh, oh)
+    assert got.dtype == xh.dtype and got.shape == want.shape, op
+    assert same_bits(got, want), op
+    assert_close(got, getattr(R, op)(xh, oh), xh.dtype, terms=max(xh.shape[0], 1))
+    return got
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", S.DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("shape, segments", [((4099,), 37), ((997, 3), 11), ((301, 64), 9), ((50, 4, 33), 5)])
+def test_every_dtype_op_and_kernel(dtype, shape, segments, rng):
+    import cupy
+
+    xh = rng.standard_normal(shape).astype(dtype)
+    oh = _offsets(rng, shape[0], segments)
+    x = cupy.asarray(xh)
+    # int32 offsets for one dtype only: each (dtype, op, offsets dtype) is a kernel compiled on first use
+    for odt in S.OFFSET_DTYPES if np.dtype(dtype) == F32 else (np.dtype(np.int64),):
+        o = cupy.asarray(oh.astype(odt))
+        for op in OPS:
+            _check(op, x, xh, o, oh)
+
+
+@pytest.mark.gpu
+def test_long_segments_and_independence_from_neighbours(rng):
+    import cupy
+
+    n = (1 << 20) + 3
+    xh = rng.standard_normal((n,)).astype(np.float32)
+    x = cupy.asarray(xh)
+    oh = np.array([0, 5, 5, 70000, n - 1, n])
+    for op in OPS:
+        _check(op, x, xh, cupy.asarray(oh), oh)
+    alone = S.segment_sum(x, cupy.asarray(np.array([5, 70000])))
+    among = S.segment_sum(x, cupy.asarray(oh))
+    assert same_bits(alone, among[2:3])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, BFLOAT16], ids=dtype_name)
+def test_strided_negative_and_misaligned_views(dtype, rng):
+    import cupy
+
+    base_h = rng.standard_normal((400, 6, 40)).astype(dtype)
+    base = cupy.asarray(base_h)
+    views = [lambda a: a[::2, 1], lambda a: a[::-1, :, 3], lambda a: a[1:, 2, 1:], lambda a: a.transpose(0, 2, 1),
+             lambda a: a.reshape(-1)[1:2001]]
+    for view in views:
+        x, xh = view(base), view(base_h)
+        oh = _offsets(rng, xh.shape[0], 13)
+        for op in OPS:
+            _check(op, x, np.ascontiguousarray(xh), cupy.asarray(oh), oh)
+
+
+@pytest.mark.gpu
+def test_nan_inf_and_empty_forms():
+    import cupy
+
+    xh = np.array([1.0, np.nan, 2.0, np.inf, -np.inf, -0.0, 0.0], np.float32)
+    oh = np.array([0, 3, 4, 5, 5, 7])
+    for op in OPS:
+        _check(op, cupy.asarray(xh), xh, cupy.asarray(oh), oh)
+    none = S.segment_sum(cupy.ones((5, 2), np.float32), cupy.zeros(1, np.int64))
+    assert none.shape == (0, 2)
+    rowless = S.segment_max(cupy.ones((0, 3), np.float32), cupy.zeros(4, np.int32))  # three empty segments
+    assert rowless.shape == (3, 3) and (rowless == -np.inf).all()
+
+
+@pytest.mark.gpu
+def test_out_is_written_and_checked(rng):
+    import cupy
+
+    xh = rng.standard_normal((500, 40)).astype(np.float32)
+    oh = _offsets(rng, 500, 9)
+    x, o = cupy.asarray(xh), cupy.asarray(oh)
+    want = R.segment_mean_emulated(xh, oh)
+    out = cupy.full((9, 40), np.nan, np.float32)  # poisoned
+    assert S.segment_mean(x, o, out=out) is out
+    assert same_bits(out, want)
+    wide = cupy.full((9, 80), np.nan, np.float32)
+    S.segment_mean(x, o, out=wide[:, ::2])
+    assert same_bits(wide[:, ::2], want) and cupy.isnan(wide[:, 1::2]).all()
+    for bad, err, match in [(cupy.empty((8, 40), np.float32), ValueError, "shape"),
+                            (cupy.empty((9, 40), np.float64), TypeError, "dtype"),
+                            (x[:9], ValueError, "overlaps x")]:
+        with pytest.raises(err, match=match):
+            S.segment_sum(x, o, out=bad)
+
+
+@pytest.mark.gpu
+def test_bad_offsets_raise_before_the_launch():
+    import cupy
+
+    x = cupy.arange(20, dtype=np.float32).reshape(10, 2)
+    before = x.copy()
+    out = cupy.full((3, 2), -7, np.float32)
+    for o, err, match in [([0, 5, 3, 10], ValueError, r"offsets\[2\] = 3 is below offsets\[1\] = 5"),
+                          ([0, 5, 11, 11], ValueError, r"offsets\[2\] = 11 is outside \[0, 10\]"),
+                          ([-1, 5, 6, 10], ValueError, r"offsets\[0\] = -1"),
+                          (np.array([0.0, 5, 10]), TypeError, "int32 or int64"),
+                          (np.zeros((2, 2), np.int64), ValueError, "1-D"),
+                          (np.zeros(0, np.int64), ValueError, "at least one")]:
+        with pytest.raises(err, match=match):
+            S.segment_sum(x, cupy.asarray(np.asarray(o)), out=out if np.ndim(o) == 1 and len(o) == 4 else None)
+    assert (out == -7).all() and same_bits(x, before)
+    with pytest.raises(TypeError, match="numpy.ndarray"):
+        S.segment_sum(x.get(), cupy.zeros(2, np.int64))
+    with pytest.raises(TypeError, match="dtype int32"):
+        S.segment_sum(cupy.zeros(4, np.int32), cupy.zeros(2, np.int64))
+    with pytest.raises(TypeError, match="check_offsets"):
+        S.segment_sum(x, cupy.zeros(2, np.int64), check_offsets=1)
+
+
+@pytest.mark.gpu
+def test_unchecked_bad_offsets_stay_inside_x():
+    import cupy
+
+    xh = np.arange(20, dtype=np.float32).reshape(10, 2)
+    oh = np.array([-5, 3, 1, 40, 8])
+    got = S.segment_sum(cupy.asarray(xh), cupy.asarray(oh), check_offsets=False)
+    assert same_bits(got, R.segment_sum_emulated(xh, oh))
