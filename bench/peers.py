@@ -1,4 +1,4 @@
-"""Peers that need other frameworks, for ``python -m cukern bench`` in a repository checkout.
+"""Peers that need other frameworks, for ``python -m cukern.lab bench`` in a repository checkout.
 
 Imported only by the benchmark, and each framework only when it imports; nothing in ``cukern/`` depends on
 this file. Each peer builds its own inputs in its own framework (same shape, dtype and distribution as

@@ -220,7 +220,7 @@ def section(R: Records, tests: str, gpus: int) -> str:
             "![GB/s against bytes moved, every op and peer, with the copy peak](bench/results/bandwidth_h200.png)", "",
             "![Every kernel at its arithmetic intensity against the H200's bandwidth and FP32 roofs]"
             "(bench/results/roofline_h200.png)", "",
-            "### The rms_norm card (`python -m cukern explain rms_norm --shape 16384x4096 --dtype bfloat16`)", "",
+            "### The rms_norm card (`python -m cukern.lab explain rms_norm --shape 16384x4096 --dtype bfloat16`)", "",
             "```", card, "```", "", ""]
     return "\n".join(out)
 

@@ -71,10 +71,10 @@ with open(path, "w") as f:
 fi
 if want bench; then
   r=bench/results
-  python3 -m cukern bench --json $r/h200.json --plot $r/bandwidth_h200.png 2>&1 | tee "$logs/bench.log"
+  python3 -m cukern.lab bench --json $r/h200.json --plot $r/bandwidth_h200.png 2>&1 | tee "$logs/bench.log"
   bench=$?
-  python3 -m cukern roofline --results $r/h200.json --plot $r/roofline_h200.png 2>&1 | tee -a "$logs/bench.log"
-  CUKERN_TUNING=off python3 -m cukern explain rms_norm --shape 16384x4096 --dtype bfloat16 > $r/rms_norm_card_h200.txt
+  python3 -m cukern.lab roofline --results $r/h200.json --plot $r/roofline_h200.png 2>&1 | tee -a "$logs/bench.log"
+  CUKERN_TUNING=off python3 -m cukern.lab explain rms_norm --shape 16384x4096 --dtype bfloat16 > $r/rms_norm_card_h200.txt
   cp $r/h200.json $r/bandwidth_h200.png $r/roofline_h200.png $r/rms_norm_card_h200.txt "$out/" 2>/dev/null
 fi
 tar -czf "$out/logs.tar.gz" -C "$out" logs && rm -rf "$logs"

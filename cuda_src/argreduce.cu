@@ -165,6 +165,12 @@ __device__ __forceinline__ Best<key_t<BYTES>> search_span(const typename Bits<BY
     const unsigned tail = count - head - vectors * VEC;
     if (t < head) offer(b, key_at<KIND, BYTES>(s, t, p), first + t);
     const U* body = s + head;
+    // The body's best as a key and a 32-bit position in the body: a thread visits its elements in
+    // increasing order, so only a strictly larger key replaces the best (an equal one comes later and
+    // loses). It starts as key 0 (no key is below it) at the thread's first element, which the first
+    // comparison keeps if that element's key is 0. The 64-bit index is formed once, after the loop.
+    K best_key = 0;
+    unsigned best_at = t * VEC;
     for (unsigned v0 = t; v0 < vectors; v0 += kStep) {
       Pack<U, VEC> pk[ARG_UNROLL];
 #pragma unroll
@@ -178,11 +184,14 @@ __device__ __forceinline__ Best<key_t<BYTES>> search_span(const typename Bits<BY
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             const K k = element_key<KIND, BYTES>(pk[u].v[j], static_cast<K>(p.flip), static_cast<K>(p.nan_key));
-            offer(b, k, first + head + static_cast<long long>(v) * VEC + j);
+            const bool better = k > best_key;
+            best_key = better ? k : best_key;
+            best_at = better ? v * VEC + j : best_at;
           }
         }
       }
     }
+    if (t < vectors) offer(b, best_key, first + head + static_cast<long long>(best_at));
     if (t < tail) {
       const unsigned i = head + vectors * VEC + t;
       offer(b, key_at<KIND, BYTES>(s, i, p), first + i);

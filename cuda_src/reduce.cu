@@ -20,9 +20,10 @@
 // NumPy with no launch parameter at all.
 //
 // The six questions (cukern/reduce_plan.py keeps the launch math as pure plans):
-// 1. Output tile: reduce_full: the whole array, one value: each warp takes an aligned span of chunks (a
-//    chunk is the 32 lanes' share of 16 / sizeof(T) leaves at most), the block combines its warps, the
-//    last block to finish combines the blocks; reduce_rows: one row per group of tpr threads (a sub-warp
+// 1. Output tile: reduce_full: the whole array, one value: each block takes an aligned span of groups of
+//    BLOCK / 32 chunks (a chunk is the 32 lanes' share of 16 / sizeof(T) leaves at most), a warp a chunk
+//    of each group, and combines a batch of groups after each barrier; the last block to finish combines
+//    the blocks; reduce_rows: one row per group of tpr threads (a sub-warp
 //    group for rows of one chunk, else tpr / 32 warps, each with its span of chunks); reduce_cols: a strip
 //    of columns by a span of leaves per block, 32 / Q row lanes each owning Q chains, and reduce_cols_fold
 //    for the spans' partials when a column has more than one span; reduce_strided: one output per warp,
@@ -35,8 +36,9 @@
 //    for integer results, along the tree above: chains sequentially, then pairs through the lanes' own
 //    values, shuffles, shared memory (tree_push / tree_result for spans) and the last block. No float
 //    atomics anywhere.
-// 4. Staging: registers; shared memory for the warps' span stacks, the block-level combine and the column
-//    kernel's cross-row-lane combine.
+// 4. Staging: registers; shared memory for the full kernel's chunk slots and its block's span stack, the
+//    rows kernel's warp span stacks, the block-level combines and the column kernel's cross-row-lane
+//    combine.
 // 5. Tuning: block size, blocks per SM, loads in flight, threads per row, grid caps: all splits of the one
 //    tree, so any of them gives the same bits (cukern/reduce_plan.py `Knobs`).
 // 6. Profile: one add per element against sizeof(T) bytes: memory-bound; the target is the copy bandwidth.
@@ -56,6 +58,10 @@ constexpr int LEAF = CHAINS * CHAIN_LENGTH;
 constexpr int STACK_DEPTH = 40;
 // Partials the last block of reduce_full combines per thread (the planner keeps the grid within it).
 constexpr int FULL_FOLD = 8;
+// Levels of a binary counter over n (a power of two) values: log2(n) + 1.
+__host__ __device__ constexpr int levels_of(int n) { return n <= 1 ? 1 : 1 + levels_of(n / 2); }
+// Groups of chunks reduce_full combines after one barrier (a power of two, at most 32: a lane of warp 0 each).
+constexpr int FULL_BATCH = 8;
 constexpr int ROW_LIFT_BLOCK = 128;  // the one rows block that lifts (cukern/reduce_plan.py LIFT_ROW_MAX_TPR)
 constexpr int COL_BLOCK = 256;
 constexpr int COL_LOADS = 4;  // rows in flight per column thread
@@ -518,12 +524,15 @@ template <typename A> __device__ __forceinline__ bool last_block_done(A* partial
 // The whole-array reduction in one launch, element i at x[i * stride] (any stride, either sign). Chunks go
 // to the warps in groups of BLOCK / 32 consecutive chunks, one a warp, and the blocks split the groups into
 // equal aligned spans (a power of two each): every group, every block's span and the grid are subtrees of
-// the one tree, whatever the grid. A block reads one contiguous run of memory: per round its warps each
-// take one chunk of the next group, the block combines the group (block_tree_reduce) and thread 0 pushes
-// it onto the block's stack. (Warps streaming spans of their own, thousands
-// of narrow fronts far apart, drew several % less from DRAM: bench/NOTES.md.) The block publishes its span's
-// value, and the last block to finish combines the partials (at most FULL_FOLD * BLOCK) and writes the
-// result. The counter is reset by that block, so the buffer needs zeroing only once, when it is allocated.
+// the one tree, whatever the grid. A block reads one contiguous run of memory, a group a round: each warp
+// takes its chunk of the group and lane 0 leaves the chunk's value in a shared slot. (Warps streaming spans
+// of their own, thousands of narrow fronts far apart, drew several % less from DRAM: bench/NOTES.md.)
+// Rounds come in batches of up to FULL_BATCH groups (an aligned subtree): one barrier a batch, after which
+// warp 0 combines the batch (lane g the tree of group g over its warps, then the lanes' tree) and thread
+// 0 pushes it onto the block's stack, while the other warps go on loading the next batch. The block
+// publishes its span's value, and the last block to finish combines the partials (at most
+// FULL_FOLD * BLOCK) and writes the result. The counter is reset by that block, so the buffer needs zeroing
+// only once, when it is allocated.
 template <typename T, typename O, int OP, int BLOCK, int UNROLL>
 __device__ __forceinline__ void full_reduce_body(O* out, state_t<O, OP>* partials, unsigned* counter, const T* x,
                                                  long long n, long long stride, int finalize, double divisor) {
@@ -533,6 +542,8 @@ __device__ __forceinline__ void full_reduce_body(O* out, state_t<O, OP>* partial
   constexpr int CV = lane_elements<T>();
   constexpr int kWarps = BLOCK / 32;
   constexpr long long kChunk = 32LL * CV * CHAIN_LENGTH;
+  constexpr int kWarpLevels = levels_of(kWarps);
+  __shared__ A slots[2][FULL_BATCH][kWarps];
   __shared__ A scratch[2 * kWarps];
   __shared__ A stack[STACK_DEPTH];
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -544,21 +555,47 @@ __device__ __forceinline__ void full_reduce_body(O* out, state_t<O, OP>* partial
   const long long first = static_cast<long long>(blockIdx.x) * span;
   const long long left = groups - first;
   const long long count = left < 0 ? 0 : (left < span ? left : span);
+  // groups a batch: a power of two, no more than the span (a batch past the span would read the next block's)
+  const int batch = span < FULL_BATCH ? static_cast<int>(span) : FULL_BATCH;
+  const long long batches = (count + batch - 1) / batch;
   const bool vector = stride == 1 && aligned16(x);
   const long long start = lane_start<CV>(lane);
   const scalar_t<A> shift = shift_of<OP, scalar_t<A>>(x);
-  for (long long r = 0; r < count; ++r) {
-    // a chunk past the end (in the last group) reads nothing and gives the identity, the tree's padding
-    const long long chunk = (first + r) * kWarps + warp;
-    const A c = chunk_value<T, A, OP, CV, UNROLL, long long>(x, n, chunk * kChunk + start, stride, vector, 32, shift,
-                                                               lift_of(finalize));
-    // the group's tree over its warps (every lane holds its warp's c; lane 0 brings it); two sets of slots,
-    // so a round's writes never meet the last round's reads
-    const A mine[1] = {lane == 0 ? c : Comb::template identity<A>()};
-    const A g = block_tree_reduce<BLOCK, Comb>(mine, scratch, static_cast<int>(r & 1));
-    if (threadIdx.x == 0) tree_push<Comb>(stack, g, r);  // thread 0 owns the stack
+  int shift_batch = 0;  // log2(batch)
+  while ((1 << shift_batch) < batch) ++shift_batch;
+  // one loop over the rounds, the batch's barrier in its last round (a loop of batches around a loop of
+  // rounds made ptxas keep several chunks' loads live and spill)
+  for (long long r = 0; r < batches * batch; ++r) {
+    const long long b = r >> shift_batch;
+    const int g = static_cast<int>(r) & (batch - 1);
+    A(*slot)[kWarps] = slots[b & 1];  // two sets of slots, so a batch's writes never meet the last one's reads
+    // a group past the span's end, or a chunk past the array's (in the last group), reads nothing and gives
+    // the identity, the tree's padding
+    A c = Comb::template identity<A>();
+    if (r < count) {
+      const long long chunk = (first + r) * kWarps + warp;
+      c = chunk_value<T, A, OP, CV, UNROLL, long long>(x, n, chunk * kChunk + start, stride, vector, 32, shift,
+                                                       lift_of(finalize));
+    }
+    if (lane == 0) slot[g][warp] = c;
+    if (g == batch - 1) {
+      __syncthreads();
+      if (warp == 0) {
+        A v = Comb::template identity<A>();
+        if (lane < batch) {
+          // the group's tree over its warps, as a counter of levels (a few registers, not one a warp: var's
+          // float64 states would spill)
+          A level[kWarpLevels];
+#pragma unroll
+          for (int i = 0; i < kWarps; ++i) tree_push<Comb>(level, slot[lane][i], i);
+          v = level[kWarpLevels - 1];
+        }
+        v = group_tree_reduce<Comb>(v, batch);
+        if (lane == 0) tree_push<Comb>(stack, v, b);  // thread 0 owns the stack
+      }
+    }
   }
-  const A v = threadIdx.x == 0 ? tree_result<Comb>(stack, count) : Comb::template identity<A>();
+  const A v = threadIdx.x == 0 ? tree_result<Comb>(stack, batches) : Comb::template identity<A>();
   if (!last_block_done(partials, counter, v)) return;
   A p[FULL_FOLD];
 #pragma unroll

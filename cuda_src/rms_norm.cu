@@ -214,6 +214,31 @@ __device__ __forceinline__ void store_e4m3(unsigned char* dst, const float (&y)[
   store(dst, q);
 }
 
+// A thread's VEC floats of item k in a block's staging area, in slots only it uses: float4 k * VEC / 4 + h of
+// thread t at (k * VEC / 4 + h) * BLOCK + t, so a warp's 16-byte accesses are 512 consecutive bytes; vectors
+// of fewer than 4 take a float4 slot each.
+template <int VEC, int BLOCK> __device__ __forceinline__ void stage_put(float4* stage, int k, const float (&y)[VEC]) {
+  constexpr int kQuads = VEC < 4 ? 1 : VEC / 4;
+#pragma unroll
+  for (int h = 0; h < kQuads; ++h) {
+    float q[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 4 && 4 * h + j < VEC; ++j) q[j] = y[4 * h + j];
+    stage[(k * kQuads + h) * BLOCK + threadIdx.x] = make_float4(q[0], q[1], q[2], q[3]);
+  }
+}
+
+template <int VEC, int BLOCK> __device__ __forceinline__ void stage_get(float (&y)[VEC], const float4* stage, int k) {
+  constexpr int kQuads = VEC < 4 ? 1 : VEC / 4;
+#pragma unroll
+  for (int h = 0; h < kQuads; ++h) {
+    const float4 q4 = stage[(k * kQuads + h) * BLOCK + threadIdx.x];
+    const float q[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+    for (int j = 0; j < 4 && 4 * h + j < VEC; ++j) y[4 * h + j] = q[j];
+  }
+}
+
 template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK, bool FUSED,
           int QUANT = kNone, typename O = T>
 __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T* x, const W* weight,
@@ -224,6 +249,10 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
   static_assert(ITEMS % GROUPS == 0, "every group of classes gets the same number of vectors");
   constexpr int kRowsPerBlock = BLOCK / TPR;
   __shared__ float scratch[2 * GROUPS * (BLOCK / 32)];
+  // per-token float8 without the residual (whose kernel is memory-bound as it is): every thread's y, when a
+  // block's take at most 16 KiB of shared memory (eight blocks of 128 threads an SM within its 228 KiB)
+  constexpr bool kStage = QUANT != kNone && !FUSED && BLOCK * ITEMS * VEC * 4 <= 16 * 1024;
+  __shared__ float4 stage[kStage ? BLOCK * ITEMS * VEC / 4 + (VEC < 4 ? BLOCK : 0) : 1];
   const int lane = static_cast<int>(threadIdx.x) % TPR;
   const int slot = static_cast<int>(threadIdx.x) / TPR;
   const float unweighted = __fadd_rn(offset, 1.f);
@@ -294,48 +323,70 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
 
     O* orow = out + out_at(at);
     if constexpr (QUANT != kNone) {
-      // The row stays in registers, packed as loaded, while the per-token amax is combined (slots past the
-      // row take no part).
-      Pack<W, VEC> w[ITEMS];
-      if (weight != nullptr) {
+      // Per token, y is needed twice: for the row's amax, then for the bytes. Where a block's values fit the
+      // static shared memory (kStage), each thread parks its y there in slots of its own (float4 columns
+      // by thread: conflict-free, no barrier) and reads them back, rather than forming y twice: the kernel
+      // is issue-bound, not memory-bound, with two passes. Otherwise y is formed twice, the same
+      // operations on the same values. The weight is loaded in each pass (from L1: every row reads the
+      // same one) rather than held, so that fewer registers a thread let more rows be resident.
+      const auto weights = [&](int k) {
+        Pack<W, VEC> w;
+        if (weight != nullptr) load(w, weight + (lane + k * TPR) * VEC);
+        return w;
+      };
+      const auto value = [&](int k, int j, const Pack<W, VEC>& w) {
+        return scaled(to_float(a[k].v[j]), inv, weight != nullptr ? __fadd_rn(offset, to_float(w.v[j])) : unweighted);
+      };
+      if (fp8.scales == nullptr) {  // a static scale: one pass
+        const float rcp = __frcp_rn(fp8.scale);
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
-          if (in[k]) load(w[k], weight + (lane + k * TPR) * VEC);
-        }
-      }
-      // y is formed twice (for the amax, then for the bytes), the same operations on the same values, rather
-      // than held as floats: twice the registers of the packed row, and fewer resident rows.
-      const auto value = [&](int k, int j) {
-        return scaled(to_float(a[k].v[j]), inv, weight != nullptr ? __fadd_rn(offset, to_float(w[k].v[j])) : unweighted);
-      };
-      float amax = 0.f;
+          if (in[k]) {
+            const Pack<W, VEC> w = weights(k);
+            float y[VEC];
 #pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        if (in[k]) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) amax = max_nan(amax, fabsf(value(k, j)));
+            for (int j = 0; j < VEC; ++j) y[j] = value(k, j, w);
+            store_e4m3(orow + (lane + k * TPR) * VEC, y, rcp);
+          }
         }
-      }
-      float s = fp8.scale;
-      if (fp8.scales != nullptr) {
+      } else {  // per token: the amax pass, the row's amax, the bytes
+        float amax = 0.f;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+          if (in[k]) {
+            const Pack<W, VEC> w = weights(k);
+            float y[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+              y[j] = value(k, j, w);
+              amax = max_nan(amax, fabsf(y[j]));
+            }
+            if constexpr (kStage) stage_put<VEC, BLOCK>(stage, k, y);
+          }
+        }
         if constexpr (TPR <= 32) {
           amax = group_tree_reduce<TPR, MaxNaN>(amax);
         } else {
-          const float mine[1] = {amax};
-          amax = block_tree_reduce<BLOCK, MaxNaN>(mine, scratch, parity);
+          const float mine[1] = {amax};  // in the sum's slot spans (GROUPS values a thread)
+          amax = block_tree_reduce<BLOCK, MaxNaN>(mine, scratch, parity, GROUPS);
           parity ^= 1;
         }
-        s = per_token_scale(amax);
+        const float s = per_token_scale(amax);
         if (live && lane == 0) fp8.scales[fp8.at(at)] = s;
-      }
-      const float rcp = __frcp_rn(s);
+        const float rcp = __frcp_rn(s);
 #pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        if (in[k]) {
-          float y[VEC];
+        for (int k = 0; k < ITEMS; ++k) {
+          if (in[k]) {
+            float y[VEC];
+            if constexpr (kStage) {
+              stage_get<VEC, BLOCK>(y, stage, k);
+            } else {
+              const Pack<W, VEC> w = weights(k);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) y[j] = value(k, j);
-          store_e4m3(orow + (lane + k * TPR) * VEC, y, rcp);
+              for (int j = 0; j < VEC; ++j) y[j] = value(k, j, w);
+            }
+            store_e4m3(orow + (lane + k * TPR) * VEC, y, rcp);
+          }
         }
       }
     } else if (weight != nullptr) {
@@ -392,10 +443,21 @@ __global__ void __launch_bounds__(BLOCK)
 
 // The float8 forms: out holds e4m3 bytes; with `scales` (not null) one scale a row is written there, else
 // p.scale is used.
-// The float8 kernels state one resident block an SM as their bound: with none, ptxas aimed some 512-thread
-// kernels at four blocks (32 registers a thread) and spilled.
+// The float8 kernels state one resident block an SM as their bound (with none, ptxas aimed some 512-thread
+// kernels at four blocks, 32 registers a thread, and spilled), except rms_norm_fp8_rows in blocks of up to
+// 128 threads where the conversion is one instruction (sm_89 on): eight such blocks (64 registers) fit with
+// its staged y and no spill, and it is issue-bound, so more resident rows pay. (The arithmetic conversion
+// of older GPUs spills at 64.)
+__host__ __device__ constexpr int fp8_rows_min_blocks(int block) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(CUKERN_FP8_SOFTWARE)
+  return block <= 128 ? 1024 / block : 1;
+#else
+  return 1;
+#endif
+}
+
 template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, 1)
+__global__ void __launch_bounds__(BLOCK, fp8_rows_min_blocks(BLOCK))
     rms_norm_fp8_rows(unsigned char* out, float* scales, const T* x, const W* weight,
                       const __grid_constant__ RmsNormFp8Params p) {
   const RowAddress out_at{p.inner, p.out_s0, p.out_s1};
@@ -506,8 +568,8 @@ __device__ __forceinline__ void rms_norm_wide_impl(O* out, T* residual, const T*
             }
           }
         }
-        const float mine[1] = {amax};
-        s = per_token_scale(block_tree_reduce<BLOCK, MaxNaN>(mine, scratch, parity));
+        const float mine[1] = {amax};  // in the sum's slot spans (GROUPS values a thread)
+        s = per_token_scale(block_tree_reduce<BLOCK, MaxNaN>(mine, scratch, parity, GROUPS));
         parity ^= 1;
         if (threadIdx.x == 0) fp8.scales[fp8.at(at)] = s;
       }

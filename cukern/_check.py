@@ -10,6 +10,13 @@ from ._interop import as_array  # noqa: F401  (the ops still call _check.as_arra
 from ._layout import extent
 
 
+def check_least_int(owner, name: str, least: int) -> None:
+    """ValueError unless ``owner``'s attribute ``name`` (a tuning knob, say) is an int of at least ``least``."""
+    value = getattr(owner, name)
+    if not (isinstance(value, int) and value >= least):
+        raise ValueError(f"{name}={value!r}; it must be an int >= {least}")
+
+
 def check_dtype(a, name: str, allowed) -> None:
     if a.dtype not in allowed:
         names = ", ".join(dtype_name(d) for d in allowed)

@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _check, _tuned
+import cukern._check as _check
+import cukern._tuned as _tuned
+
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, dtype_name
 from ._launch import (
@@ -82,18 +84,16 @@ PARAMS = Params((("inner", "i64"), ("s0", "i64"), ("s1", "i64"), ("n", "i64"), (
 class Knobs:
     """The tuning space; no knob can change a result (the search is a total order). ``blocks_per_sm``: the
     span kernel's target grid, in blocks per SM, when rows are too few to fill it one block a row;
-    ``min_span``: the least number of indices a span holds when a row is cut. The default grid is one wave:
-    the span kernel's registers leave room for 6 blocks of 256 an SM on sm_90, so 8 would run a second,
-    partial wave, and 4 already keep enough 16-byte loads in flight to cover the memory latency."""
+    ``min_span``: the least number of indices a span holds when a row is cut. The default grid is two full
+    waves: the span kernel's registers leave room for 6 blocks of 256 an SM on sm_90, and the H200 sweep
+    (bench/NOTES.md, "Arg-reductions") put 12 blocks an SM ahead of 6 and 4 at 2^28 float32 elements."""
 
-    blocks_per_sm: int = 4
+    blocks_per_sm: int = 12
     min_span: int = 8192
 
     def __post_init__(self):
-        if not (isinstance(self.blocks_per_sm, int) and self.blocks_per_sm >= 1):
-            raise ValueError(f"blocks_per_sm={self.blocks_per_sm!r}; it must be an int >= 1")
-        if not (isinstance(self.min_span, int) and self.min_span >= SPAN_ALIGN):
-            raise ValueError(f"min_span={self.min_span!r}; it must be an int >= {SPAN_ALIGN}")
+        _check.check_least_int(self, "blocks_per_sm", 1)
+        _check.check_least_int(self, "min_span", SPAN_ALIGN)
 
 
 DEFAULT_KNOBS = Knobs()

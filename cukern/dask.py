@@ -31,10 +31,11 @@ import operator
 from contextlib import nullcontext
 from types import SimpleNamespace
 
-from . import reduce as _reduce
-from . import reduce_plan as _plan
-from . import rmsnorm as _rmsnorm
-from . import rotary as _rotary
+import cukern.reduce as _reduce
+import cukern.reduce_plan as _plan
+import cukern.rmsnorm as _rmsnorm
+import cukern.rotary as _rotary
+
 from ._dtypes import dtype_name
 
 # The eager ops the chunk functions call, looked up at run time (tests stand in NumPy versions).
@@ -261,6 +262,13 @@ def _reduction(name: str, x, axis, dtype, keepdims: bool, split_every):
         raise TypeError(f"x has dtype {dtype_name(x.dtype)}; {name} takes {names}")
     axes = _plan.normalize_axis(axis, x.ndim)
     final = _plan.result_dtype(name, x.dtype, dtype)
+    direct = _plan.kernel_dtypes(name, x.dtype)
+    if dtype is not None and final not in direct:
+        # the chunks' partials are the kernels' own results, which a cast after them would not give (NumPy
+        # accumulates in such a dtype)
+        names = ", ".join(dtype_name(d) for d in direct)
+        raise TypeError(f"dtype={dtype_name(final)} is not supported by cukern.dask's {name} of "
+                        f"{dtype_name(x.dtype)}; use one of {names} (or convert the result with .astype)")
     count = math.prod(x.shape[i] for i in axes)
     if math.isnan(count):
         raise ValueError(f"x has unknown chunk sizes along axes {axes}; call x.compute_chunk_sizes() first")

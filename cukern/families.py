@@ -3,7 +3,14 @@ table. The compile CLI and the compile tests walk this list, so a new family is 
 
 from __future__ import annotations
 
-from . import argreduce, ladder, qknorm, reduce, rmsnorm, rotary, scan, segment
+import cukern.argreduce as argreduce
+import cukern.ladder as ladder
+import cukern.qknorm as qknorm
+import cukern.reduce as reduce
+import cukern.rmsnorm as rmsnorm
+import cukern.rotary as rotary
+import cukern.scan as scan
+import cukern.segment as segment
 
 
 def all_families():

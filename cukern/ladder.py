@@ -18,7 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _check, reduce as _reduce, reduce_plan
+import cukern._check as _check
+import cukern.reduce as _reduce
+import cukern.reduce_plan as reduce_plan
+
 from ._compile import Instantiation, get_kernel
 from ._dtypes import FLOAT_TYPES, dtype_name, parse_dtype
 from ._launch import LaunchConfig, Signature, launch, on_device, sm_count
@@ -176,7 +179,8 @@ def run_ladder(n: int = 1 << 28, dtype="float32", *, repeat: int = 20, warmup: i
     ``progress``: called as ``progress(label)`` after each row is measured (each rung, then the reference
     rows), for a progress bar (``cukern ladder`` passes its bar's ``step``).
     """
-    from . import reference, timing
+    import cukern.reference as reference
+    import cukern.timing as timing
 
     t = parse_dtype(dtype)
     if t not in DTYPES:

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _check
-from . import _tuned
+import cukern._check as _check
+import cukern._tuned as _tuned
+
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, FLOAT_TYPES, dtype_name
 from ._interop import as_array

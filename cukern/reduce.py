@@ -18,6 +18,24 @@ on the host for all-NaN slices (NumPy's warning), so a CUDA-graph capture refuse
 all (a temporary count). prod and logsumexp have kernels of their own at one tuning point
 (:data:`~cukern.reduce_plan.COMPACT_KNOBS`); their column layouts take the strided kernel.
 
+NumPy's dtypes and memory order. Every op takes the input dtypes NumPy takes for it
+(:data:`~cukern.reduce_plan.PUBLIC_INPUTS`: int8, int16 and the unsigned types too, bool for maxima, minima
+and norms, complex64 / complex128 for sum, mean and norm) and gives NumPy's result dtype, and ``dtype=``
+takes NumPy's targets (:func:`~cukern.reduce_plan.targets`). The kernels read only their own dtypes, so the
+others are lowered on the device first (:func:`~cukern.reduce_plan.route`): narrower integers and bool
+converted exactly to int32, uint32 to int64 (one more pass over x); uint64 sums and products read as int64
+(a view: both wrap modulo 2^64); uint64 maxima and minima with the sign bit flipped (one more pass); complex
+inputs as their real and imaginary parts, a trailing axis of a float view (no pass: each part its own tree,
+the norm one tree over both). A ``dtype=`` the kernels do not write is computed in their accumulator and
+converted: an integer target from the int64 sum or product modulo its width (NumPy's accumulation in it
+wraps the same), a float target narrower than the accumulator rounded once (NumPy accumulates in the target:
+cukern's result is the more accurate), a bool target from ``count_nonzero`` (NumPy's "or" and "and"). An
+``out`` of another dtype receives the result cast into it, unsafely, as NumPy's and CuPy's reductions cast.
+Without ``out`` the result keeps NumPy's K order: its kept axes are laid out as x's
+(:func:`~cukern.reduce_plan.k_order`; an F-ordered input gives an F-ordered result); the reduced axes keep
+their order, so the bits do not change. None of this adds a kernel; the lowered calls are refused under a
+CUDA-graph capture (temporaries).
+
 Host path: the first call for a given (op, arguments, shape, strides, dtype, 16-byte alignment, device,
 stream, tuning knobs, and ``out``'s shape, strides, dtype, device and item alignment) validates, plans and
 prepares its launches; later such calls find them in a :class:`~cukern._launch.CallCache` and go straight to
@@ -73,7 +91,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _check, _tuned
+import cukern._check as _check
+import cukern._tuned as _tuned
+
 from ._compile import get_kernel
 from ._dtypes import BFLOAT16, dtype_name
 from ._launch import CallCache, Signature, launch, on_device, sm_count
@@ -83,6 +103,8 @@ from ._launch import cupy as _cupy
 # bytes_moved.
 from .reduce_plan import (  # noqa: F401
     COMPACT_KERNEL_OPS,
+    COMPLEX,
+    COUNT_OPS,
     DEFAULT_KNOBS,
     FINISH_BITS,
     FINISH_DIVIDE,
@@ -93,6 +115,8 @@ from .reduce_plan import (  # noqa: F401
     LIFT_NONZERO,
     LIFT_NOT_NAN,
     LIFT_SKIP_NAN,
+    MINMAX_OPS,
+    NUMERIC,
     OP_LSE,
     OP_PROD,
     OP_SUM,
@@ -101,21 +125,28 @@ from .reduce_plan import (  # noqa: F401
     OPS,
     SOURCE,
     STATE_BYTES,
+    U64,
     Knobs,
     Op,
     Plan,
     acc_dtype,
     bytes_moved,
+    check_input,
     cols_geometry,
     instantiations,
+    k_order,
     kernel_dtype,
     kernel_op_knobs,
+    kernels_answer,
     make_knobs,
     normalize_axis,
+    out_cast,
     plan,
     plan_instantiations,
+    real_of,
     result_dtype,
     result_shape,
+    route,
     temporary,
     two_level,
 )
@@ -327,11 +358,16 @@ def _tuned_knobs(x, axis) -> Knobs:
 
 
 def _validate_out(out, shape, dtype, x):
+    """``out`` checked for the result's ``shape``; any dtype, into which the ``dtype`` result is cast as
+    NumPy's and CuPy's reductions cast (unsafely: a float result truncated into an integer ``out``; a
+    complex result into a real one drops the imaginary part, with NumPy's ComplexWarning)."""
     out = _check.as_array(out, "out", writable=True)
     if out.shape != shape:
         raise ValueError(f"out has shape {out.shape}; the result has shape {shape}")
-    if out.dtype != dtype:
-        raise TypeError(f"out has dtype {dtype_name(out.dtype)}; the result has dtype {dtype_name(dtype)}")
+    _check.check_dtype(out, "out", NUMERIC)
+    if out_cast(dtype, out.dtype) == "ComplexWarning":
+        warnings.warn("Casting complex values to real discards the imaginary part", np.exceptions.ComplexWarning,
+                      stacklevel=4)
     _check.check_same_device({"x": x, "out": out})
     _check.check_writable(out, "out")
     _check.check_no_overlap(out, "out", x, "x", identical_ok=False)
@@ -392,10 +428,12 @@ def _check_ddof(ddof):
 
 
 def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None = None, sm: int | None = None,
-            ddof=0):
+            ddof=0, *, korder: bool = True):
     """The public ops' body. ``knobs`` picks the tuning (for sweeps); None: the tuning cache's winner for
     this call (:func:`_tuned_knobs`), else :data:`DEFAULT_KNOBS`. ``sm`` plans as if the device had that
-    many SMs (tests: the bits must not change); such calls bypass the call cache. ``ddof``: var and std."""
+    many SMs (tests: the bits must not change); such calls bypass the call cache. ``ddof``: var and std.
+    ``korder``: a result without ``out`` keeps NumPy's K order (:func:`_keep_order`); False gives it in C
+    order (the inner calls of :func:`_keep_order` and :func:`_lowered`)."""
     cp = _cupy()
     key = None
     nd = cp.ndarray
@@ -417,21 +455,30 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
             return out
     op = OPS[name]
     x = _check.as_array(x, "x")
-    _check.check_dtype(x, "x", op.inputs)
+    check_input(name, x.dtype)
     if op.kernel_op == OP_VAR:
         _check_ddof(ddof)
     if knobs is None:
         knobs = _own_knobs(name) or _tuned_knobs(x, axis)
     axes = normalize_axis(axis, x.ndim)
     final = result_dtype(name, x.dtype, dtype)
-    o = x.dtype if op.minmax else kernel_dtype(name, x.dtype, final)
     shape = result_shape(x.shape, axes, keepdims)
     if out is not None:
         out = _validate_out(out, shape, final, x)
     count = math.prod(x.shape[i] for i in axes)
-    divisor = float(max(count - ddof, 0)) if op.kernel_op == OP_VAR else float(count)
     if count == 0 and op.minmax:
         raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
+    perm = k_order(x.shape, x.strides, axes)
+    if perm is not None and out is None and korder:
+        return _keep_order(name, x, axes, perm, dtype, keepdims, knobs, sm, ddof)
+    if not kernels_answer(name, x.dtype, final) or (out is not None and out.dtype != final):
+        return _lowered(name, x, axes, final, keepdims, out, knobs, sm, ddof, count)
+    # A result in C order is NumPy's only where K order is C order (or out decides): only such calls are
+    # cached, so that the cache never answers a call whose result K order would lay out otherwise.
+    if perm is not None and out is None:
+        key = None
+    o = x.dtype if op.minmax else kernel_dtype(name, x.dtype, final)
+    divisor = float(max(count - ddof, 0)) if op.kernel_op == OP_VAR else float(count)
     device = x.data.device_id
     with on_device(device):
         pl = _plan_of(x, axes, o, knobs, sm, name)
@@ -479,6 +526,82 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
         return out
 
 
+def _keep_order(name: str, x, axes, perm, dtype, keepdims: bool, knobs, sm, ddof):
+    """NumPy's K order: reduce x with its kept axes in memory order (``perm``, from
+    :func:`~cukern.reduce_plan.k_order`; the reduced axes keep their order, so every result's tree and bits
+    are unchanged) into a C-contiguous result, and return that transposed back: an F-ordered input gives an
+    F-ordered result, as NumPy's."""
+    nd, nk = x.ndim, x.ndim - len(axes)
+    r = _reduce(name, x.transpose(perm), tuple(range(nk, nd)), dtype, keepdims, None, knobs, sm, ddof, korder=False)
+    if keepdims:
+        back = [perm.index(a) for a in range(nd)]
+    else:
+        kept = perm[:nk]
+        back = [kept.index(a) for a in sorted(kept)]
+    return r.transpose(back)
+
+
+_SIGN = np.uint64(1 << 63)
+
+
+def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, count: int):
+    """The calls the kernels do not answer directly (:func:`~cukern.reduce_plan.route`): inputs of other
+    dtypes than the kernels' (lowered on the device first: one more pass, but for uint64 sums and products,
+    which are a view), ``dtype=`` targets the kernels do not write (the result computed in the kernels'
+    dtype, then converted), and ``out`` of another dtype than the result's (cast into it, as NumPy). Each
+    result is still one tree of the kernels, so its bits depend only on the values, n and the dtypes.
+    Everything was validated by the caller; a CUDA-graph capture is refused (temporaries)."""
+    cp = _cupy()
+    rt = route(name, x.dtype, final)
+    if cp.cuda.get_current_stream().is_capturing():
+        raise RuntimeError(
+            f"{name} of {dtype_name(x.dtype)} into {dtype_name(final)}"
+            f"{'' if out is None else ' (out ' + dtype_name(out.dtype) + ')'} cannot be captured in a CUDA graph: "
+            "it goes through temporaries; convert x (or the result) outside the graph")
+    with on_device(x.data.device_id):
+        inner_axes = axes
+        if rt.how == "complex":
+            part = real_of(x.dtype)
+            xl = cp.ndarray(x.shape + (2,), part, memptr=x.data, strides=x.strides + (part.itemsize,))
+            if name == "norm":
+                inner_axes = axes + (x.ndim,)
+        elif rt.how == "cast":
+            xl = x.astype(rt.via)
+        elif rt.how == "view":
+            xl = x.view(rt.via)
+        elif rt.how == "flip":
+            xl = cp.bitwise_xor(x, _SIGN).view(rt.via)
+        else:
+            xl = x
+        if rt.op == "count_nonzero" and name != "count_nonzero":
+            c = _reduce("count_nonzero", xl, inner_axes, None, keepdims, None, knobs, sm, korder=False)
+            r = cp.equal(c, count) if name == "prod" else cp.greater(c, 0)
+            if name == "mean" and count == 0:
+                warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
+                r.fill(True)  # NumPy: the empty "or" (False) divided by 0 is NaN, which is True
+        else:
+            inner_dtype = None if rt.op in COUNT_OPS else rt.kernel
+            r = _reduce(rt.op, xl, inner_axes, inner_dtype, keepdims, None, knobs, sm, ddof, korder=False)
+            if rt.how == "complex" and name != "norm":
+                r = cp.ndarray(r.shape[:-1], np.result_type(r.dtype, np.complex64), memptr=r.data)
+            elif rt.how == "complex" and keepdims:  # the norm reduced the parts' axis too: not one of x's
+                r = r.reshape(r.shape[:-1])
+            elif rt.how == "flip":
+                r = cp.bitwise_xor(r.view(U64), _SIGN)
+            elif name in MINMAX_OPS:
+                r = r.astype(x.dtype)
+            if rt.mean_int:
+                if count == 0:
+                    warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
+                r = (r.astype(final).astype(np.float64) / count).astype(final)
+        if r.dtype != final:
+            r = r.astype(final)
+        if out is None:
+            return r
+        cp.copyto(out, r, casting="unsafe")
+        return out
+
+
 def _plan_of(x, axes, o, knobs: Knobs, sm: int | None = None, name: str = "sum") -> Plan:
     return _plan_cached(x.shape, x.dtype, axes, tuple(s // x.itemsize for s in x.strides), x.data.ptr % 16, o,
                         sm_count(x.data.device_id) if sm is None else sm, knobs, name)
@@ -503,14 +626,20 @@ def sum(x, axis=None, *, dtype=None, keepdims=False, out=None):  # noqa: A001 - 
 
     Parameters
     ----------
-    x : cupy.ndarray of float32, float64, float16, bfloat16, int32, int64 or bool; any strides.
+    x : cupy.ndarray of any numeric dtype or bool (float32, float64, float16, bfloat16, int8 to int64,
+        uint8 to uint64, complex64, complex128); any strides. Narrower integers, uint32 and uint64 are
+        lowered on the device first (module notes: one more pass, none for uint64), complex as the sums
+        of the real and imaginary parts.
     axis : None, int or tuple of ints. None reduces everything.
-    dtype : result dtype. Default as NumPy: int32 and bool give int64, floats keep theirs. Half types
-        always accumulate in float32, float32 in float32, float64 in float64, integers in int64.
+    dtype : result dtype, any NumPy takes. Default as NumPy: bool and signed integers give int64, unsigned
+        ones uint64, floats and complex types keep theirs. Half types always accumulate in float32, float32
+        in float32, float64 in float64, integers in int64 (an integer target takes that modulo its width, a
+        bool target is NumPy's "or").
     keepdims : keep reduced axes as size 1.
-    out : cupy.ndarray with the result's shape and dtype, optional, not overlapping ``x``; written by the
-        kernel directly when C-contiguous, else through a temporary. The module notes say which calls a
-        CUDA graph can capture.
+    out : cupy.ndarray with the result's shape, optional, not overlapping ``x``; another dtype receives
+        the result cast into it (as NumPy). Written by the kernel directly when C-contiguous and of the
+        result's dtype, else through a temporary. The module notes say which calls a CUDA graph can
+        capture. Without it, the result keeps NumPy's K order.
 
     Reproducible: the bits depend only on the values, the reduced length, the dtypes and the op (one fixed
     tree per reduced length; the module notes), as :func:`cukern.reference.sum_emulated` computes them.
@@ -520,31 +649,38 @@ def sum(x, axis=None, *, dtype=None, keepdims=False, out=None):  # noqa: A001 - 
 
 def mean(x, axis=None, *, dtype=None, keepdims=False, out=None):
     """Arithmetic mean over ``axis``: ``sum(x) / count``, accumulated as :func:`sum`; integer and bool
-    inputs give float64. An empty reduction gives NaN with NumPy's RuntimeWarning "Mean of empty slice."."""
+    inputs give float64, complex inputs their dtype (the means of the two parts). An empty reduction gives
+    NaN with NumPy's RuntimeWarning "Mean of empty slice.". ``dtype`` as NumPy: an integer target is the
+    sum in that type divided in float64 and truncated into it; other inputs and ``out`` as :func:`sum`."""
     return _reduce("mean", x, axis, dtype, keepdims, out)
 
 
 def sum_of_squares(x, axis=None, *, dtype=None, keepdims=False, out=None):
     """``sum_i x[i]**2`` over ``axis``, squares formed in the accumulator type (so float16 squares do not
-    overflow and int32 squares are taken in int64). Result dtypes as :func:`sum`."""
+    overflow and integer squares are taken in int64). Result dtypes as :func:`sum` (no complex input:
+    NumPy's ``sum(x * x)`` of complex x is not a sum of squared magnitudes)."""
     return _reduce("sum_of_squares", x, axis, dtype, keepdims, out)
 
 
 def norm(x, axis=None, *, dtype=None, keepdims=False, out=None):
-    """L2 norm over ``axis``: ``sqrt(sum_i x[i]**2)``; integer inputs give float64, floats keep their
-    dtype. (Unlike ``numpy.linalg.norm``, any ``axis`` tuple means the 2-norm of the flattened axes.)"""
+    """L2 norm over ``axis``: ``sqrt(sum_i |x[i]|**2)``; integer and bool inputs give float64, floats keep
+    their dtype, complex64 / complex128 give float32 / float64 (one tree over the real and imaginary parts,
+    element by element). (Unlike ``numpy.linalg.norm``, any ``axis`` tuple means the 2-norm of the flattened
+    axes.)"""
     return _reduce("norm", x, axis, dtype, keepdims, out)
 
 
 def amax(x, axis=None, *, dtype=None, keepdims=False, out=None):
-    """Maximum over ``axis``; NaN propagates (any NaN gives NaN), as ``numpy.amax``. Raises ValueError on
-    a zero-size reduction. ``dtype`` converts the result."""
+    """Maximum over ``axis``; NaN propagates (any NaN gives NaN), as ``numpy.amax``; x's dtype (any real
+    one, bool included: narrower integers and bool are converted to int32 first, uint32 to int64, uint64
+    has its sign bit flipped; one more pass). Raises ValueError on a zero-size reduction. ``dtype``
+    converts the result."""
     return _reduce("amax", x, axis, dtype, keepdims, out)
 
 
 def amin(x, axis=None, *, dtype=None, keepdims=False, out=None):
-    """Minimum over ``axis``; NaN propagates, as ``numpy.amin``. Raises ValueError on a zero-size
-    reduction. ``dtype`` converts the result."""
+    """Minimum over ``axis``; NaN propagates, as ``numpy.amin``; dtypes as :func:`amax`. Raises ValueError
+    on a zero-size reduction. ``dtype`` converts the result."""
     return _reduce("amin", x, axis, dtype, keepdims, out)
 
 
@@ -602,7 +738,7 @@ def _nan_minmax(name: str, x, axis, dtype, keepdims, out):
     # A slice whose result is the identity (-inf for max) or NaN may be all NaN: only then count its non-NaN
     # values, one more pass, and make those slices NaN with NumPy's warning.
     x = _check.as_array(x, "x")
-    _check.check_dtype(x, "x", OPS[name].inputs)
+    check_input(name, x.dtype)
     _refuse_capture(name, "it checks its result for all-NaN slices on the host; use amax / amin, or nanmax outside")
     r = _reduce(name, x, axis, dtype, keepdims, out)
     if r.dtype not in FLOATS or x.dtype not in FLOATS:
@@ -646,10 +782,13 @@ def nanmean(x, axis=None, *, dtype=None, keepdims=False, out=None):
     """
     cp = _cupy()
     x = _check.as_array(x, "x")
-    _check.check_dtype(x, "x", OPS["mean"].inputs)
+    check_input("nanmean", x.dtype)
     if x.dtype.kind in "biu":
         return _reduce("mean", x, axis, dtype, keepdims, out)
     final = result_dtype("mean", x.dtype, dtype)
+    if final not in FLOATS:
+        raise TypeError(f"dtype={dtype_name(final)} is not supported for nanmean; use one of float32, float64, "
+                        "float16, bfloat16")
     x, _, out = _result_of(x, axis, keepdims, final, out)
     _refuse_capture("nanmean", "it checks for all-NaN slices on the host; use mean, or nanmean outside")
     acc = acc_dtype(final)
@@ -675,7 +814,7 @@ def count_nonzero(x, axis=None, *, keepdims=False):
 
 def _truth(name: str, x, axis, keepdims, out):
     x, _, out = _result_of(x, axis, keepdims, np.bool_, out)
-    _check.check_dtype(x, "x", OPS["count_nonzero"].inputs)
+    check_input("count_nonzero", x.dtype)
     _refuse_capture(name, "it compares a temporary count; compare count_nonzero's result outside the graph")
     count = count_nonzero(x, axis, keepdims=keepdims)
     cp = _cupy()
@@ -705,8 +844,10 @@ def prod(x, axis=None, *, dtype=None, keepdims=False, out=None):
     """Product over ``axis``: ``prod_i x[i]``.
 
     NumPy's result dtypes: floats keep theirs (half types multiply in float32, float32 in float32, float64 in
-    float64, each step correctly rounded), integer and bool inputs give int64, wrapping as NumPy's int64
-    does; ``dtype`` may name that result dtype only. An empty slice gives 1. One fixed tree per reduced
+    float64, each step correctly rounded), bool and signed integer inputs give int64, unsigned ones uint64,
+    wrapping as NumPy's do; ``dtype`` may name any real type (x converted to a float target first, as NumPy
+    multiplies in it; an integer target is the int64 product modulo its width; bool is NumPy's "and").
+    Complex inputs are refused (no complex product kernel). An empty slice gives 1. One fixed tree per reduced
     length: the bits are :func:`cukern.reference.prod_emulated`'s. Column layouts use the strided kernel.
     """
     return _reduce("prod", x, axis, dtype, keepdims, out)
@@ -723,7 +864,7 @@ def logsumexp(x, axis=None, *, keepdims=False, out=None):
     -inf, any +inf +inf, any NaN NaN. ``axis``, ``keepdims`` and ``out`` as :func:`sum`.
     """
     x = _check.as_array(x, "x")
-    _check.check_dtype(x, "x", OPS["sum"].inputs)
+    check_input("logsumexp", x.dtype)
     if x.dtype.kind in "biu":
         x, _, out = _result_of(x, axis, keepdims, np.float64, out)
         _refuse_capture("logsumexp", "an integer x is converted to a temporary float64 copy; convert it first")

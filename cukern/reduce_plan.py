@@ -89,12 +89,13 @@ class Knobs:
     (1024: 64 registers). ``row_waves``: grid cap in waves of those resident blocks, the blocks then
     looping over rows (None: a block per row group).
 
-    The defaults are the H200 sweep's winners (bench/NOTES.md, "Reductions"), the unrolls excepted: those
-    now count the loads of one chain step batch (bench/NOTES.md, "Reductions: one tree").
+    The defaults are the H200 sweep's winners: the rows' from bench/NOTES.md, "Reductions" (their unroll
+    counts the loads of one chain step batch, "Reductions: one tree"), the full kernel's from "Full sum in
+    batches" (the best at 2^20 and 2^24 elements, within 1% of the best at 2^29 and 2^30).
     """
 
-    full_block: int = 512
-    full_blocks_per_sm: int = 2
+    full_block: int = 256
+    full_blocks_per_sm: int = 4
     full_unroll: int = 8
     row_items: int = 8
     row_max_tpr: int = 256
@@ -227,10 +228,59 @@ def state_itemsize(kernel_op: int, result_dtype) -> int:
     return 3 * a if kernel_op == OP_VAR else 2 * a if kernel_op == OP_LSE else a
 
 
+# Input dtypes the public ops take beyond the kernels' own (each Op's ``inputs``): lowered on the device to a
+# kernel input before the kernels run (:func:`route`), so they add no kernel.
+I8, I16, U8, U16, U32, U64 = (np.dtype(t) for t in ("int8", "int16", "uint8", "uint16", "uint32", "uint64"))
+C64, C128 = np.dtype(np.complex64), np.dtype(np.complex128)
+SMALL_INTS = (I8, I16, U8, U16)
+EVERY_INT = (I8, I16, I32, I64, U8, U16, U32, U64)
+COMPLEX = (C64, C128)
+# Every dtype a ``dtype=`` or ``out=`` may name (NumPy's numeric types and bool; bfloat16 too).
+NUMERIC = (BOOL,) + EVERY_INT + FLOATS + COMPLEX
+_REAL = (BOOL,) + EVERY_INT + FLOATS
+# The public ops' inputs: every integer and bool where NumPy takes them, complex for sum, mean and norm.
+PUBLIC_INPUTS = {
+    "sum": NUMERIC, "mean": NUMERIC, "norm": NUMERIC,
+    "sum_of_squares": _REAL, "amax": _REAL, "amin": _REAL, "var": _REAL, "std": _REAL, "nansum": _REAL,
+    "nanmax": _REAL, "nanmin": _REAL, "nanmean": _REAL, "count_nonzero": _REAL, "prod": _REAL, "logsumexp": _REAL,
+    "count_not_nan": FLOATS,
+}
+# Why an accepted-by-NumPy input is refused (the message names the way around it).
+_REFUSED = {
+    ("prod", "c"): "cukern has no complex product kernel (a product of complex numbers is not a pair of real "
+                   "products); use cupy.prod",
+    ("sum_of_squares", "c"): "NumPy's sum(x * x) of complex x is complex (z**2, not |z|**2); use norm(x)**2 or "
+                             "cupy.sum(x * x)",
+}
+
+
+def public_inputs(op: str) -> tuple:
+    """The input dtypes public ``op`` takes (the kernels' own plus those :func:`route` lowers)."""
+    return PUBLIC_INPUTS[op]
+
+
+def check_input(op: str, dtype) -> np.dtype:
+    """``dtype`` as an input of ``op``, or a one-line TypeError naming what is supported."""
+    t = np.dtype(dtype)
+    if t in PUBLIC_INPUTS[op]:
+        return t
+    why = _REFUSED.get((op, t.kind))
+    if why is not None:
+        raise TypeError(f"{op} of {dtype_name(t)} is not supported: {why}")
+    raise TypeError(f"x has dtype {dtype_name(t)}; {op} supports {_names(PUBLIC_INPUTS[op])}")
+
+
+def real_of(dtype) -> np.dtype:
+    """The dtype of a complex dtype's real and imaginary parts; other dtypes as they are."""
+    t = np.dtype(dtype)
+    return {C64: F32, C128: F64}.get(t, t)
+
+
 def default_dtype(op: str, dtype) -> np.dtype:
-    """NumPy's result dtype when ``dtype=None``: integer sums widen to int64, integer means, norms, variances
-    and standard deviations are float64, floats (half types included) keep their dtype; integer products
-    int64; counts int64 (count_not_nan: float64)."""
+    """NumPy's result dtype when ``dtype=None``: sums and products of bool and signed integers are int64, of
+    unsigned integers uint64; means, norms, variances and standard deviations of integers and bool float64;
+    floats and complex types keep their dtype (a complex norm is real: float32 or float64); maxima and
+    minima keep x's dtype; counts int64 (count_not_nan: float64)."""
     t = np.dtype(dtype)
     if op in MINMAX_OPS:
         return t
@@ -238,13 +288,18 @@ def default_dtype(op: str, dtype) -> np.dtype:
         return I64
     if op == "count_not_nan":
         return F64
+    if t in COMPLEX:
+        return real_of(t) if op in ("norm", "var", "std") else t
     if t in FLOATS:
         return t
-    return I64 if op in ("sum", "sum_of_squares", "nansum", "prod") else F64
+    if op in ("sum", "sum_of_squares", "nansum", "prod"):
+        return U64 if t.kind == "u" else I64
+    return F64
 
 
 def kernel_dtypes(op: str, dtype) -> tuple:
-    """The result dtypes the kernels produce directly for ``op`` on ``dtype`` (``dtype=`` may pick any)."""
+    """The result dtypes the kernels produce directly for ``op`` on kernel input ``dtype`` (one of the Op's
+    ``inputs``)."""
     t = np.dtype(dtype)
     if op in MINMAX_OPS:
         return (t,)
@@ -270,23 +325,188 @@ def kernel_dtype(op: str, dtype, final) -> np.dtype:
     return np.dtype(final) if np.dtype(final) in allowed else allowed[0]
 
 
+def targets(op: str, dtype) -> tuple:
+    """The ``dtype=`` values ``op`` takes for input ``dtype``: NumPy's, but for the refusals named in the
+    TypeError (:func:`result_dtype`). Sums, means and sums of squares take every numeric type and bool (a
+    complex input only complex ones), products every real one, maxima and minima any (a conversion of the
+    result), norms the float types, var and std the kernels' own dtype; counts none."""
+    t = np.dtype(dtype)
+    if op in COUNT_OPS:
+        return ()
+    if op in MINMAX_OPS:
+        return NUMERIC
+    if op in ("sum", "mean", "sum_of_squares"):
+        return COMPLEX if t in COMPLEX else NUMERIC
+    if op == "prod":
+        return _REAL
+    if op == "nansum":
+        return EVERY_INT + FLOATS  # a bool target would be an "any" of the non-NaN values: not kept
+    if op == "norm":
+        return FLOATS
+    return (default_dtype(op, t),)  # var, std, logsumexp
+
+
 def result_dtype(op: str, dtype, requested=None) -> np.dtype:
-    """The result dtype of ``op`` on ``dtype`` with ``dtype=requested``; TypeError for one it cannot give."""
+    """The result dtype of ``op`` on ``dtype`` with ``dtype=requested`` (NumPy's), or a TypeError for a
+    requested dtype it does not give."""
     t = np.dtype(dtype)
     if requested is None:
         return default_dtype(op, t)
     r = parse_dtype(requested)
-    if op in MINMAX_OPS:
-        if r not in _NO_BOOL:
-            raise TypeError(f"dtype={dtype_name(r)} is not supported; use one of {_names(_NO_BOOL)}")
-        return r
-    allowed = kernel_dtypes(op, t)
+    allowed = targets(op, t)
     if r not in allowed:
         raise TypeError(
             f"dtype={dtype_name(r)} is not supported for {op} of {dtype_name(t)}; use one of {_names(allowed)} "
             f"(or convert the result with .astype)"
         )
     return r
+
+
+@dataclass(frozen=True)
+class Route:
+    """How the public op ``op`` computes a ``final`` result from an input of any accepted dtype with the
+    kernels of their own inputs (:func:`route`).
+
+    ``how``: what x becomes before the kernels (each but "direct" and "view" one more pass over x):
+
+    * ``direct``: x as it is;
+    * ``cast``: x converted exactly to ``via`` (a narrower integer to int32, uint32 to int64, uint64 to
+      float64 where the result is a float, as NumPy converts it; a float to int64 for an integer target,
+      as NumPy truncates each element into it);
+    * ``view``: x's bits read as ``via`` (uint64 as int64: sums and products wrap the same modulo 2^64);
+    * ``flip``: x's bits with the sign bit flipped, read as ``via`` (uint64 to int64, preserving order,
+      for maxima and minima; flipped back after);
+    * ``complex``: the real and imaginary parts as a trailing axis of ``via`` (a view: each part its own
+      tree over the same elements; the norm reduces that axis too).
+
+    ``op``: the op the kernels run: the public one, ``sum`` for a mean with an integer target, or
+    ``count_nonzero`` for a bool target of a sum, mean or product (NumPy accumulates in bool: an "or" for
+    sums and means, an "and" for products), whose count is compared with 0 or n.
+
+    ``kernel``: the dtype the kernels write (then converted to ``final``; an integer target takes the
+    int64 result modulo its width, as NumPy's accumulation in that width wraps). ``mean_int``: a mean with
+    an integer target, NumPy's way: the sum in that integer type, divided in float64, truncated into it.
+    """
+
+    op: str
+    how: str
+    via: np.dtype
+    kernel: np.dtype
+    mean_int: bool = False
+
+
+def _int_via(op: str, t) -> tuple:
+    """(how, via) for reading integer, bool or float ``t`` as a kernel integer input (bool stays bool
+    where the op's kernels take it)."""
+    if t in OPS[op].inputs and t.kind in "biu":
+        return "direct", t
+    if t == U64:
+        return "view", I64
+    if t == U32 or t.kind == "f" or t == BFLOAT16:
+        return "cast", I64
+    return "cast", I32
+
+
+def route(op: str, dtype, final) -> Route:
+    """How ``op`` gives a ``final`` result (from :func:`result_dtype`) for input ``dtype`` (from
+    :func:`check_input`). Pure; the extra passes it implies are named in :class:`Route`."""
+    t, final = np.dtype(dtype), np.dtype(final)
+    kin = OPS[op].inputs
+    if op in MINMAX_OPS or op in COUNT_OPS:
+        if t in kin:
+            how, via = "direct", t
+        elif t == U64:
+            how, via = ("flip" if op in MINMAX_OPS else "view"), I64
+        else:
+            how, via = "cast", (I64 if t == U32 else I32)
+        return Route(op, how, via, via if op in MINMAX_OPS else F64)
+    if t in COMPLEX:
+        inner = route(op, real_of(t), real_of(final))
+        return Route(op, "complex", inner.via, inner.kernel)
+    if final == BOOL:
+        how, via = ("direct", t) if t in OPS["count_nonzero"].inputs else _int_via("count_nonzero", t)
+        return Route("count_nonzero", how, via, F64)
+    if final.kind in "iu":
+        how, via = _int_via(op, t)
+        if op == "mean":
+            return Route("sum", how, via, I64, mean_int=True)
+        return Route(op, how, via, I64)
+    fr = real_of(final)
+    if t in kin:
+        how, via = "direct", t
+    elif t == U64:
+        how, via = "cast", F64  # as NumPy converts it; the int64 view would read large values as negative
+    else:
+        how, via = _int_via(op, t)
+    allowed = kernel_dtypes(op, via)
+    if fr in allowed:
+        return Route(op, how, via, fr)
+    if op in ("prod",) + VAR_OPS:
+        # One kernel dtype for each input: convert x to the target itself, as NumPy multiplies in it.
+        return Route(op, "cast", fr, fr)
+    # A float target the kernels do not write (float16 from float32, say): our accumulator's, then rounded.
+    kernel = F32 if F32 in allowed and fr.itemsize <= 4 else F64
+    return Route(op, how, via, kernel)
+
+
+def kernels_answer(op: str, dtype, final) -> bool:
+    """Whether ``op`` of ``dtype`` into ``final`` runs the kernels on x as it is with no host step of
+    :func:`route` (the call cache's calls)."""
+    t = np.dtype(dtype)
+    if t not in OPS[op].inputs:
+        return False
+    if op in MINMAX_OPS or op in COUNT_OPS:
+        return True
+    return np.dtype(final) in kernel_dtypes(op, t)
+
+
+def k_order(shape, strides, axes) -> tuple | None:
+    """NumPy's ``K`` order of a reduction's result: the permutation (kept axes outermost first, then the
+    reduced ``axes`` in their order) that lays the kept axes out as x's memory does, or None when that is
+    C order. NumPy's iterator sorts the axes by |stride|, a stable insertion sort from the last axis
+    inwards in which an axis of stride 0 or size 1 compares with nothing; the result is allocated
+    contiguous in that order (positive strides)."""
+    nd = len(shape)
+    mag = [0 if shape[i] == 1 else abs(strides[i]) for i in range(nd)]
+    perm = list(range(nd))[::-1]  # innermost first
+    for i0 in range(1, nd):
+        a0, pos = perm[i0], i0
+        for i1 in range(i0 - 1, -1, -1):
+            a1 = perm[i1]
+            if mag[a0] and mag[a1]:
+                if mag[a1] <= mag[a0]:
+                    break
+                pos = i1
+        if pos != i0:
+            del perm[i0]
+            perm.insert(pos, a0)
+    kept = [a for a in reversed(perm) if a not in axes]
+    if kept == sorted(kept):
+        return None
+    return tuple(kept) + tuple(axes)
+
+
+def k_strides(shape, strides, axes, itemsize: int, keepdims: bool) -> tuple:
+    """The strides (bytes) of the result cukern allocates for reducing ``axes`` (sorted) of an array of
+    ``shape`` and ``strides``: C-contiguous in :func:`k_order`'s order."""
+    shape = tuple(shape)
+    perm = k_order(shape, strides, axes) or tuple(i for i in range(len(shape)) if i not in axes) + tuple(axes)
+    out_axes = list(perm if keepdims else [a for a in perm if a not in axes])
+    sizes = [1 if a in axes else shape[a] for a in out_axes]
+    st, acc = {}, itemsize
+    for a, n in zip(reversed(out_axes), reversed(sizes)):
+        st[a] = acc
+        acc *= n
+    return tuple(st[a] for a in sorted(out_axes))
+
+
+def out_cast(final, out_dtype) -> str | None:
+    """Writing a ``final`` result into an ``out`` of ``out_dtype``: NumPy's and CuPy's reductions cast into
+    ``out`` unsafely (a float result is truncated into an integer out). None, or the name of the warning
+    NumPy gives ("ComplexWarning": a complex result into a real out drops the imaginary part)."""
+    if np.dtype(final) in COMPLEX and np.dtype(out_dtype) not in COMPLEX:
+        return "ComplexWarning"
+    return None
 
 
 def _names(dtypes) -> str:

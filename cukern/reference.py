@@ -554,7 +554,7 @@ def reduction_tree(v, combine=_tree_sum, identity=0):
 
 
 def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
-    from . import reduce_plan as P
+    import cukern.reduce_plan as P
 
     x = _numpy(x)
     op = P.OPS[name]
@@ -687,7 +687,7 @@ def arg_keys(x, op: str):
     x's width: its unsigned order is ``op``'s order (reversed for argmin and nanargmin), -0 keyed as +0,
     a NaN's key all ones (argmax, argmin: it wins) or 0 (the nan forms: it loses); no number's key is 0 or
     all ones."""
-    from . import argreduce as A
+    import cukern.argreduce as A
 
     dt = np.dtype(x.dtype)
     kind, width = A.KINDS[dt], dt.itemsize
@@ -796,7 +796,7 @@ def _moments_tree(d):
 
 
 def _var_emulated(name: str, x, axis, dtype, ddof, keepdims: bool):
-    from . import reduce_plan as P
+    import cukern.reduce_plan as P
 
     x = _numpy(x)
     axes = P.normalize_axis(axis, x.ndim)
@@ -922,7 +922,7 @@ def nanmean_emulated(x, axis=None, dtype=None, keepdims=False):
     """The bits :func:`cukern.nanmean` returns: :func:`nansum_emulated` in the accumulator dtype, widened to
     float64, divided by the count of non-NaN values (NaN for none), rounded to the result dtype (through
     float32 for half types). Integer and bool inputs: :func:`mean_emulated`."""
-    from . import reduce_plan as P
+    import cukern.reduce_plan as P
 
     x = _numpy(x)
     if x.dtype.kind in "biu":
@@ -1065,7 +1065,7 @@ def logsumexp_emulated(x, axis=None, keepdims=False):
     merged along the one tree of :func:`reduction_tree` by reduce.cu's LogSumExp merge (:func:`_lse_merge`,
     with cukern's own exp), then m + log(s) with cukern's own log, rounded to the result dtype; -inf for an
     empty or all -inf slice, m itself for an infinite or NaN m. A one-element slice is copied."""
-    from . import reduce_plan as P
+    import cukern.reduce_plan as P
 
     x = _numpy(x)
     if x.dtype.kind in "biu":

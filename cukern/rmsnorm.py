@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from . import _check
-from . import _tuned
+import cukern._check as _check
+import cukern._tuned as _tuned
+
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, FLOAT_TYPES
 from ._interop import as_array

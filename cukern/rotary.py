@@ -24,8 +24,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from . import _check
-from . import _tuned
+import cukern._check as _check
+import cukern._tuned as _tuned
+
 from ._compile import Instantiation, get_kernel
 from ._dtypes import FLOAT_TYPES, dtype_name
 from ._interop import as_array
@@ -390,8 +391,10 @@ def _found_pair():
 def _check_positions(call, positions) -> None:
     """IndexError naming the first token whose position is outside the cache, before the rotation is launched:
     one small kernel on the current stream writes its answer into pinned host memory, the host waits for
-    the stream and reads it (no allocation, no copy). Refused while the stream captures a CUDA graph, where
-    the host cannot wait, before anything is recorded."""
+    the stream and reads it (no allocation, no copy). ``[3, tokens]`` positions (:func:`rotary_embedding_mrope`,
+    its call knowing the bytes between rows) are checked row by row, a launch and a wait each, and the error
+    names ``positions[r, t]``. Refused while the stream captures a CUDA graph, where the host cannot wait,
+    before anything is recorded."""
     stream = _cupy().cuda.get_current_stream()
     if stream.is_capturing():
         raise RuntimeError("check_positions=True waits for the GPU, which a CUDA graph capture cannot do; pass "
@@ -400,16 +403,20 @@ def _check_positions(call, positions) -> None:
     kernel = call.check_kernel
     if kernel is None:
         kernel = call.check_kernel = get_kernel(check_instantiation(positions.dtype)).kernel
-    launch(kernel, _CHECK_CONFIG, (address, positions, call.check_params))
-    stream.synchronize()
-    first, value = host.tolist()
-    if first < positions.shape[0]:
-        rows = call.cache_rows
-        raise IndexError(
-            f"positions[{first}] = {value} is outside cos_sin_cache's {rows} rows "
-            f"(valid positions are 0..{rows - 1}); query and key are unchanged. Build a longer "
-            "cache with rope_cache, or clamp the positions"
-        )
+    rows = 1 if positions.ndim == 1 else positions.shape[0]
+    for r in range(rows):
+        row = positions if rows == 1 else positions.data + r * call.row_bytes
+        launch(kernel, _CHECK_CONFIG, (address, row, call.check_params))
+        stream.synchronize()
+        first, value = host.tolist()
+        if first < positions.shape[-1]:
+            where = first if rows == 1 else f"{r}, {first}"
+            cache_rows = call.cache_rows
+            raise IndexError(
+                f"positions[{where}] = {value} is outside cos_sin_cache's {cache_rows} rows "
+                f"(valid positions are 0..{cache_rows - 1}); query and key are unchanged. Build a longer "
+                "cache with rope_cache, or clamp the positions"
+            )
 
 
 def rotary_embedding(positions, query, key, cos_sin_cache, *, is_neox: bool = True, rotary_dim: int | None = None,
@@ -545,27 +552,29 @@ def _plan_call(ck, positions, query, key, cache, is_neox, rotary_dim, inverse, k
                                 struct, k is not None, meet))
 
 
-def _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, check_positions, knobs) -> None:
+def _arrays(positions, query, key, cache):
+    """``(positions, query, key, cache)`` as CuPy arrays (query and key writable); ``cache`` None for the op
+    that has none. Arrays that already are cost a type test each."""
     nd = _cupy().ndarray
-    if not (type(positions) is nd and type(query) is nd and type(cos_sin_cache) is nd
+    if (type(positions) is nd and type(query) is nd and (cache is None or type(cache) is nd)
             and (key is None or type(key) is nd)):
-        positions, cos_sin_cache = (as_array(a, n) for a, n in ((positions, "positions"),
-                                                                (cos_sin_cache, "cos_sin_cache")))
-        query = as_array(query, "query", writable=True)
-        key = None if key is None else as_array(key, "key", writable=True)
-    ck, offset = _call_key(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, knobs)
-    call = _calls.get(ck)
-    if call is _MISSING:
-        call = _plan_call(ck, positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, knobs)
-    if call is None:  # no tokens
-        return
+        return positions, query, key, cache
+    positions = as_array(positions, "positions")
+    cache = None if cache is None else as_array(cache, "cos_sin_cache")
+    query = as_array(query, "query", writable=True)
+    return positions, query, None if key is None else as_array(key, "key", writable=True), cache
+
+
+def _launch_call(call, offset, positions, query, key, table, check_positions: bool) -> None:
+    """The end every rotation shares, on a planned call: refuse a key sharing an element with query, go to
+    query's device, check the positions, launch (``table``: the cos/sin cache, or the frequency table)."""
     meet = call.meet  # what depends on the addresses themselves is checked on every call
     if meet is not None and meet[0] < offset < meet[1] and offset != call.apart:
         _check_key_apart(call, query, key, offset)
     switch = on_device(call.device)
-    if switch is not _NO_SWITCH:  # the check and the launch go to query's device: the same call there
+    if switch is not _NO_SWITCH:  # the check and the launch go to query's device
         with switch:
-            return _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, check_positions, knobs)
+            return _launch_call(call, offset, positions, query, key, table, check_positions)
     if check_positions:
         _check_positions(call, positions)
     if call.inst is None:  # no heads
@@ -573,7 +582,17 @@ def _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, che
     kernel = call.kernel
     if kernel is None:
         kernel = call.kernel = get_kernel(call.inst).kernel
-    launch(kernel, call.config, (query, key if call.has_key else _NULL, cos_sin_cache, positions, call.params))
+    launch(kernel, call.config, (query, key if call.has_key else _NULL, table, positions, call.params))
+
+
+def _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, check_positions, knobs) -> None:
+    positions, query, key, cos_sin_cache = _arrays(positions, query, key, cos_sin_cache)
+    ck, offset = _call_key(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, knobs)
+    call = _calls.get(ck)
+    if call is _MISSING:
+        call = _plan_call(ck, positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, knobs)
+    if call is not None:  # None: no tokens
+        _launch_call(call, offset, positions, query, key, cos_sin_cache, check_positions)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -596,14 +615,34 @@ class _NoCache:
 _tables = CallCache(limit=256)
 
 
+def _scaling_key(scaling):
+    """``scaling``'s part of a cache key, read afresh on every call (a dict changed between calls finds its
+    new frequencies): for None or a plain dict of scalars and lists, its items with each value's type, a
+    float's exact bits (``-0.0`` apart from ``0.0``) and a list's element types (``True`` apart from ``1``,
+    ``8`` from ``8.0``, as the checks tell them apart), a few tuples built without formatting; anything
+    else (arrays, nested values) as canonical JSON. Two scalings with one key have the same frequencies;
+    the same scaling spelt two ways (keys in another order, an array for a list) may have two keys, each
+    planned once."""
+    if scaling is None:
+        return None
+    if type(scaling) is dict:
+        key = tuple((k, type(v), tuple(v), tuple(map(type, v))) if type(v) is list
+                    else (k, float, v.hex()) if type(v) is float else (k, type(v), v) for k, v in scaling.items())
+        try:
+            hash(key)
+            return key
+        except TypeError:
+            pass
+    return json.dumps(scaling, sort_keys=True, default=lambda o: np.asarray(o).tolist())
+
+
 def _frequency_table(device: int, rot: int, base, scaling, max_position):
     """``(table, attention)``: the ``rot / 2`` frequencies of :func:`cukern.rope_cache.rope_frequencies` as
     ``(w_hi, w_lo)`` float64 pairs on ``device`` (:func:`top_bits` splits each), made once per (device,
     rotary_dim, base, scaling, max_position)."""
     from .rope_cache import rope_frequencies
 
-    key = (device, rot, base, json.dumps(scaling, sort_keys=True, default=lambda o: np.asarray(o).tolist()),
-           max_position)
+    key = (device, rot, base, _scaling_key(scaling), max_position)
     found = _tables.get(key)
     if found is _tables.MISSING:
         w, attention = rope_frequencies(1 if max_position is None else max_position, rot, base, scaling)
@@ -655,32 +694,15 @@ def rotary_embedding_positions(positions, query, key, *, rotary_dim: int, base: 
     The frequencies are uploaded on the first call for each (device, rotary_dim, base, scaling,
     max_position); make that call before capturing a CUDA graph.
     """
-    nd = _cupy().ndarray
-    if not (type(positions) is nd and type(query) is nd and (key is None or type(key) is nd)):
-        positions = as_array(positions, "positions")
-        query = as_array(query, "query", writable=True)
-        key = None if key is None else as_array(key, "key", writable=True)
+    positions, query, key, _ = _arrays(positions, query, key, None)
     rot = _int_arg(rotary_dim, "rotary_dim")
-    scaling_key = json.dumps(scaling, sort_keys=True, default=lambda o: np.asarray(o).tolist())
     ck, offset = _call_key(positions, query, key, _NoCache(rot, query.data.device_id), is_neox, rot, False, None)
-    ck = (ck, base, scaling_key, max_position)
+    ck = (ck, base, _scaling_key(scaling), max_position)
     call = _positions_calls.get(ck)
     if call is _MISSING:
         call = _plan_positions_call(ck, positions, query, key, rot, base, scaling, is_neox, max_position)
-    if call is None:
-        return
-    meet = call.meet
-    if meet is not None and meet[0] < offset < meet[1] and offset != call.apart:
-        _check_key_apart(call, query, key, offset)
-    switch = on_device(call.device)
-    if switch is not _NO_SWITCH:
-        with switch:
-            return rotary_embedding_positions(positions, query, key, rotary_dim=rot, base=base, scaling=scaling,
-                                              is_neox=is_neox, max_position=max_position)
-    kernel = call.kernel
-    if kernel is None:
-        kernel = call.kernel = get_kernel(call.inst).kernel
-    launch(kernel, call.config, (query, key if call.has_key else _NULL, call.table, positions, call.params))
+    if call is not None:  # None: nothing to rotate
+        _launch_call(call, offset, positions, query, key, call.table, False)
 
 
 def positions_bytes_moved(tokens: int, num_heads: int, num_kv_heads: int, rotary_dim: int, dtype,
@@ -814,13 +836,7 @@ def rotary_embedding_mrope(positions, query, key, cos_sin_cache, *, mrope_sectio
     -------
     None
     """
-    nd = _cupy().ndarray
-    if not (type(positions) is nd and type(query) is nd and type(cos_sin_cache) is nd
-            and (key is None or type(key) is nd)):
-        positions, cos_sin_cache = (as_array(a, n) for a, n in ((positions, "positions"),
-                                                                (cos_sin_cache, "cos_sin_cache")))
-        query = as_array(query, "query", writable=True)
-        key = None if key is None else as_array(key, "key", writable=True)
+    positions, query, key, cos_sin_cache = _arrays(positions, query, key, cos_sin_cache)
     section_key = tuple(mrope_section) if isinstance(mrope_section, (list, tuple)) else mrope_section
     ck, offset = _call_key(positions, query, key, cos_sin_cache, is_neox, rotary_dim, False, None)
     ck = (ck, section_key, bool(interleaved))
@@ -828,25 +844,8 @@ def rotary_embedding_mrope(positions, query, key, cos_sin_cache, *, mrope_sectio
     if call is _MISSING:
         call = _plan_mrope_call(ck, positions, query, key, cos_sin_cache, mrope_section, interleaved, is_neox,
                                 rotary_dim)
-    if call is None:
-        return
-    meet = call.meet
-    if meet is not None and meet[0] < offset < meet[1] and offset != call.apart:
-        _check_key_apart(call, query, key, offset)
-    switch = on_device(call.device)
-    if switch is not _NO_SWITCH:
-        with switch:
-            return rotary_embedding_mrope(positions, query, key, cos_sin_cache, mrope_section=mrope_section,
-                                          interleaved=interleaved, is_neox=is_neox, rotary_dim=rotary_dim,
-                                          check_positions=check_positions)
-    if check_positions:
-        _check_mrope_positions(call, positions)
-    if call.inst is None:
-        return
-    kernel = call.kernel
-    if kernel is None:
-        kernel = call.kernel = get_kernel(call.inst).kernel
-    launch(kernel, call.config, (query, key if call.has_key else _NULL, cos_sin_cache, positions, call.params))
+    if call is not None:  # None: no tokens
+        _launch_call(call, offset, positions, query, key, cos_sin_cache, check_positions)
 
 
 def _plan_mrope_call(ck, positions, query, key, cache, mrope_section, interleaved, is_neox, rotary_dim):
@@ -894,25 +893,3 @@ class _MropeCall(_Call):
     def __init__(self, row_bytes, *args):
         super().__init__(*args)
         self.row_bytes = row_bytes
-
-
-def _check_mrope_positions(call, positions) -> None:
-    """:func:`_check_positions` over the three rows of ``positions`` in turn (a launch and a host wait each),
-    naming ``positions[r, t]``."""
-    stream = _cupy().cuda.get_current_stream()
-    if stream.is_capturing():
-        raise RuntimeError("check_positions=True waits for the GPU, which a CUDA graph capture cannot do; pass "
-                           "check_positions=False while capturing (out-of-range tokens are then left unrotated)")
-    host, address = _found_pair()
-    kernel = call.check_kernel
-    if kernel is None:
-        kernel = call.check_kernel = get_kernel(check_instantiation(positions.dtype)).kernel
-    for r in range(3):
-        launch(kernel, _CHECK_CONFIG, (address, positions.data + r * call.row_bytes, call.check_params))
-        stream.synchronize()
-        first, value = host.tolist()
-        if first < positions.shape[1]:
-            rows = call.cache_rows
-            raise IndexError(f"positions[{r}, {first}] = {value} is outside cos_sin_cache's {rows} rows (valid "
-                             f"positions are 0..{rows - 1}); query and key are unchanged. Build a longer cache "
-                             "with rope_cache, or clamp the positions")

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _check
+import cukern._check as _check
+
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, dtype_name
 from ._launch import CallCache, LaunchConfig, Params, launch, on_device, struct_argument

@@ -35,7 +35,7 @@ def assert_no_spills(resources: dict, arch: str, what) -> None:
 
 # Families with more instantiations than this compile in parts, one worker each, merged for the tests; and
 # stop at the PTX here (NVRTC without ptxas, half the time: the reductions and RMSNorm are most of the suite's
-# time). Their machine code is checked by .ci/run: `python -m cukern compile --arch sm_90 --max-local 0` for
+# time). Their machine code is checked by .ci/run: `python -m cukern.lab compile --arch sm_90 --max-local 0` for
 # those families, which fails on any spill or stack frame. The tests' PTX checks cover every family.
 PART = 200
 

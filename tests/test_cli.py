@@ -11,7 +11,7 @@ from conftest import HAS_GPU
 
 
 def cukern(*args):
-    return subprocess.run([sys.executable, "-m", "cukern", *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "cukern.lab", *args], capture_output=True, text=True, timeout=600)
 
 
 def assert_one_line_error(r, *words):

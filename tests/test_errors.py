@@ -258,8 +258,6 @@ def _reduction_rows(name):
         ("x None", TypeError, r"\bx\b", lambda: _call(fn, None)),
         ("x list", TypeError, r"\bx\b.*got list", lambda: _call(fn, [1.0, 2.0])),
         ("x host", TypeError, r"\bx is a numpy", lambda: _call(fn, _host(5))),
-        ("x uint8", TypeError, r"\bx has dtype uint8", lambda: _call(fn, _a(5, np.uint8))),
-        ("x complex64", TypeError, r"\bx has dtype complex64", lambda: _call(fn, _a(5, np.complex64))),
         ("axis 2", np.exceptions.AxisError, r"axis 2", lambda: _call(fn, x(), axis=2)),
         ("axis -3", np.exceptions.AxisError, r"axis -3", lambda: _call(fn, x(), axis=-3)),
         ("axis (0, 0)", ValueError, r"axis.*repeats", lambda: _call(fn, x(), axis=(0, 0))),
@@ -267,11 +265,8 @@ def _reduction_rows(name):
         ("axis 1.0", TypeError, r"\baxis\b", lambda: _call(fn, x(), axis=1.0)),
         ("axis True", TypeError, r"\baxis\b", lambda: _call(fn, x(), axis=True)),
         ("axis [0]", TypeError, r"\baxis\b", lambda: _call(fn, x(), axis=[0])),
-        ("dtype int8", TypeError, r"dtype=int8", lambda: _call(fn, x(), dtype=np.int8)),
-        ("dtype bool", TypeError, r"dtype=bool", lambda: _call(fn, x(), dtype=np.bool_)),
         ("out host", TypeError, r"out is a numpy", lambda: _call(fn, x(), axis=1, out=_host(4, result))),
         ("out shape", ValueError, r"out has shape", lambda: _call(fn, x(), axis=1, out=_a(5, result))),
-        ("out dtype", TypeError, r"out has dtype", lambda: _call(fn, x(), axis=1, out=_a(4, F64))),
         ("out overlaps x", ValueError, r"out overlaps x", out_overlaps_x),
         ("out read-only", ValueError, r"out is read-only", lambda: _call(fn, x(), axis=1, out=ReadOnly(_a(4, result)))),
         ("out broadcast", ValueError, r"out has a zero stride",
@@ -279,10 +274,11 @@ def _reduction_rows(name):
         Row("out on device 1", ValueError, r"out on device 1",
             lambda: _call(fn, x(), axis=1, out=_a(4, result, device=1)), 2),
     ]
-    if name in ("sum", "mean", "sum_of_squares", "norm"):
+    # NumPy takes every real input and dtype= target of these (issue 14); what is left to refuse:
+    if name == "norm":
         rows.append(("dtype int32 of floats", TypeError, r"dtype=int32", lambda: _call(fn, x(), dtype=np.int32)))
-    if name != "sum" and name != "mean":
-        rows.append(("x bool", TypeError, r"\bx has dtype bool", lambda: _call(fn, _a(5, np.bool_))))
+    if name in ("sum_of_squares", "amax", "amin"):
+        rows.append(("x complex64", TypeError, r"complex64", lambda: _call(fn, _a(5, np.complex64))))
     if name in ("amax", "amin"):
         rows.append(("empty", ValueError, rf"zero-size.*{name}", lambda: _call(fn, _a((3, 0)), axis=1)))
     return rows

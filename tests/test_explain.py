@@ -148,7 +148,7 @@ def test_h200_defaults_are_labelled_and_the_ridge_follows_from_them():
 
 
 def test_cli_explain_json():
-    r = subprocess.run([sys.executable, "-m", "cukern", "explain", "rms_norm", "--shape", "4096x4096", "--json",
+    r = subprocess.run([sys.executable, "-m", "cukern.lab", "explain", "rms_norm", "--shape", "4096x4096", "--json",
                         "--no-measure"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -157,7 +157,7 @@ def test_cli_explain_json():
 
 
 def test_cli_explain_rejects_unknown_ops():
-    r = subprocess.run([sys.executable, "-m", "cukern", "explain", "softmax"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "cukern.lab", "explain", "softmax"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "softmax" in r.stderr
 

@@ -94,11 +94,11 @@ def test_cli_roofline_and_bench_plot_from_a_results_file(tmp_path):
     results = tmp_path / "results.json"
     results.write_text(json.dumps(synthetic_results()))
     roof, bw = tmp_path / "roofline.png", tmp_path / "bandwidth.png"
-    r = subprocess.run([sys.executable, "-m", "cukern", "roofline", "--no-measure", "--results", str(results),
+    r = subprocess.run([sys.executable, "-m", "cukern.lab", "roofline", "--no-measure", "--results", str(results),
                         "--plot", str(roof)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert roof.read_bytes()[:8] == PNG and "rms_norm" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "cukern", "bench", "--results", str(results), "--plot", str(bw)],
+    r = subprocess.run([sys.executable, "-m", "cukern.lab", "bench", "--results", str(results), "--plot", str(bw)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert bw.read_bytes()[:8] == PNG

@@ -85,12 +85,15 @@ template <int G, typename C, typename T> __device__ __forceinline__ T group_tree
 // The tree over a block of BLOCK threads (a power of two, at least 32) holding N values each: value n of
 // thread t is leaf n * BLOCK + t. Each warp forms its subtrees, lane 0 stores them, and every thread then
 // completes the tree over the N * BLOCK / 32 warp values, so every thread gets the result. scratch holds
-// 2 * N * BLOCK / 32 values; `parity` as for block_reduce.
+// 2 * span * BLOCK / 32 values; `parity` as for block_reduce. A kernel that reduces different counts of
+// values a thread through one scratch passes the largest as `span`, so that each parity's slots are the same
+// span whatever the count (else parity 1's slots of a short call would lie inside parity 0's of a long one,
+// still being read).
 template <int BLOCK, typename C, int N, typename T>
-__device__ __forceinline__ T block_tree_reduce(const T (&v)[N], T* scratch, int parity) {
+__device__ __forceinline__ T block_tree_reduce(const T (&v)[N], T* scratch, int parity, int span = N) {
   constexpr int kWarps = BLOCK / 32;
   static_assert(kWarps > 0 && (kWarps & (kWarps - 1)) == 0, "a power-of-two number of warps");
-  T* slot = scratch + parity * N * kWarps;
+  T* slot = scratch + parity * span * kWarps;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
 #pragma unroll
   for (int n = 0; n < N; ++n) {

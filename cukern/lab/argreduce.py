@@ -9,9 +9,12 @@ import math
 
 import numpy as np
 
+import cukern.lab.bench as bench
+import cukern.lab.card as card
+import cukern.lab.tune as tune
+
 from .. import argreduce
 from .._dtypes import parse_dtype
-from . import bench, card, tune
 from .bench import Case
 
 
@@ -28,27 +31,16 @@ def inputs(shape, dtype):
     return x.astype(dt)
 
 
-def _axis(params: dict):
-    a = params.get("axis")
-    if a is None or isinstance(a, int):
-        return a
-    text = str(a).strip().lower()
-    return None if text in ("none", "") else int(text)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # The benchmark.
 
 
-def _bench_setup(case: Case) -> dict:
-    return {"x": inputs(case.shape, parse_dtype(case.dtype)), "axis": _axis(dict(case.params))}
-
-
 def _bench_bytes(case: Case) -> int:
-    return argreduce.bytes_moved(case.shape, parse_dtype(case.dtype), _axis(dict(case.params)))
+    axis = bench.parse_axis(dict(case.params).get("axis"))
+    return argreduce.bytes_moved(case.shape, parse_dtype(case.dtype), axis)
 
 
-bench.register("argmax", bench.OpBench(_bench_setup, lambda s: argreduce.argmax(s["x"], axis=s["axis"]),
+bench.register("argmax", bench.OpBench(bench.array_setup(inputs), lambda s: argreduce.argmax(s["x"], axis=s["axis"]),
                                        lambda s: s["x"].argmax(axis=s["axis"]), _bench_bytes,
                                        [Case("argmax", (1 << 28,), "float32")]))
 
@@ -74,7 +66,7 @@ tune.register(tune.Tunable(
 
 def _describe(name: str):
     def describe(shape, dt, params, device, knobs):
-        axis = argreduce.normalize_axis(_axis(params), len(shape))
+        axis = argreduce.normalize_axis(bench.parse_axis(params.get("axis")), len(shape))
         knobs = argreduce.DEFAULT_KNOBS if knobs is None else knobs
         pl = argreduce.plan(shape, dt, axis, sm_count=device.sm_count, knobs=knobs)
         launches = []

@@ -1,4 +1,4 @@
-"""The benchmark behind ``python -m cukern bench``: cukern against its peers, in one run, against the copy
+"""The benchmark behind ``python -m cukern.lab bench``: cukern against its peers, in one run, against the copy
 peak measured in the same run.
 
 Cases are data (op, shape, dtype); each family's lab module registers, per op, how to build inputs, how to
@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import cukern.lab.pipeline as pipeline
+import cukern.lab.tune as tuner  # run() takes a flag named tune
+
 from .. import _tuned, timing
 from .._compile import nvrtc_version, source_sha256
 from .._dtypes import parse_dtype
-from . import pipeline
-from . import tune as tuner  # run() takes a flag named tune
 from .device import gpu_present
 from .progress import Progress
 
@@ -48,6 +49,25 @@ class OpBench:
     bytes: Callable
     cases: list
     variants: Callable | None = None
+
+
+def parse_axis(axis):
+    """An ``axis`` param as the reductions take it: None, an int or a tuple of ints, given as itself or as
+    text (``"none"``, ``"1"``, ``"(0, 2)"``: the command line's ``--param``)."""
+    if axis is None or isinstance(axis, (int, tuple)):
+        return axis
+    text = str(axis).strip().lower()
+    if text in ("none", ""):
+        return None
+    parts = tuple(int(a) for a in text.strip("()").split(",") if a.strip())
+    return parts[0] if len(parts) == 1 else parts
+
+
+def array_setup(inputs: Callable) -> Callable:
+    """The :class:`OpBench` setup of an op over one array ``x`` along an ``axis`` param (none: everything):
+    ``x = inputs(shape, dtype)``."""
+    return lambda case: {"x": inputs(case.shape, parse_dtype(case.dtype)),
+                         "axis": parse_axis(dict(case.params).get("axis"))}
 
 
 OPS: dict = {}

@@ -1,5 +1,5 @@
 """The six-question card for the exact launch a call makes: ``cukern.lab.card.explain(op, shape, dtype)`` and
-``python -m cukern explain OP``.
+``python -m cukern.lab explain OP``.
 
 1. Output tile: grid and block, what one block and one thread compute.
 2. Input traffic: bytes read and written (the benchmark's own count), access width, coalescing, what is
@@ -24,12 +24,12 @@ from typing import Callable
 
 import numpy as np
 
+import cukern.lab.tune as tune
+
 from .. import _tuned, timing
 from .._compile import Instantiation
 from .._dtypes import FLOAT_TYPES, dtype_name, parse_dtype
-from . import tune
 from .device import Device, current_device, gpu_present, profile, staging
-
 
 # ---------------------------------------------------------------------------------------------------------
 # What an op's describe function returns.
@@ -250,7 +250,7 @@ def explain(op: str, shape=None, dtype=None, *, measure: bool | None = None, dev
                                     f"{entry.get('heuristic_us')} µs heuristic ({_tuned.cache_path()})")
     if tunable is not None:
         tune_info["space"] = {k: list(v) for k, v in tunable.space.items()}
-        tune_info["tune_with"] = (f"python -m cukern tune --op {tuning_op} --shape {'x'.join(map(str, tshape))} "
+        tune_info["tune_with"] = (f"python -m cukern.lab tune --op {tuning_op} --shape {'x'.join(map(str, tshape))} "
                                   f"--dtype {dtype_name(dt)}")
     else:
         tune_info["space"] = "not tunable yet (no Tunable registered with cukern.lab.tune)"

@@ -1,4 +1,4 @@
-"""``python -m cukern``: bench, ladder, info, compile, explain, tune, roofline.
+"""``python -m cukern.lab``: bench, ladder, info, compile, explain, tune, roofline.
 
 A mistake in what was asked (an unknown op, dtype or architecture, a missing file, ``--plot`` without
 matplotlib) is one line on stderr and exit status 2, found before anything is measured or compiled.
@@ -16,10 +16,15 @@ import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
+import cukern.lab.bench as bench
+import cukern.lab.card as card
+import cukern.lab.device as device
+import cukern.lab.report as report
+import cukern.lab.tune as tune
+
 from .. import _tuned, families, ladder
 from .._compile import compile_program, nvrtc_version
 from .._dtypes import dtype_name, parse_dtype
-from . import bench, card, device, report, tune
 from .progress import Progress
 
 # cuda_src/common/dtype.cuh converts to bfloat16 with cvt.rn.bf16.f32, which ptxas takes from sm_80 on
@@ -57,7 +62,7 @@ def _results_file(path) -> dict:
         with open(path) as f:
             doc = json.load(f)
     except FileNotFoundError:
-        raise CommandError(f"--results {path}: no such file (python -m cukern bench --json PATH writes one)") from None
+        raise CommandError(f"--results {path}: no such file (python -m cukern.lab bench --json PATH writes one)") from None
     except (OSError, ValueError) as err:
         raise CommandError(f"--results {path}: not readable as JSON ({err})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
@@ -373,7 +378,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_tune)
     p = sub.add_parser("roofline", help="every kernel at its arithmetic intensity against the device's roofs")
     p.add_argument("--op", action="append", choices=sorted(card.CARDS), metavar="OP",
-                   help="only this kernel (repeatable): a card, as python -m cukern explain names them")
+                   help="only this kernel (repeatable): a card, as python -m cukern.lab explain names them")
     p.add_argument("--plot", metavar="PNG", help="draw the roofline (needs matplotlib)")
     p.add_argument("--results", metavar="PATH", help="achieved times from this results file instead of measuring")
     p.add_argument("--json", metavar="PATH", help="write the points")

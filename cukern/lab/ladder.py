@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 
+import cukern.lab.bench as bench
+import cukern.lab.card as card
+
 from .. import ladder, reduce_plan
 from .._dtypes import dtype_name
-from . import bench, card
 
 LADDER_N = 1 << 28
 

@@ -9,12 +9,15 @@ import dataclasses
 
 import numpy as np
 
+import cukern.lab.bench as bench
+import cukern.lab.card as card
+import cukern.lab.rotary as rope_lab
+import cukern.lab.tune as tune
+
 from .. import qknorm as op
 from .. import rmsnorm, rotary
 from .._dtypes import dtype_name, parse_dtype
 from .._layout import ArraySpec
-from . import bench, card, tune
-from . import rotary as rope_lab
 from .bench import Case
 
 MAX_POSITION = rope_lab.MAX_POSITION  # cache rows; positions are drawn below it

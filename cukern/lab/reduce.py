@@ -9,9 +9,12 @@ import math
 
 import numpy as np
 
+import cukern.lab.bench as bench
+import cukern.lab.card as card
+import cukern.lab.tune as tune
+
 from .. import reduce, reduce_plan
 from .._dtypes import dtype_name, parse_dtype
-from . import bench, card, tune
 from .bench import Case
 
 
@@ -26,8 +29,7 @@ def inputs(shape, dtype):
 # The benchmark: param axis (None: everything).
 
 
-def _bench_setup(case: Case) -> dict:
-    return {"x": inputs(case.shape, parse_dtype(case.dtype)), "axis": dict(case.params).get("axis")}
+_bench_setup = bench.array_setup(inputs)
 
 
 def _bench_bytes(case: Case) -> int:
@@ -126,19 +128,9 @@ _FIXED = {"cols": {"col_block": reduce_plan.COL_BLOCK, "col_waves": reduce_plan.
           "strided": {"strided_block": reduce_plan.STRIDED_BLOCK, "strided_waves": reduce_plan.STRIDED_WAVES}}
 
 
-def _parse_axis(axis):
-    if axis is None or isinstance(axis, (int, tuple)):
-        return axis
-    text = str(axis).strip().lower()
-    if text in ("none", ""):
-        return None
-    parts = tuple(int(a) for a in text.strip("()").split(",") if a.strip())
-    return parts[0] if len(parts) == 1 else parts
-
-
 def _describe(name: str):
     def describe(shape, dt, params, device, knobs):
-        axis = _parse_axis(params["axis"])
+        axis = bench.parse_axis(params["axis"])
         op = reduce_plan.OPS[name]
         final = reduce_plan.default_dtype(name, dt)
         o = dt if op.minmax else reduce_plan.kernel_dtype(name, dt, final)

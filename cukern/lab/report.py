@@ -1,4 +1,4 @@
-"""Bandwidth and roofline reports: ``python -m cukern bench --plot bandwidth.png`` and ``python -m cukern
+"""Bandwidth and roofline reports: ``python -m cukern.lab bench --plot bandwidth.png`` and ``python -m cukern.lab
 roofline --plot roofline.png``.
 
 Both draw with matplotlib's Agg backend (no display needed; ``pip install cukern[plot]``). The bandwidth
@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 import re
 
+import cukern.lab.bench as bench
+
 from .._dtypes import dtype_name
-from . import bench
 from .card import CARDS, measure_us, resolve
 from .device import Device, current_device, gpu_present, profile
 

@@ -8,11 +8,15 @@ import dataclasses
 
 import numpy as np
 
+import cukern.lab.bench as bench
+import cukern.lab.card as card
+import cukern.lab.pipeline as pipeline
+import cukern.lab.tune as tune
+
 from .. import rotary
 from .._dtypes import BFLOAT16, dtype_name, parse_dtype
 from .._layout import ArraySpec
 from ..rope_cache import rope_cache
-from . import bench, card, pipeline, tune
 from .bench import Case
 from .device import fits_l2
 

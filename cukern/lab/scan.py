@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
+import cukern.lab.bench as bench
+import cukern.lab.card as card
+
 from .. import scan
 from .._dtypes import parse_dtype
-from . import bench, card
 from .bench import Case
 
 
@@ -24,26 +26,14 @@ def inputs(shape, dtype):
     return x.astype(dt)
 
 
-def _axis(params: dict):
-    a = params.get("axis")
-    if a is None or isinstance(a, int):
-        return a
-    text = str(a).strip().lower()
-    return None if text in ("none", "") else int(text)
-
-
-def _bench_setup(case: Case) -> dict:
-    return {"x": inputs(case.shape, parse_dtype(case.dtype)), "axis": _axis(dict(case.params))}
-
-
 bench.register("cumsum", bench.OpBench(
-    _bench_setup, lambda s: scan.cumsum(s["x"], axis=s["axis"]), lambda s: s["x"].cumsum(axis=s["axis"]),
+    bench.array_setup(inputs), lambda s: scan.cumsum(s["x"], axis=s["axis"]), lambda s: s["x"].cumsum(axis=s["axis"]),
     lambda case: scan.bytes_moved(case.shape, parse_dtype(case.dtype)), [Case("cumsum", (1 << 28,), "float32")]))
 
 
 def _describe(name: str):
     def describe(shape, dt, params, device, knobs):
-        axis = scan.normalize_axis(_axis(params), len(shape))
+        axis = scan.normalize_axis(bench.parse_axis(params.get("axis")), len(shape))
         pl = scan.plan(shape, axis)
         o = scan.result_dtype(dt)
         launches = []

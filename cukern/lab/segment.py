@@ -9,9 +9,11 @@ import math
 
 import numpy as np
 
+import cukern.lab.bench as bench
+import cukern.lab.card as card
+
 from .. import segment
 from .._dtypes import parse_dtype
-from . import bench, card
 from .bench import Case
 
 

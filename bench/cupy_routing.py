@@ -1,0 +1,169 @@
+"""A pytest plugin that routes CuPy's reductions to cukern while CuPy's own tests run (issue 14).
+
+Load it with ``python -m pytest -p bench.cupy_routing .cupy_tests`` (``bench/fetch_cupy_tests.sh`` copies the
+tests). While it is loaded, ``cupy.sum``, ``cupy.mean``, ``cupy.amax`` / ``cupy.max``, ``cupy.amin`` /
+``cupy.min``, the ``cupy.ndarray`` methods ``sum``, ``mean``, ``max`` and ``min``, and ``cupy.linalg.norm``
+(2-norms of vectors and of flattened arrays: ``ord`` None or 2) call cukern. Each routed call is counted per
+test as
+
+* ``answered``: cukern returned the result;
+* ``refused``: cukern raised TypeError, ValueError or NotImplementedError and CuPy, called then, answered
+  (a support gap); where CuPy raises as well, CuPy's error stands and the call counts as ``both_raised``;
+* ``wrong``: the answered calls of a test that failed (the test found a wrong value, dtype or layout).
+
+Tests whose node id matches ``CUKERN_ROUTING_SKIP`` (a regular expression; by default the classes that mock
+CuPy's CUB internals, which check CuPy's code path rather than results) run unrouted. The counts are printed
+at the end and written as JSON to the file named by ``CUKERN_ROUTING_JSON`` when set.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from collections import Counter
+
+import pytest
+
+_SKIP = re.compile(os.environ.get("CUKERN_ROUTING_SKIP", r"Cub|CUB|cub_"))
+_REFUSALS = (TypeError, ValueError, NotImplementedError)
+
+
+class _State:
+    def __init__(self):
+        self.active = False
+        self.current = Counter()
+        self.tests: dict = {}
+        self.originals: list = []
+
+
+_state = _State()
+
+
+def _count(what: str) -> None:
+    _state.current[what] += 1
+
+
+def _route(ours, theirs):
+    """Call cukern (``ours``), counting the outcome; CuPy (``theirs``) on a refusal."""
+    try:
+        result = ours()
+    except _REFUSALS:
+        try:
+            result = theirs()
+        except Exception:
+            _count("both_raised")
+            raise
+        _count("refused")
+        return result
+    _count("answered")
+    return result
+
+
+def _reduction(name: str, theirs):
+    import cupy
+
+    import cukern
+
+    ours = getattr(cukern, name)
+    keys = ("axis", "dtype", "out", "keepdims") if name in ("sum", "mean") else ("axis", "out", "keepdims")
+
+    @functools.wraps(theirs)
+    def routed(a, *args, **kwargs):
+        if not _state.active or type(a) is not cupy.ndarray or set(kwargs) - set(keys) or len(args) > len(keys):
+            return theirs(a, *args, **kwargs)
+        kw = dict(zip(keys, args))
+        kw.update(kwargs)
+        axis = kw.pop("axis", None)
+        return _route(lambda: ours(a, axis, **kw), lambda: theirs(a, *args, **kwargs))
+
+    routed.__cukern_routed__ = True
+    return routed
+
+
+def _norm(theirs):
+    import cupy
+
+    import cukern
+
+    @functools.wraps(theirs)
+    def routed(x, ord=None, axis=None, keepdims=False):
+        vector = (ord is None and (axis is None or isinstance(axis, int))) or (
+            ord == 2 and (isinstance(axis, int) or (axis is None and getattr(x, "ndim", 0) == 1)))
+        if not _state.active or type(x) is not cupy.ndarray or not vector:
+            return theirs(x, ord, axis, keepdims)
+        return _route(lambda: cukern.norm(x, axis, keepdims=keepdims), lambda: theirs(x, ord, axis, keepdims))
+
+    routed.__cukern_routed__ = True
+    return routed
+
+
+def _patch(owner, attr: str, make) -> None:
+    original = getattr(owner, attr)
+    if getattr(original, "__cukern_routed__", False):
+        return
+    _state.originals.append((owner, attr, original))
+    setattr(owner, attr, make(original))
+
+
+def pytest_configure(config):
+    import cupy
+
+    for attr, name in (("sum", "sum"), ("mean", "mean"), ("amax", "amax"), ("max", "amax"), ("amin", "amin"),
+                       ("min", "amin")):
+        _patch(cupy, attr, lambda f, n=name: _reduction(n, f))
+    for attr, name in (("sum", "sum"), ("mean", "mean"), ("max", "amax"), ("min", "amin")):
+        _patch(cupy.ndarray, attr, lambda f, n=name: _reduction(n, f))
+    _patch(cupy.linalg, "norm", _norm)
+
+
+def pytest_unconfigure(config):
+    for owner, attr, original in reversed(_state.originals):
+        setattr(owner, attr, original)
+    _state.originals.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    _state.current = Counter()
+    _state.active = not _SKIP.search(item.nodeid)
+    try:
+        yield
+    finally:
+        _state.active = False
+        # the counts travel with the test's report, so that under pytest-xdist the controller sums them
+        item.user_properties.append(("cukern_routing", dict(_state.current)))
+
+
+def pytest_runtest_logreport(report):
+    if report.when != "call":
+        return
+    counts = dict(dict(report.user_properties).get("cukern_routing", {}))
+    if not counts:
+        return
+    if report.failed and counts.get("answered"):
+        counts["wrong"] = counts.pop("answered")
+    counts["outcome"] = report.outcome
+    _state.tests[report.nodeid] = counts
+
+
+def _totals() -> dict:
+    total = Counter()
+    for counts in _state.tests.values():
+        total.update({k: v for k, v in counts.items() if k != "outcome"})
+        total["tests_" + counts["outcome"]] += 1
+    return dict(total)
+
+
+def pytest_terminal_summary(terminalreporter):
+    totals = _totals()
+    terminalreporter.section("cukern routing")
+    terminalreporter.write_line(
+        "routed calls: " + ", ".join(f"{k} {totals.get(k, 0)}" for k in ("answered", "refused", "wrong", "both_raised"))
+        + f"; tests with routed calls: {len(_state.tests)} (" + ", ".join(
+            f"{k[6:]} {v}" for k, v in sorted(totals.items()) if k.startswith("tests_")) + ")")
+    path = os.environ.get("CUKERN_ROUTING_JSON")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"totals": totals, "tests": _state.tests}, f, indent=1, sort_keys=True)

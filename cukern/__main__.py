@@ -1,5 +1,0 @@
-import sys
-
-from .lab.cli import main
-
-sys.exit(main())

@@ -1,0 +1,298 @@
+"""NumPy semantics of the reductions (issue 14): NumPy's input dtypes, result dtypes, ``dtype=`` targets,
+``out=`` casting and the K memory order of results, all without new kernels (cukern.reduce_plan.route)."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from cukern import reduce as R
+from cukern import reduce_plan as P
+from cukern._dtypes import BFLOAT16, dtype_name
+
+_NP = {
+    "sum": np.sum, "mean": np.mean, "prod": np.prod, "amax": np.max, "amin": np.min, "nansum": np.nansum,
+    "var": np.var, "std": np.std, "nanmax": np.nanmax, "nanmin": np.nanmin, "nanmean": np.nanmean,
+    "sum_of_squares": lambda x, dtype=None: np.sum(x.astype(np.uint64 if x.dtype.kind == "u" else np.int64) ** 2,
+                                                   dtype=dtype) if x.dtype.kind in "biu" else np.sum(np.square(x.astype(dtype or x.dtype)), dtype=dtype),
+    "norm": lambda x, dtype=None: np.linalg.norm(x),
+    "count_nonzero": lambda x, dtype=None: np.int64(np.count_nonzero(x)),
+}
+_OPS = ("sum", "mean", "prod", "amax", "amin", "nansum", "var", "std", "norm", "nanmax", "nanmin",
+        "count_nonzero", "sum_of_squares")
+_NO_DTYPE_IN_NUMPY = ("norm", "amax", "amin", "nanmax", "nanmin", "count_nonzero")
+_NUMPY_DTYPES = [t for t in P.NUMERIC if t != BFLOAT16]
+
+
+def _numpy_dtype(op, t, r=None):
+    x = np.ones(3, t)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.asarray(_NP[op](x) if r is None else _NP[op](x, dtype=r)).dtype
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dtype tables (CPU).
+
+
+@pytest.mark.parametrize("op", _OPS)
+def test_result_dtypes_are_numpys(op):
+    for t in _NUMPY_DTYPES:
+        if t in P.public_inputs(op):
+            assert P.result_dtype(op, t) == _numpy_dtype(op, t), (op, t)
+            for r in P.targets(op, t):
+                if r == BFLOAT16 or op in _NO_DTYPE_IN_NUMPY:
+                    continue
+                assert P.result_dtype(op, t, r) == _numpy_dtype(op, t, r), (op, t, r)
+        else:
+            with pytest.raises(TypeError, match=dtype_name(t)):
+                P.check_input(op, t)
+
+
+def test_new_inputs_and_targets():
+    for op in ("sum", "mean", "prod", "sum_of_squares", "amax", "amin", "norm", "nansum", "count_nonzero"):
+        for t in ("int8", "int16", "uint8", "uint16", "uint32", "uint64"):
+            assert np.dtype(t) in P.public_inputs(op), (op, t)
+    for op in ("amax", "amin", "norm"):
+        assert P.BOOL in P.public_inputs(op)
+    for op in ("sum", "mean", "norm"):
+        assert set(P.COMPLEX) <= set(P.public_inputs(op))
+    assert P.result_dtype("mean", np.int32, np.int64) == np.int64
+    assert P.result_dtype("sum", np.int32, np.bool_) == np.bool_
+    assert P.result_dtype("sum", np.float32, np.complex64) == np.complex64
+    assert P.result_dtype("sum", np.float32, np.float16) == np.float16
+    assert P.result_dtype("norm", np.complex64) == np.float32
+    with pytest.raises(TypeError, match="complex product"):
+        P.check_input("prod", np.complex64)
+    with pytest.raises(TypeError, match="dtype=float32 is not supported for sum of complex64"):
+        P.result_dtype("sum", np.complex64, np.float32)
+    with pytest.raises(TypeError, match="nansum"):
+        P.result_dtype("nansum", np.float32, np.bool_)
+    with pytest.raises(TypeError):
+        P.result_dtype("count_nonzero", np.int32, np.int64)
+
+
+def test_routes_use_only_existing_kernels():
+    """Every route runs the kernels on one of their own (input, result) dtype pairs: no new instantiation."""
+    combos = {(t, o, op) for t, o, op in P.kernel_combos()}
+    seen = 0
+    for name in _OPS:
+        for t in P.public_inputs(name):
+            for final in {P.result_dtype(name, t), *P.targets(name, t)}:
+                rt = P.route(name, t, final)
+                assert rt.via in P.OPS[rt.op].inputs, (name, t, final, rt)
+                kernel = rt.via if rt.op in P.MINMAX_OPS else rt.kernel
+                assert (rt.via, kernel, P.OPS[rt.op].kernel_op) in combos, (name, t, final, rt)
+                seen += 1
+    assert seen > 1000
+    assert len(P.instantiations()) <= 658
+
+
+def test_route_choices():
+    R_ = P.route
+    assert R_("sum", np.uint64, np.uint64) == P.Route("sum", "view", P.I64, P.I64)
+    assert R_("amax", np.uint64, np.uint64).how == "flip"
+    assert R_("mean", np.uint64, np.float64) == P.Route("mean", "cast", P.F64, P.F64)
+    assert R_("sum", np.int8, np.int64) == P.Route("sum", "cast", P.I32, P.I64)
+    assert R_("sum", np.uint32, np.uint64) == P.Route("sum", "cast", P.I64, P.I64)
+    assert R_("amax", np.bool_, np.bool_) == P.Route("amax", "cast", P.I32, P.I32)
+    assert R_("sum", np.complex64, np.complex64) == P.Route("sum", "complex", P.F32, P.F32)
+    assert R_("sum", np.complex64, np.complex128).kernel == P.F64
+    assert R_("sum", np.float32, np.bool_).op == "count_nonzero"
+    assert R_("mean", np.int32, np.int64).mean_int
+    assert R_("sum", np.float64, np.int32) == P.Route("sum", "cast", P.I64, P.I64)  # NumPy truncates first
+    assert R_("prod", np.int32, np.float64) == P.Route("prod", "cast", P.F64, P.F64)
+    assert R_("sum", np.float32, np.float16) == P.Route("sum", "direct", P.F32, P.F32)  # then rounded
+    assert P.kernels_answer("sum", np.float32, np.float64) and not P.kernels_answer("sum", np.int8, np.int64)
+
+
+@pytest.mark.parametrize("final, out", [(np.float64, np.int64), (np.complex64, np.float32),
+                                        (np.int64, np.bool_), (np.float32, np.float16)])
+def test_out_casting_follows_numpy(final, out):
+    """NumPy's (and CuPy's) reductions cast into ``out`` unsafely; a complex result into a real ``out`` warns."""
+    x = np.ones((2, 3), final)
+    o = np.empty(2, out)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        np.sum(x, axis=1, out=o)
+    numpy_warns = any(issubclass(i.category, np.exceptions.ComplexWarning) for i in w)
+    assert (P.out_cast(final, out) == "ComplexWarning") == numpy_warns
+
+
+# ---------------------------------------------------------------------------------------------------------
+# K order (CPU): the planned result strides are NumPy's.
+
+
+def test_k_order_strides_are_numpys(rng):
+    for _ in range(400):
+        nd = int(rng.integers(1, 5))
+        shape = tuple(int(v) for v in rng.integers(1, 5, nd))
+        a = np.zeros(shape, np.float32)
+        perm = rng.permutation(nd)
+        a = np.ascontiguousarray(a.transpose(perm)).transpose(np.argsort(perm))
+        a = a[tuple(slice(None, None, -1) if rng.random() < 0.3 else slice(None) for _ in range(nd))]
+        axes = tuple(sorted(rng.choice(nd, int(rng.integers(0, nd + 1)), replace=False).tolist()))
+        for keepdims in (False, True):
+            want = np.sum(a, axis=axes, keepdims=keepdims)
+            got = P.k_strides(a.shape, [s // 4 for s in a.strides], axes, 4, keepdims)
+            big = [i for i, n in enumerate(want.shape) if n > 1]
+            assert [got[i] for i in big] == [want.strides[i] for i in big], (a.shape, a.strides, axes, keepdims)
+
+
+def test_k_order_is_none_for_c_order_and_idempotent():
+    assert P.k_order((3, 4, 5), (20, 5, 1), (1,)) is None
+    perm = P.k_order((3, 4, 5), (1, 3, 12), (0,))
+    assert perm == (2, 1, 0)
+    shape = tuple((3, 4, 5)[i] for i in perm)
+    strides = tuple((1, 3, 12)[i] for i in perm)
+    assert P.k_order(shape, strides, (2,)) is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU: values against NumPy.
+
+_SHAPE = (5, 7, 3)
+
+
+def _data(rng, dtype, shape=_SHAPE):
+    t = np.dtype(dtype)
+    if t == np.bool_:
+        return rng.random(shape) < 0.5
+    if t.kind in "iu":
+        info = np.iinfo(t)
+        lo, hi = (max(info.min, -100), min(info.max, 100)) if t.itemsize <= 2 else (info.min // 4, info.max // 4)
+        return rng.integers(lo, hi, size=shape, dtype=t, endpoint=True)
+    if t.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(t)
+    return rng.standard_normal(shape).astype(t)
+
+
+def _check(got, want, exact):
+    got = got.get()
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
+    if exact:
+        assert np.array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5 if want.dtype in (np.float32, np.complex64) else 1e-12)
+
+
+_NEW = ("int8", "int16", "uint8", "uint16", "uint32", "uint64", "bool", "complex64", "complex128")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", _NEW)
+def test_new_input_dtypes_against_numpy(rng, dtype):
+    import cupy as cp
+
+    import cukern
+
+    h = _data(rng, dtype)
+    d = cp.asarray(h)
+    for name in ("sum", "mean", "prod", "sum_of_squares", "amax", "amin", "norm", "nansum", "count_nonzero"):
+        if np.dtype(dtype) not in P.public_inputs(name):
+            with pytest.raises(TypeError):
+                getattr(cukern, name)(d)
+            continue
+        for axis in (None, 1, (0, 2)):
+            if name == "norm":
+                want = np.sqrt(np.sum(np.abs(h.astype(np.complex128 if h.dtype.kind == "c" else np.float64)) ** 2,
+                                      axis=axis)).astype(P.result_dtype("norm", h.dtype))
+            elif name == "sum_of_squares":
+                w = h.astype(np.int64 if h.dtype.kind in "bi" else np.uint64) if h.dtype.kind in "biu" else h
+                want = np.sum(w * w, axis=axis)
+            elif name == "count_nonzero":
+                want = np.asarray(np.count_nonzero(h, axis=axis), dtype=np.int64)
+            else:
+                want = _NP[name](h, axis=axis)
+            got = getattr(cukern, name)(d, axis=axis)
+            _check(got, np.asarray(want), exact=np.dtype(want.dtype).kind in "biu")
+            kept = getattr(cukern, name)(d, axis=axis, keepdims=True)  # the shape NumPy keeps, every route
+            assert kept.shape == np.expand_dims(np.asarray(want), () if axis is None else axis).shape or (
+                axis is None and kept.shape == (1,) * h.ndim), (name, axis, kept.shape)
+
+
+@pytest.mark.gpu
+def test_dtype_targets_against_numpy(rng):
+    import cupy as cp
+
+    import cukern
+
+    cases = [("sum", "int32", "int8"), ("sum", "float64", "int32"), ("sum", "int32", "bool"), ("sum", "float32", "bool"),
+             ("sum", "float32", "complex64"), ("sum", "complex64", "complex128"), ("sum", "uint8", "uint8"),
+             ("sum", "float32", "float16"), ("mean", "int32", "int64"), ("mean", "int16", "complex64"),
+             ("mean", "bool", "bool"), ("prod", "int32", "float64"), ("prod", "int64", "int8"),
+             ("prod", "int32", "bool"), ("amax", "float32", "int32"), ("sum_of_squares", "float32", "float64")]
+    for name, t, r in cases:
+        h = _data(rng, t, (4, 6))
+        if name == "prod" and np.dtype(t).kind in "iu":
+            h = (h % 5).astype(t)
+        if r == "int32" and h.dtype.kind == "f":
+            h = h * 10
+        d = cp.asarray(h)
+        for axis in (None, 1):
+            want = np.asarray(_NP[name](h, axis=axis, dtype=r) if name != "amax" else np.max(h, axis=axis).astype(r))
+            got = getattr(cukern, name)(d, axis=axis, dtype=r)
+            if r == "float16":
+                # NumPy adds in float16 itself; cukern adds in float32 and rounds once: against the float64 sum,
+                # cukern is within one float16 rounding, NumPy's own sum may not be
+                assert got.dtype == want.dtype
+                exact = np.asarray(_NP[name](h.astype(np.float64), axis=axis))
+                np.testing.assert_allclose(got.get(), exact.astype(np.float16), rtol=1e-3, atol=1e-6)
+            else:
+                _check(got, want, exact=want.dtype.kind in "biu")
+
+
+@pytest.mark.gpu
+def test_out_of_another_dtype_against_numpy(rng):
+    import cupy as cp
+
+    import cukern
+
+    h = rng.standard_normal((4, 6)) * 10
+    d = cp.asarray(h)
+    for name, out_dtype in (("sum", np.int64), ("mean", np.float32), ("amax", np.int16), ("sum", np.complex128)):
+        o = cp.full(4, 7, out_dtype)
+        r = getattr(cukern, name)(d, axis=1, out=o)
+        assert r is o
+        want = np.empty(4, out_dtype)
+        (np.max if name == "amax" else _NP[name])(h, axis=1, out=want)
+        np.testing.assert_allclose(o.get(), want, rtol=1e-6)
+    with pytest.warns(np.exceptions.ComplexWarning):
+        cukern.sum(cp.asarray(h.astype(np.complex64)), axis=1, out=cp.empty(4, np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "int8", "complex64"])
+def test_f_order_results_keep_numpys_strides(rng, dtype):
+    import cupy as cp
+
+    import cukern
+
+    h = np.asfortranarray(_data(rng, dtype, (6, 5, 4)))
+    d = cp.asfortranarray(cp.asarray(h))
+    for name in ("sum", "mean", "amax") if dtype != "complex64" else ("sum", "mean"):
+        for axis in (0, 1, 2, (0, 2)):
+            for keepdims in (False, True):
+                want = _NP[name](h, axis=axis, keepdims=keepdims)
+                got = getattr(cukern, name)(d, axis=axis, keepdims=keepdims)
+                _check(got, np.asarray(want), exact=np.dtype(want.dtype).kind in "biu")
+                big = [i for i, n in enumerate(want.shape) if n > 1]
+                assert [got.strides[i] for i in big] == [want.strides[i] for i in big], (name, axis, keepdims)
+    neg = d[::-1, :, ::-2]
+    got = cukern.sum(neg, axis=1)
+    _check(got, np.sum(h[::-1, :, ::-2], axis=1), exact=dtype == "int8")
+
+
+@pytest.mark.gpu
+def test_widened_bits_do_not_depend_on_knobs(rng):
+    import cupy as cp
+
+    d = cp.asarray(rng.standard_normal((3, 70001)).astype(np.complex64))
+    first = None
+    for knobs in (P.DEFAULT_KNOBS, P.Knobs(full_block=64, full_unroll=2, row_max_tpr=32, row_waves=None)):
+        for sm in (1, 132):
+            got = R._reduce("sum", d, 1, None, False, None, knobs=knobs, sm=sm).get()
+            full = R._reduce("mean", d, None, None, False, None, knobs=knobs, sm=sm).get()
+            if first is None:
+                first = (got, full)
+            assert got.tobytes() == first[0].tobytes() and full.tobytes() == first[1].tobytes()
