@@ -190,10 +190,11 @@ def fused_and_quantized_cases():
                 run(cukern.qk_norm_rope, pos, q, k, wq, wk, cache, is_neox=is_neox, rotary_dim=rot)
                 run(cukern.qk_norm_rope, pos, q, None, wq, None, cache, is_neox=is_neox, rotary_dim=rot)
                 run(cukern.rotary_embedding_positions, pos, q, k, rotary_dim=rot, is_neox=is_neox)
-        x, w = dev((5, 4099), dtype), dev(4099, dtype)
-        for scale in (0.5, "per_token"):
-            run(cukern.rms_norm, x, w, out_dtype="float8_e4m3fn", scale=scale)
-            run(cukern.fused_add_rms_norm, x, dev(x.shape, dtype), w, out_dtype="float8_e4m3fn", scale=scale)
+        for hidden in (7, 127, 4096, 4099):  # element and vector rows (the staged per-token y), the wide kernel
+            x, w = dev((5, hidden), dtype), dev(hidden, dtype)
+            for scale in (0.5, "per_token"):
+                run(cukern.rms_norm, x, w, out_dtype="float8_e4m3fn", scale=scale)
+                run(cukern.fused_add_rms_norm, x, dev(x.shape, dtype), w, out_dtype="float8_e4m3fn", scale=scale)
     q, k = dev((9, 4, 128), BFLOAT16), dev((9, 2, 128), BFLOAT16)
     mpos = cupy.asarray(_rng.integers(0, 64, (3, 9)))
     run(cukern.rotary_embedding_mrope, mpos, q, k, cukern.rope_cache(64, 128), mrope_section=[16, 24, 24])

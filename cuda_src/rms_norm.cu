@@ -251,8 +251,9 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
   __shared__ float scratch[2 * GROUPS * (BLOCK / 32)];
   // per-token float8 without the residual (whose kernel is memory-bound as it is): every thread's y, when a
   // block's take at most 16 KiB of shared memory (eight blocks of 128 threads an SM within its 228 KiB)
-  constexpr bool kStage = QUANT != kNone && !FUSED && BLOCK * ITEMS * VEC * 4 <= 16 * 1024;
-  __shared__ float4 stage[kStage ? BLOCK * ITEMS * VEC / 4 + (VEC < 4 ? BLOCK : 0) : 1];
+  constexpr int kQuads = VEC < 4 ? 1 : VEC / 4;  // float4 slots an item (stage_put)
+  constexpr bool kStage = QUANT != kNone && !FUSED && BLOCK * ITEMS * kQuads * 16 <= 16 * 1024;
+  __shared__ float4 stage[kStage ? BLOCK * ITEMS * kQuads : 1];
   const int lane = static_cast<int>(threadIdx.x) % TPR;
   const int slot = static_cast<int>(threadIdx.x) / TPR;
   const float unweighted = __fadd_rn(offset, 1.f);

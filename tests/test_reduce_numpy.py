@@ -13,8 +13,9 @@ from cukern._dtypes import BFLOAT16, dtype_name
 _NP = {
     "sum": np.sum, "mean": np.mean, "prod": np.prod, "amax": np.max, "amin": np.min, "nansum": np.nansum,
     "var": np.var, "std": np.std, "nanmax": np.nanmax, "nanmin": np.nanmin, "nanmean": np.nanmean,
-    "sum_of_squares": lambda x, dtype=None: np.sum(x.astype(np.uint64 if x.dtype.kind == "u" else np.int64) ** 2,
-                                                   dtype=dtype) if x.dtype.kind in "biu" else np.sum(np.square(x.astype(dtype or x.dtype)), dtype=dtype),
+    "sum_of_squares": lambda x, axis=None, dtype=None: np.sum(
+        x.astype(np.uint64 if x.dtype.kind == "u" else np.int64) ** 2, axis=axis, dtype=dtype)
+    if x.dtype.kind in "biu" else np.sum(np.square(x.astype(dtype or x.dtype)), axis=axis, dtype=dtype),
     "norm": lambda x, dtype=None: np.linalg.norm(x),
     "count_nonzero": lambda x, dtype=None: np.int64(np.count_nonzero(x)),
 }
