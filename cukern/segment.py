@@ -238,6 +238,8 @@ def _run(op: str, x, offsets, out, check: bool):
     if out is not None:
         out = _validate_out(out, call.shape, x, offsets)
     with on_device(x.data.device_id):
+        if not offsets.flags.c_contiguous:  # the kernels read offsets[s] at unit stride
+            offsets = cp.ascontiguousarray(offsets)
         if check:
             check_offsets(offsets, x.shape[0])
         direct = out is not None and out.flags.c_contiguous
@@ -261,7 +263,8 @@ the segment's length, so each result's bits depend only on that segment's values
 Parameters
 ----------
 x : cupy.ndarray of float32, float16, bfloat16 or float64, shape ``[rows, ...]``; any strides.
-offsets : cupy.ndarray of int32 or int64, shape ``[segments + 1]``, non-decreasing, within ``[0, rows]``.
+offsets : cupy.ndarray of int32 or int64, shape ``[segments + 1]``, non-decreasing, within ``[0, rows]``; any
+    stride (a strided view is copied to a contiguous one first).
 out : cupy.ndarray of x's dtype and shape ``[segments, ...]``, optional; must not overlap x or offsets.
 check_offsets : bool
     Check the offsets on the GPU first and wait for the answer (a host synchronization, refused under

@@ -188,6 +188,14 @@ def test_strided_negative_and_misaligned_views(dtype, rng):
         oh = _offsets(rng, xh.shape[0], 13)
         for op in OPS:
             _check(op, x, np.ascontiguousarray(xh), cupy.asarray(oh), oh)
+    # offsets as strided and reversed views (the kernels read a contiguous copy)
+    xh = base_h[:, 0, 0]
+    oh = _offsets(rng, xh.shape[0], 13)
+    spread = cupy.zeros(2 * oh.size, oh.dtype)
+    spread[::2] = cupy.asarray(oh)
+    for o in (spread[::2], cupy.asarray(oh[::-1].copy())[::-1]):
+        for op in OPS:
+            _check(op, base[:, 0, 0], np.ascontiguousarray(xh), o, oh)
 
 
 @pytest.mark.gpu
