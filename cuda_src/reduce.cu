@@ -44,6 +44,7 @@
 // 6. Profile: one add per element against sizeof(T) bytes: memory-bound; the target is the copy bandwidth.
 //    logsumexp spends an exp (about twenty correctly rounded operations) per element: near the compute
 //    bound for float32, which is why its rows kernel keeps more registers (row_min_blocks).
+#include "common/bounds.cuh"
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
@@ -612,7 +613,7 @@ __device__ __forceinline__ void full_reduce_body(O* out, state_t<O, OP>* partial
 }
 
 template <typename T, typename O, int OP, int BLOCK, int UNROLL>
-__global__ void __launch_bounds__(BLOCK)
+__global__ void CUKERN_BOUNDS(BLOCK)
     reduce_full(O* out, state_t<O, OP>* partials, unsigned* counter, const T* x, long long n, long long stride,
                 int finalize, double divisor) {
   full_reduce_body<T, O, OP, BLOCK, UNROLL>(out, partials, counter, x, n, stride, finalize, divisor);
@@ -658,7 +659,7 @@ template <typename T, typename O, int OP, typename I> __host__ __device__ conste
 }
 
 template <typename T, typename O, int OP, int MAX_BLOCK, int UNROLL, int MIN_BLOCKS, typename I>
-__global__ void __launch_bounds__(MAX_BLOCK, row_min_blocks<T, O, OP, I>(MIN_BLOCKS))
+__global__ void __launch_bounds__(MAX_BLOCK, arch_min_blocks(row_min_blocks<T, O, OP, I>(MIN_BLOCKS)))
     reduce_rows(O* out, const T* x, long long rows, long long length, long long inner, long long s0, long long s1,
                 int tpr, int finalize, double divisor) {
   using A = state_t<O, OP>;
@@ -725,7 +726,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, row_min_blocks<T, O, OP, I>(MIN_BLO
 // [outer, spans, cols]: the span's tree (P = acc_t, finalize = FINISH_NONE) for reduce_cols_fold to finish
 // when spans > 1, the result when spans == 1.
 template <typename T, typename P, int OP, int VEC, int Q>
-__global__ void __launch_bounds__(COL_BLOCK)
+__global__ void CUKERN_BOUNDS(COL_BLOCK)
     reduce_cols(P* out, const T* x, long long outer, long long rows, long long cols, long long s_outer,
                 long long s_row, long long span, int spans, int strips, int vector, int finalize, double divisor) {
   using A = state_t<P, OP>;

@@ -44,6 +44,7 @@
 // rotary_first_bad_position is the host-checked mode's guard: one block finds the first token whose
 // position is out of range (reading ahead UNROLL positions a thread) and writes it into pinned host memory,
 // so the host syncs once, reads it without a copy and raises before the rotation is launched.
+#include "common/bounds.cuh"
 #include "common/dtype.cuh"
 #include "common/rope.cuh"
 #include "common/vec.cuh"
@@ -163,7 +164,7 @@ struct RotaryParams {
 
 // k may be null when heads == q_heads.
 template <typename T, typename C, int VEC, bool NEOX, int ITEMS, int MAX_BLOCK, int MIN_BLOCKS>
-__global__ void __launch_bounds__(MAX_BLOCK, MIN_BLOCKS)
+__global__ void __launch_bounds__(MAX_BLOCK, arch_min_blocks(MIN_BLOCKS))
     rotary_embedding(T* __restrict__ q, T* __restrict__ k, const C* __restrict__ cache,
                      const void* __restrict__ positions, const __grid_constant__ RotaryParams p) {
   using Unit = RotaryUnit<T, VEC, NEOX>;

@@ -33,6 +33,7 @@
 // 5. Tuning: none: the launch follows from the shape (which kernel, blocks of 256 / 128 threads).
 // 6. Profile: one combine an element against sizeof(T) bytes: memory-bound; the target is the copy
 //    bandwidth.
+#include "common/bounds.cuh"
 #include "common/dtype.cuh"
 #include "common/reduce.cuh"
 
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(SEG_WARP_BLOCK)
 // subtrees of the one tree (four to a leaf), so the thread's own stack in shared memory, counting groups,
 // merges them into the same tree the warp kernel's shuffles and leaf stack form.
 template <typename T, int OP, typename I>
-__global__ void __launch_bounds__(SEG_COL_BLOCK)
+__global__ void CUKERN_BOUNDS(SEG_COL_BLOCK)
     segment_cols(T* out, const T* x, const I* offsets, const __grid_constant__ SegParams p) {
   using A = seg_acc_t<T>;
   using C = typename SegCombine<OP>::type;

@@ -2051,7 +2051,7 @@ def test_lift_modes_add_no_kernels_and_compact_ops_few():
             pl = P.plan((7, length), np.float32, 1, op="nansum", knobs=knobs)
             assert pl.layout.kind != "rows" or pl.kernel.block == P.ROW_SMALL_BLOCK, (knobs, length)
     # The full kernel hands the lift to its chunks (the one line reduce_full's body needs for it).
-    assert "lift_of(finalize)" in src[src.index("void full_reduce_body"):src.index("__global__ void __launch_bounds__(BLOCK)\n    reduce_full")]
+    assert "lift_of(finalize)" in src[src.index("void full_reduce_body"):src.index("__global__ void CUKERN_BOUNDS(BLOCK)\n    reduce_full")]
 
 
 def test_new_ops_plan_only_instantiated_kernels():
