@@ -330,23 +330,21 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
       // is issue-bound, not memory-bound, with two passes. Otherwise y is formed twice, the same
       // operations on the same values. The weight is loaded in each pass (from L1: every row reads the
       // same one) rather than held, so that fewer registers a thread let more rows be resident.
-      const auto weights = [&](int k) {
+      const auto values = [&](int k, float (&y)[VEC]) {  // y of item k
         Pack<W, VEC> w;
         if (weight != nullptr) load(w, weight + (lane + k * TPR) * VEC);
-        return w;
-      };
-      const auto value = [&](int k, int j, const Pack<W, VEC>& w) {
-        return scaled(to_float(a[k].v[j]), inv, weight != nullptr ? __fadd_rn(offset, to_float(w.v[j])) : unweighted);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          y[j] = scaled(to_float(a[k].v[j]), inv, weight != nullptr ? __fadd_rn(offset, to_float(w.v[j])) : unweighted);
+        }
       };
       if (fp8.scales == nullptr) {  // a static scale: one pass
         const float rcp = __frcp_rn(fp8.scale);
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
           if (in[k]) {
-            const Pack<W, VEC> w = weights(k);
             float y[VEC];
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) y[j] = value(k, j, w);
+            values(k, y);
             store_e4m3(orow + (lane + k * TPR) * VEC, y, rcp);
           }
         }
@@ -355,13 +353,10 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
           if (in[k]) {
-            const Pack<W, VEC> w = weights(k);
             float y[VEC];
+            values(k, y);
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-              y[j] = value(k, j, w);
-              amax = max_nan(amax, fabsf(y[j]));
-            }
+            for (int j = 0; j < VEC; ++j) amax = max_nan(amax, fabsf(y[j]));
             if constexpr (kStage) stage_put<VEC, BLOCK>(stage, k, y);
           }
         }
@@ -382,9 +377,7 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
             if constexpr (kStage) {
               stage_get<VEC, BLOCK>(y, stage, k);
             } else {
-              const Pack<W, VEC> w = weights(k);
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) y[j] = value(k, j, w);
+              values(k, y);
             }
             store_e4m3(orow + (lane + k * TPR) * VEC, y, rcp);
           }

@@ -57,6 +57,20 @@ def check_no_overlap(a, a_name: str, b, b_name: str, *, identical_ok: bool) -> N
         raise ValueError(f"{a_name} {how} {b_name}; pass a separate array" + (" or the same one" if identical_ok else ""))
 
 
+def check_out(out, shape, dtype, x):
+    """An ``out`` argument as a CuPy view: of the result's ``shape`` and ``dtype`` (None: any dtype, the
+    caller casts into it), on x's device, writable; overlap is the caller's to check (in-place ops allow
+    some)."""
+    out = as_array(out, "out", writable=True)
+    if out.shape != shape:
+        raise ValueError(f"out has shape {out.shape}; the result has shape {shape}")
+    if dtype is not None and out.dtype != dtype:
+        raise TypeError(f"out has dtype {dtype_name(out.dtype)}; the result has dtype {dtype_name(dtype)}")
+    check_same_device({"x": x, "out": out})
+    check_writable(out, "out")
+    return out
+
+
 def check_writable(a, name: str) -> None:
     """A written array must not alias itself (a broadcast view with a zero stride, say)."""
     if a.size and any(s == 0 and n > 1 for n, s in zip(a.shape, a.strides)):

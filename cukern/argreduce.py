@@ -39,7 +39,7 @@ import cukern._check as _check
 import cukern._tuned as _tuned
 
 from ._compile import Instantiation, get_kernel
-from ._dtypes import BFLOAT16, dtype_name
+from ._dtypes import BFLOAT16
 from ._launch import (
     CallCache,
     LaunchConfig,
@@ -348,13 +348,7 @@ def _prepare(op: str, x, axis, keepdims, knobs: Knobs | None, sm: int | None) ->
 
 
 def _validate_out(out, shape, x):
-    out = _check.as_array(out, "out", writable=True)
-    if out.shape != shape:
-        raise ValueError(f"out has shape {out.shape}; the result has shape {shape}")
-    if out.dtype != np.int64:
-        raise TypeError(f"out has dtype {dtype_name(out.dtype)}; the result has dtype int64")
-    _check.check_same_device({"x": x, "out": out})
-    _check.check_writable(out, "out")
+    out = _check.check_out(out, shape, np.dtype(np.int64), x)
     _check.check_no_overlap(out, "out", x, "x", identical_ok=False)
     return out
 

@@ -361,15 +361,11 @@ def _validate_out(out, shape, dtype, x):
     """``out`` checked for the result's ``shape``; any dtype, into which the ``dtype`` result is cast as
     NumPy's and CuPy's reductions cast (unsafely: a float result truncated into an integer ``out``; a
     complex result into a real one drops the imaginary part, with NumPy's ComplexWarning)."""
-    out = _check.as_array(out, "out", writable=True)
-    if out.shape != shape:
-        raise ValueError(f"out has shape {out.shape}; the result has shape {shape}")
+    out = _check.check_out(out, shape, None, x)
     _check.check_dtype(out, "out", NUMERIC)
     if out_cast(dtype, out.dtype) == "ComplexWarning":
         warnings.warn("Casting complex values to real discards the imaginary part", np.exceptions.ComplexWarning,
                       stacklevel=4)
-    _check.check_same_device({"x": x, "out": out})
-    _check.check_writable(out, "out")
     _check.check_no_overlap(out, "out", x, "x", identical_ok=False)
     return out
 

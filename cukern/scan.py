@@ -254,13 +254,7 @@ def _prepare(op: str, x, axis, dtype, out) -> _Call:
 
 
 def _validate_out(out, call: _Call, x):
-    out = _check.as_array(out, "out", writable=True)
-    if out.shape != call.shape:
-        raise ValueError(f"out has shape {out.shape}; the result has shape {call.shape}")
-    if out.dtype != call.out_dtype:
-        raise TypeError(f"out has dtype {dtype_name(out.dtype)}; the result has dtype {dtype_name(call.out_dtype)}")
-    _check.check_same_device({"x": x, "out": out})
-    _check.check_writable(out, "out")
+    out = _check.check_out(out, call.shape, call.out_dtype, x)
     same = out.data.ptr == x.data.ptr and out.dtype == x.dtype and (
         out.strides == x.strides or (out.ndim == 1 and x.flags.c_contiguous))
     if not same:

@@ -207,13 +207,7 @@ def check_offsets(offsets, rows: int) -> None:
 
 
 def _validate_out(out, shape, x, offsets):
-    out = _check.as_array(out, "out", writable=True)
-    if out.shape != shape:
-        raise ValueError(f"out has shape {out.shape}; the result has shape {shape}")
-    if out.dtype != x.dtype:
-        raise TypeError(f"out has dtype {dtype_name(out.dtype)}; the result has x's dtype {dtype_name(x.dtype)}")
-    _check.check_same_device({"x": x, "out": out})
-    _check.check_writable(out, "out")
+    out = _check.check_out(out, shape, x.dtype, x)
     _check.check_no_overlap(out, "out", x, "x", identical_ok=False)
     _check.check_no_overlap(out, "out", offsets, "offsets", identical_ok=False)
     return out

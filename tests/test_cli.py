@@ -217,3 +217,8 @@ def test_results_file_has_the_documented_form():
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU message")
 def test_ladder_without_gpu_says_so_and_exits_2():
     assert_one_line_error(cukern("ladder", "--n", "1000"), "no CUDA GPU")
+
+
+def test_package_main_points_at_the_lab():
+    r = subprocess.run([sys.executable, "-m", "cukern"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "python -m cukern.lab" in r.stderr

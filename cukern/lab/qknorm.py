@@ -114,14 +114,7 @@ def _measure(tokens, nh, nkv, hd, dtype, qkv_view: bool):
 
 
 def _describe(shape, dt, params, device, knobs):
-    tokens, nh, hd = shape
-    nkv, neox = int(params["kv_heads"]), bool(int(params["neox"]))
-    rot = int(params["rotary_dim"] or hd)
-    cache_dt = np.dtype(np.float32)
-    heads = nh + 2 * nkv if int(params["qkv_view"]) else nh
-    strides = tuple(s * dt.itemsize for s in (heads * hd, hd, 1))
-    q = ArraySpec((tokens, nh, hd), strides, dt)
-    k = ArraySpec((tokens, nkv, hd), strides, dt)
+    tokens, nh, hd, nkv, neox, rot, cache_dt, q, k = rope_lab.heads_of(shape, dt, params)
     w = ArraySpec.fresh((hd,), dt)
     vec = op.vector_width(q, k, w, w, ArraySpec.fresh((MAX_POSITION, rot), cache_dt), rot, neox, rot // 2)
     knobs = op.DEFAULT_KNOBS if knobs is None else knobs

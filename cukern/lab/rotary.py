@@ -155,15 +155,22 @@ def _measure(tokens, nh, nkv, hd, dtype, neox: bool, qkv_view: bool):
     return lambda: _rotate(s, neox)
 
 
-def _describe(shape, dt, params, device, knobs):
+def heads_of(shape, dt, params):
+    """The card's query and key from its shape and params (also the fused QK-norm card's): (tokens, query
+    heads, head size, kv heads, NeoX, rotary_dim, the float32 cache dtype, query spec, key spec), query and key
+    views into one fused qkv buffer when ``qkv_view``."""
     tokens, nh, hd = shape
     nkv, neox = int(params["kv_heads"]), bool(int(params["neox"]))
     rot = int(params["rotary_dim"] or hd)
-    cache_dt = np.dtype(np.float32)
     heads = nh + 2 * nkv if int(params["qkv_view"]) else nh
     strides = tuple(s * dt.itemsize for s in (heads * hd, hd, 1))
     q = ArraySpec((tokens, nh, hd), strides, dt)
     k = ArraySpec((tokens, nkv, hd), strides, dt)
+    return tokens, nh, hd, nkv, neox, rot, np.dtype(np.float32), q, k
+
+
+def _describe(shape, dt, params, device, knobs):
+    tokens, nh, hd, nkv, neox, rot, cache_dt, q, k = heads_of(shape, dt, params)
     vec = rotary.vector_width(q, k, ArraySpec.fresh((MAX_POSITION, rot), cache_dt), rot, neox, rot // 2)
     knobs = rotary.DEFAULT_KNOBS if knobs is None else knobs
     p = rotary.plan(tokens, nh, nkv, rot, vec, neox, device.sm_count, knobs)
