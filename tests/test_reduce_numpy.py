@@ -174,7 +174,9 @@ def _check(got, want, exact):
     if exact:
         assert np.array_equal(got, want)
     else:
-        np.testing.assert_allclose(got, want, rtol=1e-5 if want.dtype in (np.float32, np.complex64) else 1e-12)
+        # the data are standard normal and the slices short: an absolute term covers sums that cancel
+        single = want.dtype in (np.float32, np.complex64)
+        np.testing.assert_allclose(got, want, rtol=1e-5 if single else 1e-12, atol=1e-5 if single else 1e-12)
 
 
 _NEW = ("int8", "int16", "uint8", "uint16", "uint32", "uint64", "bool", "complex64", "complex128")
