@@ -1,4 +1,5 @@
-// Arg-reductions: argmax, argmin, nanargmax, nanargmin (cukern/argreduce.py).
+// Arg-reductions: argmax, argmin, nanargmax, nanargmin (cukern/argreduce.py); for complex inputs also the
+// index cukern.amax / amin / nanmax / nanmin gather their result from (cukern/reduce.py).
 //
 //   out[r] = the least i in [0, n) whose x[r, i] is best: the largest (argmax) or smallest (argmin) value,
 //            a NaN counting as better than any number (NumPy: the first NaN wins), or, for the nan forms, as
@@ -10,6 +11,9 @@
 // pairs meet first, so any split over threads, blocks and launches gives the same index: the result
 // depends on the values alone, never on the grid, the block, the knobs, the SM count or the GPU, with
 // no fixed tree to keep (cukern/reference.py `argmax_emulated` and its siblings compute the same keys).
+// Complex numbers are ordered as NumPy orders them, lexicographically (real part, then imaginary part), so
+// their key is the real part's key followed by the imaginary part's: 64 bits for complex64, two 64-bit
+// words (Key128) for complex128, where a NaN in either part makes the whole element a NaN.
 //
 // The six questions (cukern/argreduce.py `plan` keeps the launch math as a pure plan; the card in
 // cukern/lab/argreduce.py shows the same answers):
@@ -40,17 +44,70 @@ constexpr int ARG_UNROLL = 4;
 constexpr long long NO_INDEX = 0x7fffffffffffffffll;
 
 // How the bits of an element are ordered (cukern/argreduce.py KINDS): IEEE floats of 4 or 8 bytes, the
-// two 16-bit floats, two's complement and unsigned integers, and bool (any nonzero byte is True).
-enum : int { KIND_FLOAT = 0, KIND_HALF = 1, KIND_BFLOAT = 2, KIND_SIGNED = 3, KIND_UNSIGNED = 4, KIND_BOOL = 5 };
+// two 16-bit floats, two's complement and unsigned integers, bool (any nonzero byte is True), and complex
+// numbers of two IEEE parts (8 or 16 bytes, the real part first in memory).
+enum : int { KIND_FLOAT = 0, KIND_HALF = 1, KIND_BFLOAT = 2, KIND_SIGNED = 3, KIND_UNSIGNED = 4, KIND_BOOL = 5,
+             KIND_COMPLEX = 6 };
 
 template <int BYTES> struct Bits;
 template <> struct Bits<1> { using type = unsigned char; };
 template <> struct Bits<2> { using type = unsigned short; };
 template <> struct Bits<4> { using type = unsigned; };
 template <> struct Bits<8> { using type = unsigned long long; };
+template <> struct Bits<16> { using type = ulonglong2; };  // complex128: one 16-byte load, x the real part
 
-// Keys of up to 32 bits are compared as 32-bit words, 64-bit ones as such.
-template <int BYTES> using key_t = typename Bits<(BYTES < 4 ? 4 : BYTES)>::type;
+// A complex128 key: the real part's 64-bit key (hi), then the imaginary part's (lo), compared
+// lexicographically. An aggregate without constructors, so shared memory can hold it; splat makes one.
+struct Key128 {
+  unsigned long long hi, lo;
+};
+__device__ __forceinline__ bool operator>(const Key128& a, const Key128& b) {
+  return a.hi > b.hi || (a.hi == b.hi && a.lo > b.lo);
+}
+__device__ __forceinline__ bool operator==(const Key128& a, const Key128& b) { return a.hi == b.hi && a.lo == b.lo; }
+
+// Keys of up to 32 bits are compared as 32-bit words, 64-bit ones as such, 128-bit ones as Key128.
+template <int BYTES> struct KeyOf { using type = typename Bits<(BYTES < 4 ? 4 : BYTES)>::type; };
+template <> struct KeyOf<16> { using type = Key128; };
+template <int BYTES> using key_t = typename KeyOf<BYTES>::type;
+
+// A key whose every word is v (the launch's flip and nan_key are 0 or all ones; 0 is the no-key key).
+template <typename K> __device__ __forceinline__ K splat(unsigned long long v) {
+  if constexpr (sizeof(K) == 16) {
+    return K{v, v};
+  } else {
+    return static_cast<K>(v);
+  }
+}
+
+// One IEEE part of a complex number (4 or 8 bytes): whether it is a NaN, and its order bits as the float
+// kind's key below (-0 as +0) before any flip.
+template <typename P> __device__ __forceinline__ bool part_is_nan(P b) {
+  constexpr P kSign = static_cast<P>(P(1) << (8 * sizeof(P) - 1));
+  constexpr P kInf = static_cast<P>(sizeof(P) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
+  return static_cast<P>(b & ~kSign) > kInf;
+}
+template <typename P> __device__ __forceinline__ P part_order(P b) {
+  constexpr P kSign = static_cast<P>(P(1) << (8 * sizeof(P) - 1));
+  const P mag = static_cast<P>(b & ~kSign);
+  return (b & kSign) && mag ? static_cast<P>(~b) : static_cast<P>(mag | kSign);
+}
+
+// A complex element's key: NaN if either part is (NumPy's max, min, argmax and argmin let such an element
+// win, its nan forms skip it), else the real part's order bits over the imaginary part's, all flipped for
+// the minima (flipping every bit reverses the lexicographic order too). No number's key is 0 or all ones
+// (the real part's word never is), so the all-NaN test below holds for complex rows as well.
+template <int BYTES>
+__device__ __forceinline__ key_t<BYTES> complex_key(typename Bits<BYTES>::type b, key_t<BYTES> flip, key_t<BYTES> nan_key) {
+  if constexpr (BYTES == 8) {
+    const unsigned re = static_cast<unsigned>(b), im = static_cast<unsigned>(b >> 32);
+    if (part_is_nan(re) || part_is_nan(im)) return nan_key;
+    return ((static_cast<unsigned long long>(part_order(re)) << 32) | part_order(im)) ^ flip;
+  } else {
+    if (part_is_nan(b.x) || part_is_nan(b.y)) return nan_key;
+    return Key128{part_order(b.x) ^ flip.hi, part_order(b.y) ^ flip.lo};
+  }
+}
 
 // The bits of a positive infinity: a float's magnitude above it is a NaN.
 template <int KIND, int BYTES> __device__ __forceinline__ constexpr unsigned long long infinity_bits() {
@@ -62,24 +119,28 @@ template <int KIND, int BYTES> __device__ __forceinline__ constexpr unsigned lon
 // them equal and the first of them wins), then `flip` (all ones for argmin, else 0) reverses the order;
 // a NaN takes `nan_key` whatever `flip` is: all ones (it beats every number) or 0 (it loses to every
 // number). No number's key is 0 or all ones, so a row's best key is 0 exactly when the row is all NaN.
-// Integers: the sign bit inverted (signed) or the bits as they are, then `flip`.
+// Integers: the sign bit inverted (signed) or the bits as they are, then `flip`. Complex: complex_key.
 template <int KIND, int BYTES>
 __device__ __forceinline__ key_t<BYTES> element_key(typename Bits<BYTES>::type b, key_t<BYTES> flip, key_t<BYTES> nan_key) {
-  using U = typename Bits<BYTES>::type;
-  using K = key_t<BYTES>;
-  constexpr U kSign = static_cast<U>(U(1) << (8 * BYTES - 1));
-  constexpr K kMask = static_cast<K>(static_cast<U>(~U(0)));
-  if constexpr (KIND == KIND_BOOL) {
-    return (b != 0 ? K(1) : K(0)) ^ (flip & kMask);
-  } else if constexpr (KIND == KIND_SIGNED) {
-    return static_cast<K>(static_cast<U>(b ^ kSign)) ^ (flip & kMask);
-  } else if constexpr (KIND == KIND_UNSIGNED) {
-    return static_cast<K>(b) ^ (flip & kMask);
+  if constexpr (KIND == KIND_COMPLEX) {
+    return complex_key<BYTES>(b, flip, nan_key);
   } else {
-    const U mag = static_cast<U>(b & static_cast<U>(~kSign));
-    if (mag > static_cast<U>(infinity_bits<KIND, BYTES>())) return nan_key & kMask;
-    const U ordered = (b & kSign) && mag ? static_cast<U>(~b) : static_cast<U>(mag | kSign);
-    return static_cast<K>(ordered) ^ (flip & kMask);
+    using U = typename Bits<BYTES>::type;
+    using K = key_t<BYTES>;
+    constexpr U kSign = static_cast<U>(U(1) << (8 * BYTES - 1));
+    constexpr K kMask = static_cast<K>(static_cast<U>(~U(0)));
+    if constexpr (KIND == KIND_BOOL) {
+      return (b != 0 ? K(1) : K(0)) ^ (flip & kMask);
+    } else if constexpr (KIND == KIND_SIGNED) {
+      return static_cast<K>(static_cast<U>(b ^ kSign)) ^ (flip & kMask);
+    } else if constexpr (KIND == KIND_UNSIGNED) {
+      return static_cast<K>(b) ^ (flip & kMask);
+    } else {
+      const U mag = static_cast<U>(b & static_cast<U>(~kSign));
+      if (mag > static_cast<U>(infinity_bits<KIND, BYTES>())) return nan_key & kMask;
+      const U ordered = (b & kSign) && mag ? static_cast<U>(~b) : static_cast<U>(mag | kSign);
+      return static_cast<K>(ordered) ^ (flip & kMask);
+    }
   }
 }
 
@@ -100,15 +161,23 @@ template <typename K> __device__ __forceinline__ void offer(Best<K>& b, K key, l
 // The pair order as a combine for common/reduce.cuh: commutative bit for bit, since two distinct pairs
 // never tie.
 struct ArgBest {
-  template <typename B> __device__ __forceinline__ static B identity() { return B{0, NO_INDEX}; }
+  template <typename B> __device__ __forceinline__ static B identity() { return B{splat<decltype(B::key)>(0), NO_INDEX}; }
   template <typename B> __device__ __forceinline__ static B apply(B a, B b) { return beats(b.key, b.index, a) ? b : a; }
 };
 
 // common/reduce.cuh's shuffle for a pair, field by field (its trees find this overload by argument-dependent
-// lookup, so block_tree_reduce takes pairs as they are).
-template <typename K> __device__ __forceinline__ Best<K> shuffle_xor(Best<K> v, int m) {
-  return {__shfl_xor_sync(0xffffffffu, v.key, m), __shfl_xor_sync(0xffffffffu, v.index, m)};
+// lookup, so block_tree_reduce takes pairs as they are); a Key128 word by word.
+template <typename K> __device__ __forceinline__ K shuffle_key(K k, int m) { return __shfl_xor_sync(0xffffffffu, k, m); }
+__device__ __forceinline__ Key128 shuffle_key(Key128 k, int m) {
+  return {__shfl_xor_sync(0xffffffffu, k.hi, m), __shfl_xor_sync(0xffffffffu, k.lo, m)};
 }
+template <typename K> __device__ __forceinline__ Best<K> shuffle_xor(Best<K> v, int m) {
+  return {shuffle_key(v.key, m), __shfl_xor_sync(0xffffffffu, v.index, m)};
+}
+
+// A partial's key read past L1 (another block wrote it), word by word.
+template <typename K> __device__ __forceinline__ K load_key_cg(const K* k) { return __ldcg(k); }
+__device__ __forceinline__ Key128 load_key_cg(const Key128* k) { return {__ldcg(&k->hi), __ldcg(&k->lo)}; }
 
 // The block's best pair, in every thread (parity as for common/reduce.cuh's block_tree_reduce).
 template <typename K> __device__ __forceinline__ Best<K> block_best(const Best<K>& v, Best<K>* scratch, int parity) {
@@ -135,13 +204,13 @@ __device__ __forceinline__ long long row_start(unsigned row, const ArgParams& p)
 
 template <int KIND, int BYTES>
 __device__ __forceinline__ key_t<BYTES> key_at(const typename Bits<BYTES>::type* x, long long at, const ArgParams& p) {
-  return element_key<KIND, BYTES>(x[at], static_cast<key_t<BYTES>>(p.flip), static_cast<key_t<BYTES>>(p.nan_key));
+  return element_key<KIND, BYTES>(x[at], splat<key_t<BYTES>>(p.flip), splat<key_t<BYTES>>(p.nan_key));
 }
 
 template <typename K> __device__ __forceinline__ void finish_row(long long* out, int* all_nan, unsigned row,
                                                                  const Best<K>& b, const ArgParams& p) {
   out[row] = b.index;
-  if (p.check_nan && b.key == 0) *all_nan = 1;
+  if (p.check_nan && b.key == splat<K>(0)) *all_nan = 1;
 }
 
 // One block searches indices [first, first + count) of a row starting at x. Each thread offers its own
@@ -154,7 +223,7 @@ __device__ __forceinline__ Best<key_t<BYTES>> search_span(const typename Bits<BY
   using K = key_t<BYTES>;
   constexpr int VEC = 16 / BYTES;
   constexpr unsigned kStep = ARG_BLOCK * ARG_UNROLL;
-  Best<K> b{0, NO_INDEX};
+  Best<K> b{splat<K>(0), NO_INDEX};
   const unsigned t = threadIdx.x;
   if (p.stride == 1) {
     const U* s = x + first;
@@ -169,7 +238,7 @@ __device__ __forceinline__ Best<key_t<BYTES>> search_span(const typename Bits<BY
     // increasing order, so only a strictly larger key replaces the best (an equal one comes later and
     // loses). It starts as key 0 (no key is below it) at the thread's first element, which the first
     // comparison keeps if that element's key is 0. The 64-bit index is formed once, after the loop.
-    K best_key = 0;
+    K best_key = splat<K>(0);
     unsigned best_at = t * VEC;
     for (unsigned v0 = t; v0 < vectors; v0 += kStep) {
       Pack<U, VEC> pk[ARG_UNROLL];
@@ -183,7 +252,7 @@ __device__ __forceinline__ Best<key_t<BYTES>> search_span(const typename Bits<BY
         if (v < vectors) {
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            const K k = element_key<KIND, BYTES>(pk[u].v[j], static_cast<K>(p.flip), static_cast<K>(p.nan_key));
+            const K k = element_key<KIND, BYTES>(pk[u].v[j], splat<K>(p.flip), splat<K>(p.nan_key));
             const bool better = k > best_key;
             best_key = better ? k : best_key;
             best_at = better ? v * VEC + j : best_at;
@@ -208,7 +277,7 @@ __device__ __forceinline__ Best<key_t<BYTES>> search_span(const typename Bits<BY
       for (int u = 0; u < ARG_UNROLL; ++u) {
         const unsigned i = i0 + u * ARG_BLOCK;
         if (i < count) {
-          offer(b, element_key<KIND, BYTES>(v[u], static_cast<K>(p.flip), static_cast<K>(p.nan_key)), first + i);
+          offer(b, element_key<KIND, BYTES>(v[u], splat<K>(p.flip), splat<K>(p.nan_key)), first + i);
         }
       }
     }
@@ -248,9 +317,9 @@ __global__ void __launch_bounds__(ARG_BLOCK)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  Best<K> folded{0, NO_INDEX};
+  Best<K> folded{splat<K>(0), NO_INDEX};
   for (unsigned s = threadIdx.x; s < spans; s += ARG_BLOCK) {
-    const Best<K> q{__ldcg(&partials[row * spans + s].key), __ldcg(&partials[row * spans + s].index)};
+    const Best<K> q{load_key_cg(&partials[row * spans + s].key), __ldcg(&partials[row * spans + s].index)};
     folded = ArgBest::apply(folded, q);
   }
   const Best<K> w = block_best(folded, scratch, 1);
@@ -270,7 +339,7 @@ __global__ void __launch_bounds__(ARG_BLOCK)
   const long long r = static_cast<long long>(blockIdx.x) * ARG_BLOCK + threadIdx.x;
   if (r >= p.rows) return;
   const U* s = x + row_start(static_cast<unsigned>(r), p);
-  Best<K> b{0, NO_INDEX};
+  Best<K> b{splat<K>(0), NO_INDEX};
   for (long long i0 = 0; i0 < p.n; i0 += ARG_UNROLL) {
     U v[ARG_UNROLL];
 #pragma unroll
@@ -279,7 +348,7 @@ __global__ void __launch_bounds__(ARG_BLOCK)
     }
 #pragma unroll
     for (int u = 0; u < ARG_UNROLL; ++u) {
-      if (i0 + u < p.n) offer(b, element_key<KIND, BYTES>(v[u], static_cast<K>(p.flip), static_cast<K>(p.nan_key)), i0 + u);
+      if (i0 + u < p.n) offer(b, element_key<KIND, BYTES>(v[u], splat<K>(p.flip), splat<K>(p.nan_key)), i0 + u);
     }
   }
   finish_row(out, all_nan, static_cast<unsigned>(r), b, p);

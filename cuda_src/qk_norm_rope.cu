@@ -121,6 +121,23 @@ __global__ void __launch_bounds__(BLOCK)
       }
     }
     const long long pos = live ? read_position(positions, p.pos64, tok * p.pos_stride) : -1;
+    const bool turned = live && pos >= 0 && pos < p.cache_rows;
+    const C* row = cache + (turned ? pos : 0) * p.cache_ts;
+    const C* sin_row = row + p.sin_offset;
+    // The token's cos and sin (a cold line from DRAM for the first of its heads on this SM) are asked for
+    // now, so that their latency overlaps the head's loads and the norm rather than following them.
+    if constexpr ((NEOX && PAIR > 0) || (!NEOX && VEC > 1)) {
+      if (turned) {
+#pragma unroll
+        for (int i = 0; i < (NEOX ? PAIR : ITEMS); ++i) {
+          const int at = NEOX ? (lane + i * TPR) * VEC : (lane + i * TPR) * VEC / 2;
+          if (at < half) {
+            prefetch_l1(row + at);
+            prefetch_l1(sin_row + at);
+          }
+        }
+      }
+    }
 
     // The sum of squares in rms_norm.cu's tree: item i holds classes ((i % GROUPS) TPR + lane) VEC + j, the
     // items of one class in index order; empty slots add +0.
@@ -156,9 +173,6 @@ __global__ void __launch_bounds__(BLOCK)
       round_into(a[i], f);
     }
 
-    const bool turned = live && pos >= 0 && pos < p.cache_rows;
-    const C* row = cache + (turned ? pos : 0) * p.cache_ts;
-    const C* sin_row = row + p.sin_offset;
     if constexpr (NEOX && PAIR > 0) {
       // Item i < PAIR holds x of pairs (lane + i TPR) VEC + j, item i + PAIR their y.
       if (turned) {

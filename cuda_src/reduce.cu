@@ -4,7 +4,9 @@
 // One tree per reduced length (issue 13). Each output reduces n values v_i = lift(x_i), i the C-order index
 // over the reduced axes of x as the caller sees them (strides, alignment and memory order play no part):
 //   * leaves of LEAF = 256 consecutive indices; in leaf k, chain c (c < 32) adds v_{256k + c + 32m},
-//     m = 0..7, one after another into the identity (0 for sums, -inf / +inf for max / min);
+//     m = 0..7, one after another into the identity (0 for sums, -inf / +inf for max / min); var and
+//     logsumexp form a chain's state from its (up to) eight elements at once (chain_state: one division a
+//     chain for var's mean, one exp an element for logsumexp), not by merging one element at a time;
 //   * the chain values, in order of 32k + c, are the leaves of a perfect binary tree with neighbours
 //     paired first ((p0 + p1) + (p2 + p3)) + ..., their count padded to a power of two with the identity.
 // Every kernel below is a different split of that one tree over threads, warps, blocks and launches, so
@@ -14,8 +16,9 @@
 // rounds the same); max and min are commutative bit for bit (+0 beats -0 in max, -0 in min; a NaN gives
 // a NaN). Integer sums are exact and wrap as int64, so their order is immaterial; so are integer products.
 // The lift of sum, max and min is a run-time mode (LIFT_*: NaN to the identity, x != 0 to 1 or 0), so the
-// NaN-aware ops and the counts share their kernels. Float products multiply with __fmul_rn; logsumexp
-// carries (max, scaled sum) and merges with cukern's own exp and log (exp_nonpositive, log_at_least_one),
+// NaN-aware ops and the counts share their kernels. Float products multiply with __fmul_rn; var carries
+// (count, mean, M2) and merges chains with Chan's formula; logsumexp carries (max, scaled sum) and merges
+// chains with cukern's own exp and log (exp_nonpositive, log_at_least_one),
 // made of correctly rounded steps only. cukern/reference.py (`*_emulated`) evaluates the same tree in
 // NumPy with no launch parameter at all.
 //
@@ -42,8 +45,10 @@
 // 5. Tuning: block size, blocks per SM, loads in flight, threads per row, grid caps: all splits of the one
 //    tree, so any of them gives the same bits (cukern/reduce_plan.py `Knobs`).
 // 6. Profile: one add per element against sizeof(T) bytes: memory-bound; the target is the copy bandwidth.
-//    logsumexp spends an exp (about twenty correctly rounded operations) per element: near the compute
-//    bound for float32, which is why its rows kernel keeps more registers (row_min_blocks).
+//    var adds a subtraction, a square and two adds per element and a division per chain (the full merge
+//    per element cost a division each); logsumexp an exp (about twenty correctly rounded operations) per
+//    element, with no merge and its selects per element. Both hold a chain's eight loads at once, which is
+//    why their rows kernels keep more registers (row_min_blocks).
 #include "common/bounds.cuh"
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
@@ -363,13 +368,12 @@ template <typename T, typename S, int OP> __host__ __device__ constexpr int lift
 }
 
 // What one element v of input type T (in the accumulator scalar type S) contributes: its square for
-// OP_SUMSQ, the moments of v - shift for OP_VAR (shift is read only there), (v, 1) for OP_LSE; sum, max and
-// min apply the run-time `mode` (LIFT_*) among those lift_modes gives them.
-template <int OP, typename T, typename A, typename S> __device__ __forceinline__ A lift(S v, S shift, int mode) {
+// OP_SUMSQ; sum, max and min apply the run-time `mode` (LIFT_*) among those lift_modes gives them. var and
+// logsumexp lift no single element: their chains are formed whole (chain_state).
+template <int OP, typename T, typename A, typename S> __device__ __forceinline__ A lift(S v, S, int mode) {
+  static_assert(OP != OP_VAR && OP != OP_LSE, "var and logsumexp chains are formed by chain_state");
   constexpr int M = lift_modes<T, S, OP>();
-  if constexpr (OP == OP_VAR) return A{S(1), sub_rn(v, shift), S(0)};
-  else if constexpr (OP == OP_SUMSQ) return mul_rn(v, v);
-  else if constexpr (OP == OP_LSE) return A{v, S(1)};
+  if constexpr (OP == OP_SUMSQ) return mul_rn(v, v);
   else if constexpr (M == 1 << LIFT_PLAIN) return v;
   else if constexpr (M == ((1 << LIFT_PLAIN) | (1 << LIFT_SKIP_NAN))) return mode != LIFT_PLAIN && v != v ? identity<OP, A>() : v;
   else if constexpr (M == ((1 << LIFT_PLAIN) | (1 << LIFT_NONZERO))) return mode == LIFT_NONZERO ? S(v != S(0)) : v;
@@ -377,6 +381,70 @@ template <int OP, typename T, typename A, typename S> __device__ __forceinline__
     if (mode == LIFT_PLAIN) return v;
     if (mode == LIFT_SKIP_NAN) return v != v ? identity<OP, A>() : v;
     return (mode == LIFT_NONZERO ? v != S(0) : v == v) ? S(1) : S(0);
+  }
+}
+
+// How many of a chain's CHAIN_LENGTH elements lie below n when its first lies `left` = n - index before n:
+// the present ones are always a prefix in m order (indices grow by CHAINS a step).
+template <typename I> __device__ __forceinline__ int chain_count(I left) {
+  if (left <= 0) return 0;
+  return left > (CHAIN_LENGTH - 1) * CHAINS ? CHAIN_LENGTH : static_cast<int>((left + CHAINS - 1) / CHAINS);
+}
+
+// The state of one chain of var or logsumexp from its `count` present elements x[0 .. count) (m order) at
+// once, instead of lifting each element and merging it in with the full Chan or LogSumExp merge (a division,
+// or an exp and four selects, per element: compute-bound). The merges above the chains are unchanged.
+// var: d_m = v_m - shift, S1 = ((d_0 + d_1) + d_2) + ..., mean = S1 / count (one division a chain), then
+// M2 = ((e_0^2 + e_1^2) + e_2^2) + ..., e_m = d_m - mean (0 + e_0^2 is e_0^2 exactly, so M2 starts there):
+// (count, mean, M2). A non-finite d makes the mean an infinity or a NaN, which no later Chan merge makes
+// finite again and finish turns into the NaN result, whatever M2 holds.
+// logsumexp: m = the NaN-propagating Max of the elements (commutative, so order-free), then s = ((e^(v_0 - m)
+// + e^(v_1 - m)) + ...), one exp_nonpositive per element (the term of the maximum is 1 exactly). An infinite
+// or NaN m gives (m, 1): for such an m nothing after the chain reads s beyond s != 0. finish returns m for
+// any s != 0. LogSumExp::apply with a NaN operand adds the m's (a NaN) and the s's (no zero: every
+// non-identity s is at least 1); against an equal m (two +inf or two -inf) it adds the s's; against the
+// identity (s == 0) it returns this state; an m of -inf against a larger m, or a finite m against +inf, goes
+// in as s_lo * e^(-inf) = s_lo * 0 = 0 (s_lo finite), leaving the other state's s as it was. So (m, 1) gives
+// the bits that any other s != 0 would, and the per-element merges gave.
+template <int OP, typename A, typename T>
+__device__ __forceinline__ A chain_state(const T (&x)[CHAIN_LENGTH], int count, scalar_t<A> shift) {
+  using S = scalar_t<A>;
+  static_assert(OP == OP_VAR || OP == OP_LSE, "only var and logsumexp form their chains at once");
+  static_assert((CHAIN_LENGTH & (CHAIN_LENGTH - 1)) == 0, "1 / CHAIN_LENGTH is exact");
+  if (count == 0) return identity<OP, A>();
+  if constexpr (OP == OP_VAR) {
+    S s1 = sub_rn(to_acc<S>(x[0]), shift);
+#pragma unroll
+    for (int m = 1; m < CHAIN_LENGTH; ++m) {
+      if (m < count) s1 = add_rn(s1, sub_rn(to_acc<S>(x[m]), shift));
+    }
+    // a full chain multiplies by 1/8, exactly the correctly rounded quotient s1 / 8 (the same real number
+    // rounded once), with no division (whose double slow path is a call that makes the caller spill)
+    const S c = static_cast<S>(count);
+    const S mean = count == CHAIN_LENGTH ? mul_rn(s1, S(1) / S(CHAIN_LENGTH)) : div_rn(s1, c);
+    const S e0 = sub_rn(sub_rn(to_acc<S>(x[0]), shift), mean);
+    S m2 = mul_rn(e0, e0);
+#pragma unroll
+    for (int m = 1; m < CHAIN_LENGTH; ++m) {
+      if (m < count) {
+        const S e = sub_rn(sub_rn(to_acc<S>(x[m]), shift), mean);
+        m2 = add_rn(m2, mul_rn(e, e));
+      }
+    }
+    return A{c, mean, m2};
+  } else {
+    S hi = to_acc<S>(x[0]);
+#pragma unroll
+    for (int m = 1; m < CHAIN_LENGTH; ++m) {
+      if (m < count) hi = Max::apply(hi, to_acc<S>(x[m]));
+    }
+    if (!isfinite(hi)) return A{hi, S(1)};
+    S s = exp_nonpositive(sub_rn(to_acc<S>(x[0]), hi));
+#pragma unroll
+    for (int m = 1; m < CHAIN_LENGTH; ++m) {
+      if (m < count) s = add_rn(s, exp_nonpositive(sub_rn(to_acc<S>(x[m]), hi)));
+    }
+    return A{hi, s};
   }
 }
 
@@ -425,8 +493,9 @@ template <typename T> __device__ __forceinline__ bool aligned16(const T* p) {
 // Adds chains e0 .. e0 + CV - 1 of the leaf e0 lies in (elements e0 + j + 32 m, m = 0..7, those below n)
 // into acc[j], in m order. Interior chains of a 16-byte aligned span (`vector`) take UNROLL 16-byte loads
 // at a time; any other chain reads its elements x[i * stride] one by one, below n only, into the same
-// order, so both give the same bits. I is the index type: int (fewer registers) when n + a chunk stays
-// below 2^31.
+// order, so both give the same bits. var and logsumexp hold a chain's eight elements (as loaded, converted
+// in each of chain_state's passes) and set acc[j] to chain_state (chunk_value passes identities). I is the
+// index type: int (fewer registers) when n + a chunk stays below 2^31.
 template <typename T, typename A, int OP, int CV, int UNROLL, typename I>
 __device__ __forceinline__ void add_chains(A (&acc)[CV], const T* x, I n, I e0, I stride, bool vector,
                                            scalar_t<A> shift, int mode) {
@@ -441,38 +510,72 @@ __device__ __forceinline__ void add_chains(A (&acc)[CV], const T* x, I n, I e0, 
                     : sizeof(T) == 2                                ? 2
                     : sizeof(T) == 8 && !FloatInput<T>::value       ? UNROLL / 2
                                                                     : UNROLL;
-  if (vector && e0 + (CHAIN_LENGTH - 1) * CHAINS + CV <= n) {
+  if constexpr (OP == OP_VAR || OP == OP_LSE) {
+    if (vector && e0 + (CHAIN_LENGTH - 1) * CHAINS + CV <= n) {
+      Pack<T, CV> p[CHAIN_LENGTH];
 #pragma unroll
-    for (int m0 = 0; m0 < CHAIN_LENGTH; m0 += U) {
-      Pack<T, CV> p[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) load(p[u], x + e0 + (m0 + u) * CHAINS);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-#pragma unroll
-        for (int j = 0; j < CV; ++j) acc[j] = combine<C>(acc[j], lift<OP, T, A>(to_acc<S>(p[u].v[j]), shift, mode));
-      }
-    }
-    return;
-  }
-  // A few steps' values in flight, at most 64 bytes of them.
-  constexpr int BY_SIZE = 64 / (CV * static_cast<int>(sizeof(A)));
-  constexpr int STEPS = BY_SIZE < 1 ? 1 : (BY_SIZE < UNROLL ? BY_SIZE : UNROLL);
-#pragma unroll
-  for (int m0 = 0; m0 < CHAIN_LENGTH; m0 += STEPS) {
-    A v[STEPS][CV];
-#pragma unroll
-    for (int u = 0; u < STEPS; ++u) {
+      for (int m = 0; m < CHAIN_LENGTH; ++m) load(p[m], x + e0 + m * CHAINS);
 #pragma unroll
       for (int j = 0; j < CV; ++j) {
-        const I i = e0 + (m0 + u) * CHAINS + j;
-        v[u][j] = i < n ? lift<OP, T, A>(to_acc<S>(x[i * stride]), shift, mode) : identity<C, A>();
+        T v[CHAIN_LENGTH];
+#pragma unroll
+        for (int m = 0; m < CHAIN_LENGTH; ++m) v[m] = p[m].v[j];
+        acc[j] = chain_state<OP, A>(v, CHAIN_LENGTH, shift);
+      }
+    } else {
+      // G chains' elements at a time: all CV for 4- and 8-byte inputs, one for narrower ones (eight chains of
+      // bools or halves hold 64 registers across a partial chain's division, whose slow path is a call: the
+      // bool var kernels spilled; the int ones spilled chain by chain instead)
+      constexpr int G = sizeof(T) >= 4 ? CV : 1;
+#pragma unroll
+      for (int j0 = 0; j0 < CV; j0 += G) {
+        T v[G][CHAIN_LENGTH];
+#pragma unroll
+        for (int m = 0; m < CHAIN_LENGTH; ++m) {
+#pragma unroll
+          for (int g = 0; g < G; ++g) {
+            const I i = e0 + m * CHAINS + j0 + g;
+            v[g][m] = i < n ? x[i * stride] : T{};
+          }
+        }
+#pragma unroll
+        for (int g = 0; g < G; ++g) acc[j0 + g] = chain_state<OP, A>(v[g], chain_count(n - (e0 + j0 + g)), shift);
       }
     }
+  } else {
+    if (vector && e0 + (CHAIN_LENGTH - 1) * CHAINS + CV <= n) {
 #pragma unroll
-    for (int u = 0; u < STEPS; ++u) {
+      for (int m0 = 0; m0 < CHAIN_LENGTH; m0 += U) {
+        Pack<T, CV> p[U];
 #pragma unroll
-      for (int j = 0; j < CV; ++j) acc[j] = combine<C>(acc[j], v[u][j]);
+        for (int u = 0; u < U; ++u) load(p[u], x + e0 + (m0 + u) * CHAINS);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+          for (int j = 0; j < CV; ++j) acc[j] = combine<C>(acc[j], lift<OP, T, A>(to_acc<S>(p[u].v[j]), shift, mode));
+        }
+      }
+      return;
+    }
+    // A few steps' values in flight, at most 64 bytes of them.
+    constexpr int BY_SIZE = 64 / (CV * static_cast<int>(sizeof(A)));
+    constexpr int STEPS = BY_SIZE < 1 ? 1 : (BY_SIZE < UNROLL ? BY_SIZE : UNROLL);
+#pragma unroll
+    for (int m0 = 0; m0 < CHAIN_LENGTH; m0 += STEPS) {
+      A v[STEPS][CV];
+#pragma unroll
+      for (int u = 0; u < STEPS; ++u) {
+#pragma unroll
+        for (int j = 0; j < CV; ++j) {
+          const I i = e0 + (m0 + u) * CHAINS + j;
+          v[u][j] = i < n ? lift<OP, T, A>(to_acc<S>(x[i * stride]), shift, mode) : identity<C, A>();
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < STEPS; ++u) {
+#pragma unroll
+        for (int j = 0; j < CV; ++j) acc[j] = combine<C>(acc[j], v[u][j]);
+      }
     }
   }
 }
@@ -650,7 +753,9 @@ struct RowCursor {
 // (eight doubles or int64 per 16-byte vector) get half that occupancy: at 64 registers they spill; so do
 // some 64-bit-index instantiations, whose rows are so long that a launch has few blocks: they go uncapped.
 // var's states (three accumulators a chain) count as wide ones, and its float64 states (24 bytes a chain,
-// up to eight chains a lane) get a quarter; so do logsumexp's (an exp in every merge).
+// up to eight chains a lane) get a quarter; logsumexp's count as wide (var and logsumexp hold a chain's
+// eight loads at once, and the exps: at the full cap of 64 registers their float32 and float64 rows
+// kernels spill).
 template <typename T, typename O, int OP, typename I> __host__ __device__ constexpr int row_min_blocks(int min_blocks) {
   if (sizeof(I) == 8) return 1;
   if (OP == OP_VAR && sizeof(state_t<O, OP>) == 24) return min_blocks > 4 ? min_blocks / 4 : 1;
@@ -770,34 +875,61 @@ __global__ void CUKERN_BOUNDS(COL_BLOCK)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) acc[q][j] = Comb::template identity<A>();
     }
+    if constexpr (OP == OP_VAR || OP == OP_LSE) {
+      // a chain's eight rows at once, for chain_state, one chain (q) at a time: all Q chains' rows live across
+      // a partial chain's division (a call on its slow path) spilled (bool and int inputs of var)
 #pragma unroll
-    for (int m0 = 0; m0 < CHAIN_LENGTH; m0 += STEPS) {
-      A v[STEPS][Q][VEC];
+      for (int q = 0; q < Q; ++q) {
+        T raw[VEC][CHAIN_LENGTH];
 #pragma unroll
-      for (int u = 0; u < STEPS; ++u) {
-#pragma unroll
-        for (int q = 0; q < Q; ++q) {
-          const long long r = r0 + (m0 + u) * CHAINS + q;
+        for (int m = 0; m < CHAIN_LENGTH; ++m) {
+          const long long r = r0 + m * CHAINS + q;
           const T* row = base + r * s_row;
           if (packs && r < rows) {
             Pack<T, VEC> pk;
             load(pk, row);
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) v[u][q][j] = lift<OP, T, A>(to_acc<S>(pk.v[j]), shift[j], mode);
+            for (int j = 0; j < VEC; ++j) raw[j][m] = pk.v[j];
           } else {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-              v[u][q][j] = r < rows && c0 + j < cols ? lift<OP, T, A>(to_acc<S>(row[j]), shift[j], mode) : Comb::template identity<A>();
+            for (int j = 0; j < VEC; ++j) raw[j][m] = r < rows && c0 + j < cols ? row[j] : T{};
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          acc[q][j] = chain_state<OP, A>(raw[j], c0 + j < cols ? chain_count(rows - (r0 + q)) : 0, shift[j]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int m0 = 0; m0 < CHAIN_LENGTH; m0 += STEPS) {
+        A v[STEPS][Q][VEC];
+#pragma unroll
+        for (int u = 0; u < STEPS; ++u) {
+#pragma unroll
+          for (int q = 0; q < Q; ++q) {
+            const long long r = r0 + (m0 + u) * CHAINS + q;
+            const T* row = base + r * s_row;
+            if (packs && r < rows) {
+              Pack<T, VEC> pk;
+              load(pk, row);
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) v[u][q][j] = lift<OP, T, A>(to_acc<S>(pk.v[j]), shift[j], mode);
+            } else {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) {
+                v[u][q][j] = r < rows && c0 + j < cols ? lift<OP, T, A>(to_acc<S>(row[j]), shift[j], mode) : Comb::template identity<A>();
+              }
             }
           }
         }
-      }
 #pragma unroll
-      for (int u = 0; u < STEPS; ++u) {
+        for (int u = 0; u < STEPS; ++u) {
 #pragma unroll
-        for (int q = 0; q < Q; ++q) {
+          for (int q = 0; q < Q; ++q) {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) acc[q][j] = Comb::apply(acc[q][j], v[u][q][j]);
+            for (int j = 0; j < VEC; ++j) acc[q][j] = Comb::apply(acc[q][j], v[u][q][j]);
+          }
         }
       }
     }
@@ -882,18 +1014,31 @@ __global__ void __launch_bounds__(BLOCK)
     const S shift = shift_of<OP, S>(base);
     for (long long k = 0; k < leaves; ++k) {
       long long q = (k * LEAF + lane) / r_inner, rem = (k * LEAF + lane) % r_inner;
-      A v[CHAIN_LENGTH];
-#pragma unroll
-      for (int m = 0; m < CHAIN_LENGTH; ++m) {
-        const long long r = k * LEAF + m * CHAINS + lane;
-        v[m] = r < count ? lift<OP, T, A>(to_acc<S>(base[q * r_s0 + rem * r_s1]), shift, mode) : Comb::template identity<A>();
-        q += step_q;
-        rem += step_r;
-        if (rem >= r_inner) rem -= r_inner, ++q;
-      }
       A acc = Comb::template identity<A>();
+      if constexpr (OP == OP_VAR || OP == OP_LSE) {
+        T raw[CHAIN_LENGTH];
 #pragma unroll
-      for (int m = 0; m < CHAIN_LENGTH; ++m) acc = Comb::apply(acc, v[m]);
+        for (int m = 0; m < CHAIN_LENGTH; ++m) {
+          const long long r = k * LEAF + m * CHAINS + lane;
+          raw[m] = r < count ? base[q * r_s0 + rem * r_s1] : T{};
+          q += step_q;
+          rem += step_r;
+          if (rem >= r_inner) rem -= r_inner, ++q;
+        }
+        acc = chain_state<OP, A>(raw, chain_count(count - (k * LEAF + lane)), shift);
+      } else {
+        A v[CHAIN_LENGTH];
+#pragma unroll
+        for (int m = 0; m < CHAIN_LENGTH; ++m) {
+          const long long r = k * LEAF + m * CHAINS + lane;
+          v[m] = r < count ? lift<OP, T, A>(to_acc<S>(base[q * r_s0 + rem * r_s1]), shift, mode) : Comb::template identity<A>();
+          q += step_q;
+          rem += step_r;
+          if (rem >= r_inner) rem -= r_inner, ++q;
+        }
+#pragma unroll
+        for (int m = 0; m < CHAIN_LENGTH; ++m) acc = Comb::apply(acc, v[m]);
+      }
       const A w = group_tree_reduce<32, Comb>(acc);
       if (lane == 0) tree_push<Comb>(stacks[warp], w, static_cast<unsigned long long>(k));  // lane 0 owns the stack
     }

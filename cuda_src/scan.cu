@@ -12,13 +12,19 @@
 //     x_l); L_h is lane l - 1's value (the identity for lane 0);
 //   * the warps' totals combined in order: W_w = (...(U_0 (+) U_1) ...) (+) U_{w-1} (identity for w = 0);
 //     the tile's aggregate A_t = W_8, the combine of all eight;
-//   * the row's prefixes in order: P_t = P_{t-1} (+) A_t (P_{-1} the identity);
+//   * tiles in groups of SCAN_GROUP = 32 (tile t in group g = t / 32): Q_t, the fold of the group's aggregates
+//     before t in order (the identity for a group's first tile); the group's total S_g = Q_t (+) A_t of its
+//     last tile; the row's group prefixes B_0 = the identity, B_{g+1} = B_g (+) S_g; P_{t-1} = B_g (+) Q_t;
 //   * out = ((P_{t-1} (+) W_w) (+) L_h) (+) s_k, rounded once from the accumulator to the result dtype.
 // The identity is -0.0 for float sums (so that it is exact: -0 + x is x for every x, -0 included), 0 for
-// integer sums and 1 for products, so combining with it never changes a bit. The look-back finds
-// P_{t-1} as the nearest predecessor's published P_j (+) the aggregates A_{j+1} .. A_{t-1}, combined from
-// P_j forward, one at a time: exactly the left fold that defines P_{t-1}, whichever j it found. So the
-// tile size is part of the result's definition, fixed in this file, and never a knob.
+// integer sums and 1 for products, so combining with it never changes a bit. Why groups: a left fold of
+// every tile's aggregate in turn (the simpler definition) chains each tile's prefix to the one before it
+// across the whole row, one dependent combine and one look-back step a tile, and the walk back to a
+// published prefix falls behind at 65,536 tiles (2^28 elements); with groups a tile waits on at most 31
+// aggregates of its own group and on the group prefixes, a chain 32 times shorter, whose look-back covers
+// 32 groups (1024 tiles) a step. A look-back finds B_g as the nearest published B_j (+) the totals S_j ..
+// S_{g-1}, combined from B_j forward: exactly the fold that defines B_g, whichever j it found. So the tile
+// and group sizes are part of the result's definition, fixed in this file, and never knobs.
 //
 // The six questions (cukern/scan.py `plan` keeps the launch math as a pure plan; the card in
 // cukern/lab/scan.py shows the same answers):
@@ -27,8 +33,8 @@
 //    waits on a block that cannot run.
 // 2. Input traffic: x read once and out written once, both through shared memory: a warp moves 32
 //    consecutive elements per load or store (coalesced for a unit-stride row), and each thread then takes
-//    its 16 consecutive elements from shared memory. The look-back reads 8 + 8 bytes a predecessor from
-//    L2, a few predecessors per tile.
+//    its 16 consecutive elements from shared memory. The look-back reads a status word and a value from
+//    L2 for each earlier tile of the group and for a few earlier groups.
 // 3. Accumulation: in double (float64 results), float (float32, float16, bfloat16 results) or int64
 //    (integer results), in the fixed order above. Products and sums are correctly rounded (__fmul_rn,
 //    __fadd_rn and double forms; never contracted). Integer sums and products wrap as int64 does.
@@ -38,6 +44,7 @@
 //    a tile.
 // 6. Profile: one combine an element against sizeof(T) + sizeof(O) bytes: memory-bound; the target is
 //    the device-to-device copy bandwidth.
+#include "common/bounds.cuh"
 #include "common/dtype.cuh"
 
 namespace cukern {
@@ -46,6 +53,7 @@ constexpr int SCAN_BLOCK = 256;  // cukern/scan.py BLOCK
 constexpr int SCAN_ITEMS = 16;   // cukern/scan.py ITEMS
 constexpr int SCAN_TILE = SCAN_BLOCK * SCAN_ITEMS;
 constexpr int SCAN_WARPS = SCAN_BLOCK / 32;
+constexpr int SCAN_GROUP = 32;   // tiles a group (cukern/scan.py GROUP): one warp's lanes
 
 enum : int { SCAN_SUM = 0, SCAN_PROD = 1 };
 // A tile's status word: the launch's epoch (so the flags need no clearing between launches) and its state.
@@ -97,6 +105,77 @@ struct ScanParams {
   unsigned epoch;            // this launch's tag in the status words, never 0
 };
 
+// prefix (+) v_31 (+) v_30 ... (+) v_0 (v_l: lane l's v), a left fold in that order. The shuffles are issued
+// ahead of the combines that use them (unrolled; they do not depend on the fold), so the fold costs about one
+// dependent combine a lane. A lane that stands for nothing holds the identity, which leaves every bit as it
+// is.
+template <int OP, typename A> __device__ __forceinline__ A fold_lanes(A prefix, A v) {
+  constexpr int kBatch = 4;  // shuffles in flight, in registers that stay within bounds
+#pragma unroll
+  for (int l0 = 32 - kBatch; l0 >= 0; l0 -= kBatch) {
+    A some[kBatch];
+#pragma unroll
+    for (int l = 0; l < kBatch; ++l) some[l] = __shfl_sync(0xffffffffu, v, l0 + l);
+#pragma unroll
+    for (int l = kBatch - 1; l >= 0; --l) prefix = scan_op<OP>(prefix, some[l]);
+  }
+  return prefix;
+}
+
+// The look-back's board: a 64-bit word per tile and per group, (epoch << 2 | state) in its high half. A
+// 4-byte value (float accumulators) travels in the low half of the same word, so one relaxed load sees the
+// state and its value together: no fence between them and no second trip to L2 while a block waits. An
+// 8-byte value sits in its own array, written before a fence and the word, and read after the reader's
+// fence. Words are read with ordinary (relaxed, device-scope) loads: polling with atomics would queue every
+// waiting warp's 32 lanes in L2's atomic units, on the same few lines.
+__device__ __forceinline__ unsigned long long load_relaxed(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+template <typename A> constexpr bool kPacked = sizeof(A) == 4;
+
+// The state a word shows for this launch (0: nothing yet, or another launch's word).
+__device__ __forceinline__ unsigned state_of(unsigned long long w, unsigned epoch) {
+  const unsigned tag = static_cast<unsigned>(w >> 32);
+  return (tag >> 2) == epoch ? (tag & 3u) : 0u;
+}
+
+template <typename A> __device__ __forceinline__ A value_of(unsigned long long w) {
+  A v{};
+  if constexpr (kPacked<A>) {
+    const unsigned low = static_cast<unsigned>(w);
+    memcpy(&v, &low, 4);
+  }
+  return v;
+}
+
+template <typename A> __device__ __forceinline__ void publish(unsigned long long* word, A* value, unsigned epoch,
+                                                             unsigned state, A v) {
+  unsigned long long w = static_cast<unsigned long long>((epoch << 2) | state) << 32;
+  if constexpr (kPacked<A>) {
+    unsigned low;
+    memcpy(&low, &v, 4);
+    w |= low;
+  } else {
+    *value = v;
+    __threadfence();
+  }
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(word), "l"(w) : "memory");
+}
+
+// The value behind a word this lane saw (`seen`, from the word itself when packed): every lane of the warp
+// calls it, after its polling; `mine` says whether this lane wants one.
+template <typename A> __device__ __forceinline__ A value_seen(bool mine, unsigned long long seen, const A* value) {
+  if constexpr (kPacked<A>) {
+    return mine ? value_of<A>(seen) : A{};
+  } else {
+    __threadfence();
+    return mine ? __ldcg(value) : A{};
+  }
+}
+
 // Shared-memory slot of element e of a tile: one pad word every 32 words, so that the 16 consecutive
 // elements a thread reads are spread over the banks.
 template <typename S> __device__ __forceinline__ int slot(int e) {
@@ -104,10 +183,15 @@ template <typename S> __device__ __forceinline__ int slot(int e) {
   return e + e / (32 * kPerWord);
 }
 
+// Resident blocks an SM for float accumulators: eight for float32 (32 registers; all of an SM's thread
+// slots), five for the half types (with fewer registers their conversions spill): the scan's speed follows
+// how many blocks wait at once, other blocks' loads covering the barrier one waits at during its look-back.
+// The 8-byte accumulators take what they need.
 template <typename T, typename O, int OP>
-__global__ void __launch_bounds__(SCAN_BLOCK)
-    scan_tiles(O* out, const T* x, unsigned* counter, unsigned* status, scan_acc_t<O>* aggregates,
-               scan_acc_t<O>* prefixes, const __grid_constant__ ScanParams p) {
+__global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(sizeof(scan_acc_t<O>) != 4 ? 1 : sizeof(T) == 4 ? 8 : 5))
+    scan_tiles(O* out, const T* x, unsigned* counter, unsigned long long* status, scan_acc_t<O>* aggregates,
+               unsigned long long* group_status, scan_acc_t<O>* sums, scan_acc_t<O>* bases,
+               const __grid_constant__ ScanParams p) {
   using A = scan_acc_t<O>;
   constexpr int kBytes = sizeof(T) > sizeof(O) ? sizeof(T) : sizeof(O);
   constexpr int kWords = (SCAN_TILE * kBytes + 3) / 4;
@@ -143,15 +227,24 @@ __global__ void __launch_bounds__(SCAN_BLOCK)
     if (e < count) stage_in[slot<T>(e)] = xr[(first + e) * p.x_step];
   }
   __syncthreads();
-  A s[SCAN_ITEMS];
+  // This thread's running combine s_k of its 16 elements: formed here for its total, and formed again
+  // from the stage after the look-back, so that no thread holds 16 values through the look-back (registers
+  // that would cost resident blocks, and the scan's speed follows how many blocks wait at once).
+  const auto running = [&](A (&s)[SCAN_ITEMS]) {
 #pragma unroll
-  for (int k = 0; k < SCAN_ITEMS; ++k) {
-    const int e = h * SCAN_ITEMS + k;
-    const A v = e < count ? scan_lift<A>(stage_in[slot<T>(e)]) : scan_identity<OP, A>();
-    s[k] = k == 0 ? v : scan_op<OP>(s[k - 1], v);
+    for (int k = 0; k < SCAN_ITEMS; ++k) {
+      const int e = h * SCAN_ITEMS + k;
+      const A v = e < count ? scan_lift<A>(stage_in[slot<T>(e)]) : scan_identity<OP, A>();
+      s[k] = k == 0 ? v : scan_op<OP>(s[k - 1], v);
+    }
+  };
+  A u;
+  {
+    A s[SCAN_ITEMS];
+    running(s);
+    u = s[SCAN_ITEMS - 1];
   }
   // Lanes' inclusive scan of the thread totals; L: the lane before's.
-  A u = s[SCAN_ITEMS - 1];
 #pragma unroll
   for (int d = 1; d < 32; d *= 2) {
     const A up = __shfl_up_sync(0xffffffffu, u, d);
@@ -160,7 +253,7 @@ __global__ void __launch_bounds__(SCAN_BLOCK)
   A before = __shfl_up_sync(0xffffffffu, u, 1);
   if (lane == 0) before = scan_identity<OP, A>();
   if (lane == 31) warp_total[warp] = u;
-  __syncthreads();  // also: every thread has read its elements from the stage before it is reused below
+  __syncthreads();
 
   if (warp == 0) {
     // W_w for this warp's lanes w < 8 (in order), the aggregate, then the look-back.
@@ -173,57 +266,96 @@ __global__ void __launch_bounds__(SCAN_BLOCK)
     }
     __syncwarp();  // every lane has read the totals before they are overwritten
     if (lane < SCAN_WARPS) warp_total[lane] = mine;  // now the exclusive W_w
-    A prefix = scan_identity<OP, A>();
-    if (t == 0) {
-      if (lane == 0) {
-        prefixes[tile] = aggregate;
-        __threadfence();
-        atomicExch(status + tile, (p.epoch << 2) | STATE_PREFIX);
-      }
-    } else {
-      if (lane == 0) {
-        aggregates[tile] = aggregate;
-        __threadfence();
-        atomicExch(status + tile, (p.epoch << 2) | STATE_AGGREGATE);
-      }
-      // Lane l watches tile - 1 - l (within the row) until it has at least an aggregate; once some lane
-      // sees a prefix, the nearest one (lowest lane q) and the aggregates of lanes q-1 .. 0 are combined
-      // forward. Lanes past the row's first tile stand for nothing.
-      const long long j = static_cast<long long>(tile) - 1 - lane;
-      const bool in_row = lane < static_cast<int>(t);
-      unsigned prefix_mask;
-      unsigned state = 0;
+    // Q_t: the fold of this tile's group's earlier aggregates, lane l holding A_{t-1-l} (l < i).
+    const unsigned i = t & (SCAN_GROUP - 1), g = t / SCAN_GROUP;
+    if (lane == 0 && i < SCAN_GROUP - 1 && t + 1 < per_row) {  // a later tile of the group reads it
+      publish(status + tile, aggregates + tile, p.epoch, STATE_AGGREGATE, aggregate);
+    }
+    A local = scan_identity<OP, A>();
+    if (i > 0) {
+      const bool mine = static_cast<unsigned>(lane) < i;
+      unsigned long long seen = 0;
       while (true) {
-        if (in_row && state != STATE_PREFIX) {
-          const unsigned w = atomicAdd(status + j, 0u);
-          state = (w >> 2) == p.epoch ? (w & 3u) : 0u;
-        }
-        prefix_mask = __ballot_sync(0xffffffffu, in_row && state == STATE_PREFIX);
-        const unsigned ready = __ballot_sync(0xffffffffu, !in_row || state != 0);
-        if (prefix_mask != 0) {
-          const int q = __ffs(prefix_mask) - 1;
-          if ((ready & ((2u << q) - 1u)) == ((2u << q) - 1u)) break;  // lanes 0..q all known
-        }
+        if (mine && state_of(seen, p.epoch) == 0) seen = load_relaxed(status + tile - 1 - lane);
+        if (__all_sync(0xffffffffu, !mine || state_of(seen, p.epoch) != 0)) break;
       }
+      const A v = value_seen<A>(mine, seen, aggregates + tile - 1 - lane);
+      if (mine) local = v;
+    }
+    const A q_t = fold_lanes<OP>(scan_identity<OP, A>(), local);  // lanes i.. hold the identity
+    const long long groups_per_row = (static_cast<long long>(per_row) + SCAN_GROUP - 1) / SCAN_GROUP;
+    const long long row_group = static_cast<long long>(row) * groups_per_row;  // the row's group 0
+    if (i == SCAN_GROUP - 1 && lane == 0) {  // the group's total, S_g: it needs no other group
+      const A total = scan_op<OP>(q_t, aggregate);
+      sums[row_group + g] = total;  // for a walk that passes this group later (read after its fence)
       __threadfence();
-      const int q = __ffs(prefix_mask) - 1;
-      A v = scan_identity<OP, A>();
-      if (lane == q) v = __ldcg(prefixes + j);
-      else if (lane < q) v = __ldcg(aggregates + j);
-      prefix = __shfl_sync(0xffffffffu, v, q);
-      for (int l = q - 1; l >= 0; --l) prefix = scan_op<OP>(prefix, __shfl_sync(0xffffffffu, v, l));
-      if (lane == 0) {
-        prefixes[tile] = scan_op<OP>(prefix, aggregate);
-        __threadfence();
-        atomicExch(status + tile, (p.epoch << 2) | STATE_PREFIX);
+      publish(group_status + row_group + g, sums + row_group + g, p.epoch, STATE_AGGREGATE, total);
+    }
+
+    // B_g, the fold of the row's earlier group totals, by a look-back over groups: lane l watches group
+    // g - 1 - 32w - l in window w; a group shows its total S (STATE_AGGREGATE) once its last tile has it and
+    // B_{g+1} (STATE_PREFIX) once the first tile of the next group has folded it. The nearest B found and
+    // the totals after it are combined forward, which is the same fold whichever B it was. Places before the
+    // row's first group stand for B_0, the identity, so the walk always ends within the row; it moves one
+    // window back only when a window shows 32 totals and no B (far behind, which the one-window step
+    // covers in the common case: 32 groups are 1024 tiles).
+    A b_g = scan_identity<OP, A>();
+    if (g > 0) {
+      unsigned found;
+      unsigned long long seen;
+      int back = 0;  // windows walked past
+      while (true) {
+        const long long gg = static_cast<long long>(g) - 1 - 32ll * back - lane;
+        const bool start = gg < 0;
+        seen = 0;
+        bool slide = false;
+        while (true) {
+          if (!start && state_of(seen, p.epoch) != STATE_PREFIX) seen = load_relaxed(group_status + row_group + gg);
+          const unsigned state = state_of(seen, p.epoch);
+          found = __ballot_sync(0xffffffffu, start || state == STATE_PREFIX);
+          const unsigned ready = __ballot_sync(0xffffffffu, start || state != 0);
+          if (found != 0) {
+            const int q = __ffs(found) - 1;
+            if ((ready & ((2u << q) - 1u)) == ((2u << q) - 1u)) break;  // lanes 0..q all known
+          } else if (ready == 0xffffffffu) {
+            slide = true;
+            break;
+          }
+        }
+        if (!slide) break;
+        ++back;
+      }
+      const int q = __ffs(found) - 1;
+      const long long gg = static_cast<long long>(g) - 1 - 32ll * back - lane;
+      const A v = value_seen<A>(lane <= q && gg >= 0, seen, (lane == q ? bases : sums) + row_group + gg);
+      b_g = fold_lanes<OP>(scan_identity<OP, A>(), lane <= q && gg >= 0 ? v : scan_identity<OP, A>());
+      // The newer windows (all totals, read from sums after a fence), up to kLoads of them loaded at once:
+      // their latencies overlap.
+      constexpr int kLoads = sizeof(A) == 4 ? 4 : 2;
+      if (back > 0) __threadfence();
+      for (int w0 = back - 1; w0 >= 0; w0 -= kLoads) {
+        A a[kLoads];
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) {
+          const long long at = row_group + static_cast<long long>(g) - 1 - 32ll * (w0 - u) - lane;
+          a[u] = w0 - u >= 0 ? __ldcg(sums + at) : scan_identity<OP, A>();
+        }
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) b_g = fold_lanes<OP>(b_g, a[u]);
+      }
+      if (i == 0 && lane == 0) {  // B_g for the tiles of this group still looking
+        publish(group_status + row_group + g - 1, bases + row_group + g - 1, p.epoch, STATE_PREFIX, b_g);
       }
     }
-    if (lane == 0) tile_prefix = prefix;
+    if (lane == 0) tile_prefix = scan_op<OP>(b_g, q_t);
   }
   __syncthreads();
 
   // out = ((P (+) W_w) (+) L_h) (+) s_k, rounded once, through the stage back to a warp-per-32 store.
   const A base = scan_op<OP>(scan_op<OP>(tile_prefix, warp_total[warp]), before);
+  A s[SCAN_ITEMS];
+  running(s);
+  __syncthreads();  // every thread has read its elements from the stage before it is reused for out
   O* stage_out = reinterpret_cast<O*>(stage_words);
 #pragma unroll
   for (int k = 0; k < SCAN_ITEMS; ++k) {

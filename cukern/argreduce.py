@@ -4,7 +4,12 @@ References (:mod:`cukern.reference`): ``np.argmax``, ``np.argmin``, ``np.nanargm
 the same axis. NumPy's semantics: ``axis`` None (the flat C-order index) or one int (negative counts from
 the end), ``keepdims``, ``out`` (int64); ties give the first occurrence; for argmax and argmin a NaN wins
 (the first NaN's index); the nan forms skip NaNs and raise ValueError for an all-NaN slice; an empty
-reduction raises ValueError.
+reduction raises ValueError. Complex inputs are ordered as NumPy orders them: lexicographically, the real
+parts first, then the imaginary parts, and a NaN in either part makes the element a NaN.
+
+Complex maxima and minima: :func:`cukern.amax`, ``amin``, ``nanmax`` and ``nanmin`` of complex x gather the
+element at the index these kernels find (:func:`extreme_index`, the internal entry point they use; the
+module notes of :mod:`cukern.reduce` say how).
 
 Memory traffic, the count every GB/s figure uses: every element read once, the int64 result written once
 (:func:`bytes_moved`).
@@ -61,19 +66,29 @@ COLS_MIN_ROWS = 64  # fewer adjacent rows than this leave the column kernel's wa
 COLS_MAX_LENGTH = 32  # rows this short take a thread each: a block a row would leave most threads idle
 
 # Element kinds of cuda_src/argreduce.cu: how a dtype's bits are ordered.
-KIND_FLOAT, KIND_HALF, KIND_BFLOAT, KIND_SIGNED, KIND_UNSIGNED, KIND_BOOL = range(6)
+KIND_FLOAT, KIND_HALF, KIND_BFLOAT, KIND_SIGNED, KIND_UNSIGNED, KIND_BOOL, KIND_COMPLEX = range(7)
 KINDS = {
     np.dtype(np.float64): KIND_FLOAT, np.dtype(np.float32): KIND_FLOAT, np.dtype(np.float16): KIND_HALF,
     BFLOAT16: KIND_BFLOAT,
     **{np.dtype(t): KIND_SIGNED for t in (np.int8, np.int16, np.int32, np.int64)},
     **{np.dtype(t): KIND_UNSIGNED for t in (np.uint8, np.uint16, np.uint32, np.uint64)},
     np.dtype(np.bool_): KIND_BOOL,
+    np.dtype(np.complex64): KIND_COMPLEX, np.dtype(np.complex128): KIND_COMPLEX,
 }
 DTYPES = tuple(KINDS)
 FLOATS = (np.dtype(np.float64), np.dtype(np.float32), np.dtype(np.float16), BFLOAT16)
+COMPLEX = (np.dtype(np.complex64), np.dtype(np.complex128))
+INEXACT = FLOATS + COMPLEX  # the dtypes that hold NaNs
 
 # op -> (argmin: the key order reversed, a NaN loses instead of winning)
 OPS = {"argmax": (False, False), "argmin": (True, False), "nanargmax": (False, True), "nanargmin": (True, True)}
+# Every search the kernels run: the public ops, and "nanmax" and "nanmin", the index cukern.nanmax / nanmin
+# of complex x gather: the nan forms' search without the all-NaN error (an all-NaN slice gives its first
+# index, whose NaN is what NumPy's nanmax returns there).
+SEARCHES = {**OPS, "nanmax": (False, True), "nanmin": (True, True)}
+# The bytes of a (key, index) pair in the spans' partials (Best<K> in the kernel): a key of 16 bytes for
+# complex128, else of at most 8 (8-byte aligned either way).
+PAIR_BYTES = {np.dtype(np.complex128): 24}
 
 # The kernels' scalars, one struct (``ArgParams`` in cuda_src/argreduce.cu).
 PARAMS = Params((("inner", "i64"), ("s0", "i64"), ("s1", "i64"), ("n", "i64"), ("stride", "i64"), ("span", "i64"),
@@ -244,7 +259,7 @@ def bytes_moved(shape, dtype, axis=None, *, keepdims: bool = False) -> int:
 
 # ---------------------------------------------------------------------------------------------------------
 # Workspaces: per (device, stream), a counter per split row (zero between launches: the last block of a row
-# resets it), the spans' partials (16 bytes each, grown as needed) and the all-NaN flag in pinned mapped
+# resets it), the spans' partials (PAIR_BYTES each: 16, or 24 for complex128; grown as needed) and the all-NaN flag in pinned mapped
 # host memory (the host reads it after waiting for the stream; the call that finds it set clears it).
 
 
@@ -262,14 +277,15 @@ _workspaces: dict = {}
 _work_lock = threading.Lock()
 
 
-def workspace(partials: int) -> Workspace:
-    """The current stream's workspace with room for ``partials`` pairs; making or growing it allocates,
-    which a CUDA-graph capture cannot: then a RuntimeError, before anything is recorded."""
+def workspace(words: int) -> Workspace:
+    """The current stream's workspace with room for ``words`` 8-byte words of partials (two a pair, three
+    for complex128's); making or growing it allocates, which a CUDA-graph capture cannot: then a
+    RuntimeError, before anything is recorded."""
     cp = _cupy()
     stream = cp.cuda.get_current_stream()
     key = (cp.cuda.runtime.getDevice(), stream.ptr)
     ws = _workspaces.get(key)
-    if ws is not None and ws.partials.size >= 2 * partials:
+    if ws is not None and ws.partials.size >= words:
         return ws
     if stream.is_capturing():
         raise RuntimeError("this arg-reduction needs a workspace that a CUDA-graph capture cannot allocate; make "
@@ -283,9 +299,9 @@ def workspace(partials: int) -> Workspace:
             host[0] = 0
             ws = Workspace(cp.zeros(MAX_SPLIT_ROWS, np.uint32), cp.empty(0, np.uint64), host, mem.ptr, mem)
             _workspaces[key] = ws
-        if ws.partials.size < 2 * partials:
+        if ws.partials.size < words:
             ws.outgrown.append(ws.partials)
-            ws.partials = cp.empty(2 * max(partials, ws.partials.size), np.uint64)
+            ws.partials = cp.empty(max(words, 2 * ws.partials.size), np.uint64)
     return ws
 
 
@@ -332,17 +348,18 @@ def _prepare(op: str, x, axis, keepdims, knobs: Knobs | None, sm: int | None) ->
     pl = plan(x.shape, x.dtype, a, strides=strides if aligned else None,
               ptr=x.data.ptr if aligned else 1, sm_count=sm if sm is not None else sm_count(device), knobs=knobs)
     shape = result_shape(x.shape, a, keepdims)
-    flip, nan_loses = OPS[op]
-    check_nan = nan_loses and x.dtype in FLOATS
+    flip, nan_loses = SEARCHES[op]
+    check_nan = nan_loses and x.dtype in INEXACT and op.startswith("nanarg")
     if pl.kernel is None:
         return _Call(None, False, None, None, pl.copy, shape, False, None)
-    bits = 8 * x.itemsize
-    ones = (1 << max(bits, 32)) - 1
+    # All ones in the key's words: 32 bits for the narrow keys, 64 for the rest (the kernel repeats the
+    # value in both words of a complex128 key).
+    ones = (1 << (32 if x.itemsize < 8 else 64)) - 1
     params = struct_argument(PARAMS.struct(
         inner=pl.inner, s0=pl.s0, s1=pl.s1, n=pl.n, stride=pl.stride, span=pl.span, spans=pl.spans, rows=pl.rows,
         flip=ones if flip else 0, nan_key=0 if nan_loses else ones, check_nan=int(check_nan)))
     with on_device(device):
-        ws = workspace(pl.grid if pl.spans > 1 else 0)
+        ws = workspace((pl.grid if pl.spans > 1 else 0) * PAIR_BYTES.get(x.dtype, 16) // 8)
         kernel = get_kernel(pl.instantiation(x.dtype))
     return _Call(kernel, pl.kernel == "span", pl.config, params, pl.copy, shape, check_nan, ws)
 
@@ -405,14 +422,15 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
 
 _DOC = """``out = {formula}``, int64: {title}{into}.
 
-{nan} Ties give the first index. The result depends only on
+{nan} Ties give the first index. Complex x is ordered as NumPy orders it:
+by the real parts, then the imaginary parts (a NaN in either part makes a NaN). The result depends only on
 x's values (any launch gives the same index; :func:`cukern.reference.{op}_emulated` computes it on the
 host).
 
 Parameters
 ----------
-x : cupy.ndarray of float64, float32, float16, bfloat16, any signed or unsigned integer type, or bool; any
-    strides.
+x : cupy.ndarray of float64, float32, float16, bfloat16, complex64, complex128, any signed or unsigned
+    integer type, or bool; any strides.
 axis : None or int
     The axis searched (negative counts from the end); None searches the flattened array (C order).
 keepdims : bool
@@ -433,9 +451,19 @@ ValueError
 """
 
 _NAN = {False: "A NaN beats every number (the first NaN's index is the result), as in NumPy.",
-        True: "NaNs are skipped; a slice holding nothing but NaNs is an error. For float dtypes the call waits "
-              "for the GPU to read the kernel's all-NaN flag (a host synchronization; refused under CUDA-graph "
-              "capture)."}
+        True: "NaNs are skipped; a slice holding nothing but NaNs is an error. For float and complex dtypes the "
+              "call waits for the GPU to read the kernel's all-NaN flag (a host synchronization; refused under "
+              "CUDA-graph capture). Where NumPy (which puts -inf, or +inf for the minimum, in a NaN's place; "
+              "complex: that infinity + 0j) returns a NaN's index ahead of the best number, cukern returns "
+              "that number's index."}
+
+
+def extreme_index(op: str, x, axis: int):
+    """The int64 index along ``axis`` (an int) of each slice's extreme for ``op`` ("argmax", "argmin",
+    "nanmax", "nanmin"): what :func:`cukern.amax` and its siblings gather for complex x. As the public
+    arg-ops, but "nanmax" and "nanmin" skip NaNs without the all-NaN check (no error, no synchronization):
+    an all-NaN slice gives 0, its first element, which is the NaN NumPy's nanmax returns."""
+    return _run(op, x, axis, False, None)
 
 
 def argmax(x, axis=None, *, keepdims=False, out=None):

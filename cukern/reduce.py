@@ -9,7 +9,8 @@ RuntimeWarning), var and std NaN (with "Degrees of freedom <= 0 for slice", also
 ``n - ddof <= 0``), amax and amin raise ValueError.
 
 var and std are one pass: the tree carries (count, mean, M2) of the values less the slice's first element,
-merged by Chan's formula (reduce.cu ``Chan``), so an offset far larger than the spread costs no accuracy.
+each chain of 8 forming its own (count, mean, M2) directly (one division) and the chains merged by Chan's
+formula (reduce.cu ``Chan``), so an offset far larger than the spread costs no accuracy.
 
 nansum, nanmax, nanmin and count_nonzero are the sum, max and min kernels with a run-time lift (a NaN becomes
 the identity; x != 0 becomes 1 or 0), no kernels of their own; nanmean is two such passes (the sum, the count
@@ -20,13 +21,16 @@ all (a temporary count). prod and logsumexp have kernels of their own at one tun
 
 NumPy's dtypes and memory order. Every op takes the input dtypes NumPy takes for it
 (:data:`~cukern.reduce_plan.PUBLIC_INPUTS`: int8, int16 and the unsigned types too, bool for maxima, minima
-and norms, complex64 / complex128 for sum, mean and norm) and gives NumPy's result dtype, and ``dtype=``
+and norms, complex64 / complex128 for sum, mean, norm, maxima and minima) and gives NumPy's result dtype, and ``dtype=``
 takes NumPy's targets (:func:`~cukern.reduce_plan.targets`). The kernels read only their own dtypes, so the
 others are lowered on the device first (:func:`~cukern.reduce_plan.route`): narrower integers and bool
 converted exactly to int32, uint32 to int64 (one more pass over x); uint64 sums and products read as int64
 (a view: both wrap modulo 2^64); uint64 maxima and minima with the sign bit flipped (one more pass); complex
 inputs as their real and imaginary parts, a trailing axis of a float view (no pass: each part its own tree,
-the norm one tree over both). A ``dtype=`` the kernels do not write is computed in their accumulator and
+the norm one tree over both); complex maxima and minima as the element at the index the arg-reduction
+kernels find (cuda_src/argreduce.cu: NumPy's lexicographic order, a NaN in either part winning, or skipped
+by nanmax and nanmin), gathered (:func:`_gather_extreme`), so they return one of x's elements, bit for bit
+NumPy's. A ``dtype=`` the kernels do not write is computed in their accumulator and
 converted: an integer target from the int64 sum or product modulo its width (NumPy's accumulation in it
 wraps the same), a float target narrower than the accumulator rounded once (NumPy accumulates in the target:
 cukern's result is the more accurate), a bool target from ``count_nonzero`` (NumPy's "or" and "and"). An
@@ -66,8 +70,8 @@ replay, so keep it as long as the graph). Per layout (see :mod:`cukern.reduce_pl
 * refused under capture, because they go through a temporary whose memory would return to the pool while
   the graph keeps writing it: layouts copied to contiguous first (more than two kept or reduced levels that
   do not merge, or two reduced levels with nothing kept, such as a full reduction of a transposed array),
-  an x not aligned to its item size, an ``out`` that is not C-contiguous, and amax or amin with ``dtype=``
-  (a conversion).
+  an x not aligned to its item size, an ``out`` that is not C-contiguous, amax or amin with ``dtype=``
+  (a conversion), and complex maxima and minima (an index, then a gather).
 
 A refusal is a RuntimeError raised before anything is recorded (the capture stays valid); it names the
 reason and the way around it.
@@ -98,6 +102,7 @@ from ._compile import get_kernel
 from ._dtypes import BFLOAT16, dtype_name
 from ._launch import CallCache, Signature, launch, on_device, sm_count
 from ._launch import cupy as _cupy
+from .argreduce import extreme_index
 
 # The kernel families (cukern.families) read SOURCE and instantiations on the op module, the benchmarks
 # bytes_moved.
@@ -133,6 +138,7 @@ from .reduce_plan import (  # noqa: F401
     bytes_moved,
     check_input,
     cols_geometry,
+    gather_axes,
     instantiations,
     k_order,
     kernel_dtype,
@@ -540,6 +546,23 @@ def _keep_order(name: str, x, axes, perm, dtype, keepdims: bool, knobs, sm, ddof
 _SIGN = np.uint64(1 << 63)
 
 
+def _gather_extreme(name: str, x, axes, keepdims: bool, count: int):
+    """amax, amin, nanmax or nanmin of complex ``x``: the element at the index the arg-reduction kernels
+    find. The reduced axes are merged into one last axis in the order NumPy's reduction visits them
+    (:func:`~cukern.reduce_plan.gather_axes`; a view where they merge, else a copy), so that "the first
+    of equal elements" is NumPy's first: elements that compare equal may differ in their bits (a -0.0 part,
+    the NaN NumPy returns), and NumPy's max keeps the first it meets. The index is exact and the gather
+    copies bits, so the result is one of x's elements whatever the launch."""
+    cp = _cupy()
+    kept = [a for a in range(x.ndim) if a not in axes]
+    shape = tuple(x.shape[a] for a in kept)
+    merged = x.transpose(kept + list(gather_axes(x.shape, x.strides, axes))).reshape(shape + (count,))
+    op = {"amax": "argmax", "amin": "argmin"}.get(name, name)
+    at = extreme_index(op, merged, merged.ndim - 1)
+    r = cp.take_along_axis(merged, at[..., None], axis=-1)
+    return r.reshape(result_shape(x.shape, axes, keepdims))
+
+
 def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, count: int):
     """The calls the kernels do not answer directly (:func:`~cukern.reduce_plan.route`): inputs of other
     dtypes than the kernels' (lowered on the device first: one more pass, but for uint64 sums and products,
@@ -555,41 +578,44 @@ def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, co
             f"{'' if out is None else ' (out ' + dtype_name(out.dtype) + ')'} cannot be captured in a CUDA graph: "
             "it goes through temporaries; convert x (or the result) outside the graph")
     with on_device(x.data.device_id):
-        inner_axes = axes
-        if rt.how == "complex":
-            part = real_of(x.dtype)
-            xl = cp.ndarray(x.shape + (2,), part, memptr=x.data, strides=x.strides + (part.itemsize,))
-            if name == "norm":
-                inner_axes = axes + (x.ndim,)
-        elif rt.how == "cast":
-            xl = x.astype(rt.via)
-        elif rt.how == "view":
-            xl = x.view(rt.via)
-        elif rt.how == "flip":
-            xl = cp.bitwise_xor(x, _SIGN).view(rt.via)
+        if rt.how == "gather":
+            r = _gather_extreme(name, x, axes, keepdims, count)
         else:
-            xl = x
-        if rt.op == "count_nonzero" and name != "count_nonzero":
-            c = _reduce("count_nonzero", xl, inner_axes, None, keepdims, None, knobs, sm, korder=False)
-            r = cp.equal(c, count) if name == "prod" else cp.greater(c, 0)
-            if name == "mean" and count == 0:
-                warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
-                r.fill(True)  # NumPy: the empty "or" (False) divided by 0 is NaN, which is True
-        else:
-            inner_dtype = None if rt.op in COUNT_OPS else rt.kernel
-            r = _reduce(rt.op, xl, inner_axes, inner_dtype, keepdims, None, knobs, sm, ddof, korder=False)
-            if rt.how == "complex" and name != "norm":
-                r = cp.ndarray(r.shape[:-1], np.result_type(r.dtype, np.complex64), memptr=r.data)
-            elif rt.how == "complex" and keepdims:  # the norm reduced the parts' axis too: not one of x's
-                r = r.reshape(r.shape[:-1])
+            inner_axes = axes
+            if rt.how == "complex":
+                part = real_of(x.dtype)
+                xl = cp.ndarray(x.shape + (2,), part, memptr=x.data, strides=x.strides + (part.itemsize,))
+                if name == "norm":
+                    inner_axes = axes + (x.ndim,)
+            elif rt.how == "cast":
+                xl = x.astype(rt.via)
+            elif rt.how == "view":
+                xl = x.view(rt.via)
             elif rt.how == "flip":
-                r = cp.bitwise_xor(r.view(U64), _SIGN)
-            elif name in MINMAX_OPS:
-                r = r.astype(x.dtype)
-            if rt.mean_int:
-                if count == 0:
+                xl = cp.bitwise_xor(x, _SIGN).view(rt.via)
+            else:
+                xl = x
+            if rt.op == "count_nonzero" and name != "count_nonzero":
+                c = _reduce("count_nonzero", xl, inner_axes, None, keepdims, None, knobs, sm, korder=False)
+                r = cp.equal(c, count) if name == "prod" else cp.greater(c, 0)
+                if name == "mean" and count == 0:
                     warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
-                r = (r.astype(final).astype(np.float64) / count).astype(final)
+                    r.fill(True)  # NumPy: the empty "or" (False) divided by 0 is NaN, which is True
+            else:
+                inner_dtype = None if rt.op in COUNT_OPS else rt.kernel
+                r = _reduce(rt.op, xl, inner_axes, inner_dtype, keepdims, None, knobs, sm, ddof, korder=False)
+                if rt.how == "complex" and name != "norm":
+                    r = cp.ndarray(r.shape[:-1], np.result_type(r.dtype, np.complex64), memptr=r.data)
+                elif rt.how == "complex" and keepdims:  # the norm reduced the parts' axis too: not one of x's
+                    r = r.reshape(r.shape[:-1])
+                elif rt.how == "flip":
+                    r = cp.bitwise_xor(r.view(U64), _SIGN)
+                elif name in MINMAX_OPS:
+                    r = r.astype(x.dtype)
+                if rt.mean_int:
+                    if count == 0:
+                        warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
+                    r = (r.astype(final).astype(np.float64) / count).astype(final)
         if r.dtype != final:
             r = r.astype(final)
         if out is None:
@@ -669,14 +695,17 @@ def norm(x, axis=None, *, dtype=None, keepdims=False, out=None):
 def amax(x, axis=None, *, dtype=None, keepdims=False, out=None):
     """Maximum over ``axis``; NaN propagates (any NaN gives NaN), as ``numpy.amax``; x's dtype (any real
     one, bool included: narrower integers and bool are converted to int32 first, uint32 to int64, uint64
-    has its sign bit flipped; one more pass). Raises ValueError on a zero-size reduction. ``dtype``
-    converts the result."""
+    has its sign bit flipped; one more pass). Complex64 / complex128: NumPy's lexicographic order (real
+    parts, then imaginary parts), the first NaN (either part) winning, the first of equal elements (in
+    NumPy's order of visiting them) kept: the element at the arg-reduction kernels' index, gathered (module
+    notes), bit for bit NumPy's. Raises ValueError on a zero-size reduction. ``dtype`` converts the
+    result."""
     return _reduce("amax", x, axis, dtype, keepdims, out)
 
 
 def amin(x, axis=None, *, dtype=None, keepdims=False, out=None):
-    """Minimum over ``axis``; NaN propagates, as ``numpy.amin``; dtypes as :func:`amax`. Raises ValueError
-    on a zero-size reduction. ``dtype`` converts the result."""
+    """Minimum over ``axis``; NaN propagates, as ``numpy.amin``; dtypes (complex too) as :func:`amax`.
+    Raises ValueError on a zero-size reduction. ``dtype`` converts the result."""
     return _reduce("amin", x, axis, dtype, keepdims, out)
 
 
@@ -737,9 +766,14 @@ def _nan_minmax(name: str, x, axis, dtype, keepdims, out):
     check_input(name, x.dtype)
     _refuse_capture(name, "it checks its result for all-NaN slices on the host; use amax / amin, or nanmax outside")
     r = _reduce(name, x, axis, dtype, keepdims, out)
+    cp = _cupy()
+    if x.dtype in COMPLEX:
+        # The gathered element of an all-NaN slice is its first NaN, as NumPy's; NumPy warns on any NaN result.
+        if bool(cp.any(cp.isnan(r))):
+            warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=3)
+        return r
     if r.dtype not in FLOATS or x.dtype not in FLOATS:
         return r
-    cp = _cupy()
     identity = -np.inf if name == "nanmax" else np.inf
     if bool(cp.any((r == identity) | cp.isnan(r))):
         empty = _reduce("count_not_nan", x, axis, None, keepdims, None) == 0
@@ -755,7 +789,9 @@ def nanmax(x, axis=None, *, dtype=None, keepdims=False, out=None):
     An all-NaN slice gives NaN with NumPy's RuntimeWarning "All-NaN slice encountered" (found by a count of
     the non-NaN values, a second pass made only when some result is -inf or NaN, after a synchronization;
     so a CUDA-graph capture is refused); a zero-size reduction raises ValueError. Integer inputs are
-    :func:`amax`. Bits: :func:`cukern.reference.nanmax_emulated`. ``dtype`` converts the result.
+    :func:`amax`. Complex inputs as :func:`amax`'s but NaNs skipped (NumPy's ``fmax`` order): an all-NaN
+    slice gives its first element, with the warning. Bits: :func:`cukern.reference.nanmax_emulated`.
+    ``dtype`` converts the result.
     """
     return _nan_minmax("nanmax", x, axis, dtype, keepdims, out)
 
@@ -853,7 +889,8 @@ def logsumexp(x, axis=None, *, keepdims=False, out=None):
     """``log(sum_i exp(x[i]))`` over ``axis``, as ``scipy.special.logsumexp`` without ``b``, in one pass.
 
     x's dtype for floats (half types accumulate in float32), float64 for integer and bool x (converted
-    first). The tree carries (m, s), the running maximum and the sum of ``exp(x - m)``, merged by a fixed,
+    first). The tree carries (m, s), the running maximum and the sum of ``exp(x - m)``: each chain of 8
+    elements forms its own (its maximum, then one exp an element), and the chains merge by a fixed,
     commutative sequence of correctly rounded steps; exp and log are cukern's own routines of such steps
     (a few ulps), so the bits depend only on the values and the reduced length, as
     :func:`cukern.reference.logsumexp_emulated` computes them. A slice of -inf (or an empty slice) gives

@@ -4,7 +4,8 @@ instantiations they need. Pure: nothing here touches a GPU, so all of it is test
 The tree (issue 13). Every result is one fixed tree over its n reduced elements, numbered in C order over
 the reduced axes as the caller sees them: leaves of :data:`TREE_LEAF` = 256 consecutive elements; in each
 leaf, chain c of :data:`TREE_CHAINS` = 32 adds elements c, c + 32, ... (:data:`TREE_CHAIN_LENGTH` = 8 of
-them) one after another; the chains, in order, are the leaves of a perfect binary tree with neighbours
+them) one after another (var and logsumexp form a chain's state from its elements at once: reduce.cu
+``chain_state``); the chains, in order, are the leaves of a perfect binary tree with neighbours
 paired first, padded with the identity to a power of two. It depends on n alone, so its bits depend only on
 the values, n, the dtypes and the op: every plan below (any grid, block, knob or SM count) and every kernel
 (full, rows, columns, strided, after a copy or not) is a split of that same tree over threads, warps,
@@ -238,11 +239,12 @@ COMPLEX = (C64, C128)
 # Every dtype a ``dtype=`` or ``out=`` may name (NumPy's numeric types and bool; bfloat16 too).
 NUMERIC = (BOOL,) + EVERY_INT + FLOATS + COMPLEX
 _REAL = (BOOL,) + EVERY_INT + FLOATS
-# The public ops' inputs: every integer and bool where NumPy takes them, complex for sum, mean and norm.
+# The public ops' inputs: every integer and bool where NumPy takes them, complex for sum, mean, norm and the
+# maxima and minima.
 PUBLIC_INPUTS = {
-    "sum": NUMERIC, "mean": NUMERIC, "norm": NUMERIC,
-    "sum_of_squares": _REAL, "amax": _REAL, "amin": _REAL, "var": _REAL, "std": _REAL, "nansum": _REAL,
-    "nanmax": _REAL, "nanmin": _REAL, "nanmean": _REAL, "count_nonzero": _REAL, "prod": _REAL, "logsumexp": _REAL,
+    "sum": NUMERIC, "mean": NUMERIC, "norm": NUMERIC, "amax": NUMERIC, "amin": NUMERIC, "nanmax": NUMERIC,
+    "nanmin": NUMERIC,
+    "sum_of_squares": _REAL, "var": _REAL, "std": _REAL, "nansum": _REAL, "nanmean": _REAL, "count_nonzero": _REAL, "prod": _REAL, "logsumexp": _REAL,
     "count_not_nan": FLOATS,
 }
 # Why an accepted-by-NumPy input is refused (the message names the way around it).
@@ -378,6 +380,9 @@ class Route:
       for maxima and minima; flipped back after);
     * ``complex``: the real and imaginary parts as a trailing axis of ``via`` (a view: each part its own
       tree over the same elements; the norm reduces that axis too).
+    * ``gather``: complex maxima and minima (``via`` x's dtype): the element at the index the arg-reduction
+      kernels (cuda_src/argreduce.cu) find along the reduced axes merged into one, ordered as NumPy
+      iterates them (:func:`gather_axes`); a gather, no kernel of this family.
 
     ``op``: the op the kernels run: the public one, ``sum`` for a mean with an integer target, or
     ``count_nonzero`` for a bool target of a sum, mean or product (NumPy accumulates in bool: an "or" for
@@ -412,6 +417,8 @@ def route(op: str, dtype, final) -> Route:
     :func:`check_input`). Pure; the extra passes it implies are named in :class:`Route`."""
     t, final = np.dtype(dtype), np.dtype(final)
     kin = OPS[op].inputs
+    if op in MINMAX_OPS and t in COMPLEX:
+        return Route(op, "gather", t, t)
     if op in MINMAX_OPS or op in COUNT_OPS:
         if t in kin:
             how, via = "direct", t
@@ -484,6 +491,16 @@ def k_order(shape, strides, axes) -> tuple | None:
     if kept == sorted(kept):
         return None
     return tuple(kept) + tuple(axes)
+
+
+def gather_axes(shape, strides, axes) -> tuple:
+    """The reduced ``axes`` in the order NumPy's reductions visit them: memory order, outermost first (the
+    |stride| sort of :func:`k_order` over every axis; each axis itself walked in its own index order, a
+    negative stride too). NumPy's max and min of complex x keep the first element, in this order, of those
+    that compare equal (0j and -0j, say; or the first NaN), so the complex maxima search the reduced axes
+    merged in this order to return the same bits."""
+    perm = k_order(shape, strides, ()) or range(len(shape))
+    return tuple(a for a in perm if a in axes)
 
 
 def k_strides(shape, strides, axes, itemsize: int, keepdims: bool) -> tuple:

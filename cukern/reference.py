@@ -642,12 +642,16 @@ def norm_emulated(x, axis=None, dtype=None, keepdims=False):
 
 def amax_emulated(x, axis=None, dtype=None, keepdims=False):
     """The bits :func:`cukern.amax` returns: the tree with reduce.cu's commutative max (NaN if any element
-    is NaN, +0 over -0), converted to ``dtype`` when given."""
+    is NaN, +0 over -0), converted to ``dtype`` when given. Complex x: :func:`extreme_emulated`."""
+    if _numpy(x).dtype.kind == "c":
+        return extreme_emulated("amax", x, axis, dtype, keepdims)
     return _reduce_emulated("amax", x, axis, dtype, keepdims)
 
 
 def amin_emulated(x, axis=None, dtype=None, keepdims=False):
     """The bits :func:`cukern.amin` returns: as :func:`amax_emulated`, with min (-0 over +0)."""
+    if _numpy(x).dtype.kind == "c":
+        return extreme_emulated("amin", x, axis, dtype, keepdims)
     return _reduce_emulated("amin", x, axis, dtype, keepdims)
 
 
@@ -658,7 +662,7 @@ def amin_emulated(x, axis=None, dtype=None, keepdims=False):
 
 def _arg_reference(fn, x, axis, keepdims):
     x = np.asarray(x)
-    wide = x if x.dtype.kind in "biu" else x.astype(np.float64)
+    wide = x if x.dtype.kind in "biuc" else x.astype(np.float64)
     return fn(wide, axis=axis, keepdims=keepdims)
 
 
@@ -686,12 +690,16 @@ def arg_keys(x, op: str):
     """The key cuda_src/argreduce.cu's ``element_key`` gives each element of the host array ``x``, unsigned of
     x's width: its unsigned order is ``op``'s order (reversed for argmin and nanargmin), -0 keyed as +0,
     a NaN's key all ones (argmax, argmin: it wins) or 0 (the nan forms: it loses); no number's key is 0 or
-    all ones."""
+    all ones. Complex x (NumPy's lexicographic order, a NaN in either part a NaN): complex64's keys are
+    uint64, the real part's 32-bit key over the imaginary part's; complex128's are x.shape + (2,) uint64,
+    the real part's key then the imaginary part's, compared lexicographically (the kernel's Key128)."""
     import cukern.argreduce as A
 
     dt = np.dtype(x.dtype)
     kind, width = A.KINDS[dt], dt.itemsize
-    flip, nan_loses = A.OPS[op]
+    flip, nan_loses = A.SEARCHES[op]
+    if kind == A.KIND_COMPLEX:
+        return _complex_arg_keys(x, flip, nan_loses)
     u = np.dtype(f"u{width}")
     b = np.ascontiguousarray(x).view(u)
     sign = u.type(1 << (8 * width - 1))
@@ -712,16 +720,58 @@ def arg_keys(x, op: str):
     return k
 
 
+def _complex_arg_keys(x, flip: bool, nan_loses: bool):
+    part = np.dtype(np.float32 if x.dtype == np.complex64 else np.float64)
+    u = np.dtype(f"u{part.itemsize}")
+    z = np.ascontiguousarray(x)
+    re, im = z.real.astype(part).view(u), z.imag.astype(part).view(u)
+    sign = u.type(1 << (8 * part.itemsize - 1))
+
+    def order(b):
+        mag = b & ~sign
+        return np.where(((b & sign) != 0) & (mag != 0), ~b, mag | sign).astype(u)
+
+    nan = np.isnan(z.real) | np.isnan(z.imag)
+    nan_key = np.uint64(0) if nan_loses else ~np.uint64(0)
+    if u == np.uint32:
+        k = (order(re).astype(np.uint64) << np.uint64(32)) | order(im).astype(np.uint64)
+        if flip:
+            k = ~k
+        return np.where(nan, nan_key, k).astype(np.uint64)
+    k = np.stack([order(re), order(im)], axis=-1)
+    if flip:
+        k = ~k
+    return np.where(nan[..., None], nan_key, k).astype(np.uint64)
+
+
+def _first_largest(k, ndim: int, axis, keepdims: bool):
+    """The first index of the largest key along ``axis`` (None: flattened); ``k`` of ``ndim`` dimensions, or
+    one more for complex128's (hi, lo) pairs, whose largest is the largest lo among the largest hi."""
+    if k.ndim == ndim:
+        return np.argmax(k, axis=axis, keepdims=keepdims)
+    hi, lo = k[..., 0], k[..., 1]
+    if axis is None:
+        i = _first_largest(np.stack([hi.reshape(-1), lo.reshape(-1)], axis=-1), 1, 0, False)
+        return i.reshape((1,) * ndim) if keepdims else i
+    # lo is 0 only for a NaN keyed 0, and such a NaN's hi is the largest only in an all-NaN slice
+    top = hi.max(axis=axis, keepdims=True)
+    return np.argmax(np.where(hi == top, lo, np.uint64(0)), axis=axis, keepdims=keepdims)
+
+
 def _arg_emulated(op: str, x, axis, keepdims):
-    from .argreduce import FLOATS, OPS
+    from .argreduce import INEXACT, SEARCHES
 
     x = np.asarray(x)
     k = arg_keys(x, op)
     if x.ndim == 0:
         axis = None
-    if OPS[op][1] and x.dtype in FLOATS and k.size and (np.max(k, axis=axis) == 0).any():
+    elif axis is not None:
+        axis = axis % x.ndim
+    hi = k if k.ndim == x.ndim else k[..., 0]
+    if SEARCHES[op][1] and op.startswith("nanarg") and x.dtype in INEXACT and hi.size \
+            and (np.max(hi, axis=axis) == 0).any():
         raise ValueError("All-NaN slice encountered")
-    return np.argmax(k, axis=axis, keepdims=keepdims)  # the first of the largest keys
+    return _first_largest(k, x.ndim, axis, keepdims)  # the first of the largest keys
 
 
 def argmax_emulated(x, axis=None, keepdims=False):
@@ -771,28 +821,60 @@ def _chan(a, b):
     return np.where(empty, hn, n), np.where(empty, hm, m), np.where(empty, h2, m2)
 
 
-def _moments_tree(d):
-    """The tree of :func:`reduction_tree` over the last axis of ``d`` (shifted values in the accumulator
-    dtype) with states (count, mean, M2): each element lifted to (1, d, 0), merged by :func:`_chan`."""
+def _chain_elements(a, fill):
+    """The chains of :func:`reduction_tree` over the last axis of ``a`` (rows, n): their elements (rows,
+    chains, 8) in m order, ``fill`` past n, chains in order 32 k + c, and each chain's count of elements
+    below n (chains,): a prefix of its 8."""
     from .reduce_plan import TREE_CHAIN_LENGTH, TREE_CHAINS, TREE_LEAF
 
-    rows, n = d.shape
+    rows, n = a.shape
     leaves = max(1, -(-n // TREE_LEAF))
-    pad = leaves * TREE_LEAF - n
-    zero = np.zeros((rows, pad), d.dtype)
-    one = np.ones_like(d)
-    elem = tuple(np.concatenate([a, zero], axis=1).reshape(rows, leaves, TREE_CHAIN_LENGTH, TREE_CHAINS)
-                 for a in (one, d, np.zeros_like(d)))
-    with np.errstate(all="ignore"):
-        state = tuple(np.zeros((rows, leaves, TREE_CHAINS), d.dtype) for _ in range(3))
-        for m in range(TREE_CHAIN_LENGTH):
-            state = _chan(state, tuple(e[:, :, m, :] for e in elem))
-        p = tuple(s.reshape(rows, -1) for s in state)
-        size = 1 << (p[0].shape[1] - 1).bit_length()
-        p = tuple(np.concatenate([s, np.zeros((rows, size - s.shape[1]), d.dtype)], axis=1) for s in p)
-        while p[0].shape[1] > 1:
-            p = _chan(tuple(s[:, 0::2] for s in p), tuple(s[:, 1::2] for s in p))
+    v = np.concatenate([a, np.full((rows, leaves * TREE_LEAF - n), fill, a.dtype)], axis=1)
+    v = v.reshape(rows, leaves, TREE_CHAIN_LENGTH, TREE_CHAINS).transpose(0, 1, 3, 2)
+    first = np.arange(leaves * TREE_CHAINS)
+    left = n - (first // TREE_CHAINS * TREE_LEAF + first % TREE_CHAINS)
+    count = np.clip(-(-left // TREE_CHAINS), 0, TREE_CHAIN_LENGTH)
+    return v.reshape(rows, leaves * TREE_CHAINS, TREE_CHAIN_LENGTH), count
+
+
+def _upper_tree(p, combine, identity):
+    """The perfect binary tree of :func:`reduction_tree` over chain states ``p`` (a tuple of (rows, chains)
+    arrays), neighbours paired first, the count padded with ``identity`` (a tuple of scalars)."""
+    rows, chains = p[0].shape
+    size = 1 << (chains - 1).bit_length()
+    p = tuple(np.concatenate([s, np.full((rows, size - chains), i, s.dtype)], axis=1) for s, i in zip(p, identity))
+    while p[0].shape[1] > 1:
+        p = combine(tuple(s[:, 0::2] for s in p), tuple(s[:, 1::2] for s in p))
     return tuple(s[:, 0] for s in p)
+
+
+def _moments_tree(d):
+    """The tree of :func:`reduction_tree` over the last axis of ``d`` (shifted values in the accumulator
+    dtype) with states (count, mean, M2): the chains' states (:func:`_moment_chains`) merged by
+    :func:`_chan`."""
+    return _upper_tree(_moment_chains(d), _chan, (0, 0, 0))
+
+
+def _moment_chains(d):
+    """Each chain's (count, mean, M2) over the last axis of ``d`` (rows, n), as reduce.cu ``chain_state``
+    forms it: its c present values summed left to right from the first, mean = sum / c (one division),
+    M2 = the squares of (value - mean) summed left to right; an empty chain the identity (0, 0, 0). Arrays
+    (rows, chains), chains in order 32 k + c."""
+    v, count = _chain_elements(d, 0)
+    c = count.astype(d.dtype)
+    with np.errstate(all="ignore"):
+        s1 = v[..., 0]
+        for m in range(1, v.shape[-1]):
+            s1 = np.where(m < count, s1 + v[..., m], s1)
+        mean = s1 / np.where(count == 0, 1, c).astype(d.dtype)
+        e = v[..., 0] - mean
+        m2 = e * e
+        for m in range(1, v.shape[-1]):
+            e = v[..., m] - mean
+            m2 = np.where(m < count, m2 + e * e, m2)
+        zero = np.zeros_like(mean)
+        empty = count == 0
+        return np.broadcast_to(c, mean.shape), np.where(empty, zero, mean), np.where(empty, zero, m2)
 
 
 def _var_emulated(name: str, x, axis, dtype, ddof, keepdims: bool):
@@ -826,8 +908,9 @@ def _var_emulated(name: str, x, axis, dtype, ddof, keepdims: bool):
 
 def var_emulated(x, axis=None, dtype=None, ddof=0, keepdims=False):
     """The bits :func:`cukern.var` returns: each slice's values in the accumulator dtype (float32 for float32
-    and half-type results, float64 otherwise) less the slice's first element, lifted to (1, value, 0) and
-    merged along the one tree of :func:`reduction_tree` by reduce.cu's Chan merge (:func:`_chan`); then M2
+    and half-type results, float64 otherwise) less the slice's first element; each chain of
+    :func:`reduction_tree` forms its (count, mean, M2) at once (:func:`_moments_tree`: one division a
+    chain), and the chains merge up the tree by reduce.cu's Chan merge (:func:`_chan`); then M2
     widened to float64 and divided by ``max(n - ddof, 0)`` (NaN when the mean is not finite), rounded to the
     result dtype (through float32 for half types)."""
     return _var_emulated("var", x, axis, dtype, ddof, keepdims)
@@ -899,8 +982,33 @@ def _count_not_nan_emulated(x, axis, keepdims):
     return _reduce_emulated("count_not_nan", x, axis, None, keepdims)
 
 
+def extreme_emulated(name: str, x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.amax` (``name`` "amax"), ``amin``, ``nanmax`` and ``nanmin`` return for complex
+    host ``x`` (its strides matter): the element at the arg-reduction's index along the reduced axes merged
+    in NumPy's visiting order (:func:`cukern.reduce_plan.gather_axes`); NaN-skipping for the nan forms, an
+    all-NaN slice giving its first element. NumPy's own max, min, nanmax and nanmin give the same bits."""
+    import cukern.reduce_plan as P
+
+    x = _numpy(x)  # a cupy array arrives C-contiguous: pass host views to keep their visiting order
+    axes = P.normalize_axis(axis, x.ndim)
+    final = P.result_dtype(name, x.dtype, dtype)
+    n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+    if n == 0:
+        raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
+    kept = [i for i in range(x.ndim) if i not in axes]
+    merged = np.transpose(x, kept + list(P.gather_axes(x.shape, x.strides, axes)))
+    merged = merged.reshape(tuple(x.shape[i] for i in kept) + (n,))
+    at = _arg_emulated({"amax": "argmax", "amin": "argmin"}.get(name, name), merged, -1, True)
+    r = np.take_along_axis(merged, at, axis=-1).reshape(P.result_shape(x.shape, axes, keepdims))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
+        return np.asarray(r.astype(final))
+
+
 def _nan_minmax_emulated(name, x, axis, dtype, keepdims):
     x = _numpy(x)
+    if x.dtype.kind == "c":
+        return extreme_emulated(name, x, axis, dtype, keepdims)
     r = _reduce_emulated(name, x, axis, dtype, keepdims)
     if (x.dtype.kind == "f" or x.dtype.name == "bfloat16") and (r.dtype.kind == "f" or r.dtype.name == "bfloat16"):
         r = np.where(_count_not_nan_emulated(x, axis, keepdims) == 0, np.array(np.nan, r.dtype), r)
@@ -1036,34 +1144,38 @@ def _lse_merge(a, b):
         return np.where(nan, am + bm, m), np.where(nan, as_ + bs, s)
 
 
-def _state_tree(elems, combine, identity):
-    """:func:`reduction_tree` for states of several arrays: ``elems`` (rows, n) arrays already lifted,
-    ``identity`` a tuple of scalars, ``combine`` merging tuples of arrays."""
-    from .reduce_plan import TREE_CHAIN_LENGTH, TREE_CHAINS, TREE_LEAF
+def _lse_tree(w):
+    """The tree of :func:`reduction_tree` over the last axis of ``w`` (values in the accumulator dtype) with
+    states (m, s): the chains' states (:func:`_lse_chains`) merged by :func:`_lse_merge`."""
+    return _upper_tree(_lse_chains(w), _lse_merge, (-np.inf, 0))
 
-    rows, n = elems[0].shape
-    leaves = max(1, -(-n // TREE_LEAF))
-    pad = leaves * TREE_LEAF - n
-    dt = elems[0].dtype
-    el = tuple(np.concatenate([e, np.full((rows, pad), i, dt)], axis=1).reshape(rows, leaves, TREE_CHAIN_LENGTH,
-                                                                                    TREE_CHAINS)
-               for e, i in zip(elems, identity))
-    state = tuple(np.full((rows, leaves, TREE_CHAINS), i, dt) for i in identity)
-    for m in range(TREE_CHAIN_LENGTH):
-        state = combine(state, tuple(e[:, :, m, :] for e in el))
-    p = tuple(s.reshape(rows, -1) for s in state)
-    size = 1 << (p[0].shape[1] - 1).bit_length()
-    p = tuple(np.concatenate([s, np.full((rows, size - s.shape[1]), i, dt)], axis=1) for s, i in zip(p, identity))
-    while p[0].shape[1] > 1:
-        p = combine(tuple(s[:, 0::2] for s in p), tuple(s[:, 1::2] for s in p))
-    return tuple(s[:, 0] for s in p)
+
+def _lse_chains(w):
+    """Each chain's (m, s) over the last axis of ``w`` (rows, n), as reduce.cu ``chain_state`` forms it: m
+    the NaN-propagating maximum of its present values, (m, 1) for an infinite or NaN m (nothing later
+    reads such an s but for s != 0), else s = the sum, left to right, of :func:`_exp_nonpositive` (value -
+    m); an empty chain the identity (-inf, 0). Arrays (rows, chains), chains in order 32 k + c."""
+    v, count = _chain_elements(w, -np.inf)
+    t = w.dtype.type
+    with np.errstate(all="ignore"):
+        hi = v[..., 0]
+        for m in range(1, v.shape[-1]):
+            hi = np.where(m < count, _tree_max(hi, v[..., m]), hi)
+        finite = np.isfinite(hi)
+        s = _exp_nonpositive(np.where(finite, v[..., 0] - hi, t(0)))
+        for m in range(1, v.shape[-1]):
+            s = np.where(m < count, s + _exp_nonpositive(np.where(finite, v[..., m] - hi, t(0))), s)
+        s = np.where(finite, s, t(1))
+        empty = count == 0
+        return np.where(empty, t(-np.inf), hi), np.where(empty, t(0), s)
 
 
 def logsumexp_emulated(x, axis=None, keepdims=False):
-    """The bits :func:`cukern.logsumexp` returns: each element lifted to (x, 1) in the accumulator dtype
-    (float32 for float32 and half types, float64 for float64; integer and bool x converted to float64),
-    merged along the one tree of :func:`reduction_tree` by reduce.cu's LogSumExp merge (:func:`_lse_merge`,
-    with cukern's own exp), then m + log(s) with cukern's own log, rounded to the result dtype; -inf for an
+    """The bits :func:`cukern.logsumexp` returns: the values in the accumulator dtype (float32 for float32
+    and half types, float64 for float64; integer and bool x converted to float64); each chain of
+    :func:`reduction_tree` forms its (max m, sum of exp(x - m)) at once with cukern's own exp
+    (:func:`_lse_tree`: one exp an element), and the chains merge up the tree by reduce.cu's LogSumExp
+    merge (:func:`_lse_merge`); then m + log(s) with cukern's own log, rounded to the result dtype; -inf for an
     empty or all -inf slice, m itself for an infinite or NaN m. A one-element slice is copied."""
     import cukern.reduce_plan as P
 
@@ -1083,7 +1195,7 @@ def logsumexp_emulated(x, axis=None, keepdims=False):
     a = P.acc_dtype(final)
     w = v.astype(a)
     with np.errstate(all="ignore"):
-        m, s = _state_tree((w, np.ones_like(w)), _lse_merge, (-np.inf, 0))
+        m, s = _lse_tree(w)
         finite = np.isfinite(m) & (s != 0)
         r = np.where(finite, m + _log_at_least_one(np.where(finite, s, np.ones_like(s))), m)
         r = np.where(s == 0, np.array(-np.inf, a), r)
@@ -1198,7 +1310,7 @@ def cumprod(x, axis=None):
 
 
 def _scan_emulated(op: str, x, axis, dtype):
-    from .scan import BLOCK, ITEMS, TILE, result_dtype
+    from .scan import BLOCK, GROUP, ITEMS, TILE, result_dtype
 
     x = _numpy(x)
     o = result_dtype(x.dtype, dtype)
@@ -1226,8 +1338,16 @@ def _scan_emulated(op: str, x, axis, dtype):
         lane_before = np.concatenate([np.broadcast_to(identity, u.shape[:-1] + (1,)), u[..., :-1]], axis=-1)
         warps = f.accumulate(u[..., -1], axis=-1)
         warp_before = np.concatenate([np.broadcast_to(identity, warps.shape[:-1] + (1,)), warps[..., :-1]], axis=-1)
-        prefix = f.accumulate(warps[..., -1], axis=-1)
-        tile_before = np.concatenate([np.broadcast_to(identity, (rows, 1)), prefix[:, :-1]], axis=-1)
+        # tiles in groups of GROUP: Q, the fold of a group's aggregates before each tile; S, each group's total;
+        # B, the fold of the row's earlier totals; a tile's prefix B + Q
+        groups = -(-tiles // GROUP)
+        agg = np.full((rows, groups * GROUP), identity, acc)
+        agg[:, :tiles] = warps[..., -1]
+        within = f.accumulate(agg.reshape(rows, groups, GROUP), axis=-1)
+        q = np.concatenate([np.broadcast_to(identity, (rows, groups, 1)), within[..., :-1]], axis=-1)
+        b = np.concatenate([np.broadcast_to(identity, (rows, 1)), f.accumulate(within[..., -1], axis=-1)[:, :-1]],
+                           axis=-1)
+        tile_before = f(b[..., None], q).reshape(rows, -1)[:, :tiles]
         base = f(f(tile_before[:, :, None], warp_before)[..., None], lane_before)
         out = f(base[..., None], s)
     out = out.reshape(rows, -1)[:, :n].astype(o).reshape(shape)
@@ -1236,7 +1356,8 @@ def _scan_emulated(op: str, x, axis, dtype):
 
 def cumsum_emulated(x, axis=None, dtype=None):
     """The bits :func:`cukern.cumsum` returns: per thread a running sum of 16 elements, the lanes' ladder,
-    the warps in order, the tiles in order, combined as ``((P + W) + L) + s`` (cuda_src/scan.cu's notes)."""
+    the warps in order, the tiles of a group in order, the groups in order, combined as ``((P + W) + L) + s``
+    with ``P = B + Q`` (cuda_src/scan.cu's notes)."""
     return _scan_emulated("cumsum", x, axis, dtype)
 
 

@@ -7,18 +7,20 @@ and bool); ``out`` receives the result.
 
 Memory traffic, the count every GB/s figure uses: x read once, out written once (:func:`bytes_moved`).
 
-Reproducibility: one pass with decoupled look-back over tiles of :data:`TILE` elements, a constant of the
-definition, not a knob. Every output is one fixed expression of its line's values (``cuda_src/scan.cu``'s
-notes; :func:`cukern.reference.cumsum_emulated` and ``cumprod_emulated`` evaluate it on the host): the bits
-depend only on the values, the position in the line, the dtypes and the op, never on the grid, the order
-in which blocks run, the SM count or the GPU. Accumulation: float32 for float32 / float16 / bfloat16
-results, float64 for float64, int64 (wrapping) for int64. The sums' rounding is that of a sequential sum
-over tiles plus a tree-like sum inside a tile, so float32 results differ from NumPy's sequential sum within
-the usual error bound.
+Reproducibility: one pass with decoupled look-back over tiles of :data:`TILE` elements in groups of
+:data:`GROUP` tiles, constants of the definition, not knobs. Every output is one fixed expression of its
+line's values (``cuda_src/scan.cu``'s notes; :func:`cukern.reference.cumsum_emulated` and
+``cumprod_emulated`` evaluate it on the host): the bits depend only on the values, the position in the line,
+the dtypes and the op, never on the grid, the order in which blocks run, the SM count or the GPU.
+Accumulation: float32 for float32 / float16 / bfloat16 results, float64 for float64, int64 (wrapping) for
+int64. The sums' rounding is that of a sequential sum over groups of tiles, over the tiles of a group and a
+tree-like sum inside a tile, so float32 results differ from NumPy's sequential sum within the usual error
+bound.
 
-Workspace: per (device, stream), a tile counter, a status word per tile and two values per tile, grown to
-the largest call; status words carry the launch's epoch, so they are never cleared. A call made while a
-CUDA graph is being captured is refused (a replayed launch would reuse its epoch and read stale status).
+Workspace: per (device, stream), a tile counter, a status word and a value per tile and per group (at most
+as many groups as tiles: two 64-bit words and three values per tile), grown to the largest call; status
+words carry the launch's epoch, so they are never cleared. A call made while a CUDA graph is being captured
+is refused (a replayed launch would reuse its epoch and read stale status).
 
 Layouts: the scanned axis may have any stride; the other axes of x and out are merged into at most two
 levels of lines; anything else goes through C-contiguous temporaries. ``out`` may be x itself (in place):
@@ -45,6 +47,7 @@ from ._layout import collapse
 SOURCE = "scan"
 BLOCK, ITEMS = 256, 16  # SCAN_BLOCK, SCAN_ITEMS in cuda_src/scan.cu
 TILE = BLOCK * ITEMS
+GROUP = 32  # SCAN_GROUP: tiles a group
 SCAN_SUM, SCAN_PROD = 0, 1
 OPS = {"cumsum": SCAN_SUM, "cumprod": SCAN_PROD}
 _F32, _F64, _F16, _I32, _I64, _BOOL = (np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int32, np.int64,
@@ -180,8 +183,12 @@ def bytes_moved(shape, dtype, out_dtype=None) -> int:
 @dataclass
 class Workspace:
     counter: object  # uint32[1], zero between launches (the block drawing the last tile resets it)
-    status: object  # uint32[tiles], epoch-tagged
-    values: object  # uint64[2 * tiles]: aggregates, then prefixes
+    status: object  # uint64[2 * tiles], epoch-tagged words: the tiles', then the groups'
+    values: object  # uint64[3 * tiles]: the tiles' aggregates, the groups' totals, the groups' prefixes
+
+    @property
+    def tiles(self) -> int:
+        return self.status.size // 2
     epoch: int = 0
 
 
@@ -199,11 +206,11 @@ def workspace(tiles: int):
     key = (cp.cuda.runtime.getDevice(), stream.ptr)
     with _work_lock:
         ws = _workspaces.get(key)
-        if ws is None or ws.status.size < tiles:
-            size = max(tiles, 2 * (ws.status.size if ws is not None else 0))
+        if ws is None or ws.tiles < tiles:
+            size = max(tiles, 2 * (ws.tiles if ws is not None else 0))
             # The pool hands the old buffers out again only in this stream's order, after the launches using them.
-            ws = _workspaces[key] = Workspace(cp.zeros(1, np.uint32), cp.zeros(size, np.uint32),
-                                              cp.empty(2 * size, np.uint64), 0 if ws is None else ws.epoch)
+            ws = _workspaces[key] = Workspace(cp.zeros(1, np.uint32), cp.zeros(2 * size, np.uint64),
+                                              cp.empty(3 * size, np.uint64), 0 if ws is None else ws.epoch)
         ws.epoch = ws.epoch % (EPOCHS - 1) + 1
         if ws.epoch == 1:  # a new cycle of epochs: status words of the last one must not match
             ws.status.fill(0)
@@ -287,10 +294,10 @@ def _run(op: str, x, axis, dtype, out):
             src = cp.ascontiguousarray(x) if pl.copy else x
             ws, epoch = workspace(pl.tiles)
             params = struct_argument(PARAMS.struct(**call.fields, epoch=epoch))
-            values = ws.values.data.ptr
+            status, values, size = ws.status.data.ptr, ws.values.data.ptr, ws.tiles
             launch(call.kernel, pl.config,
-                   (dst, src, ws.counter, ws.status, np.uint64(values), np.uint64(values + 8 * ws.status.size),
-                    params))
+                   (dst, src, ws.counter, np.uint64(status), np.uint64(values), np.uint64(status + 8 * size),
+                    np.uint64(values + 8 * size), np.uint64(values + 16 * size), params))
         if out is None:
             return dst
         if dst is not out:

@@ -103,16 +103,16 @@ def test_bytes_moved():
 def test_plan_benchmark_shape():
     p = qknorm.plan(16384, 32, 8, 128, 128, 8, True, 2, 132)
     assert (p.lanes, p.groups, p.items, p.pair, p.shared) == (4, 1, 4, 2, 0)
-    assert (p.block, p.heads_per_block, p.grid) == (256, 64, min(16384 * 40 // 64, 8 * 132 * 8))
+    assert (p.block, p.heads_per_block, p.grid) == (128, 32, min(16384 * 40 // 32, 4 * 132 * 16))
     assert p.config.shared_mem == 0
     assert p.instantiation(BFLOAT16, BFLOAT16, F32).expression == \
-        "cukern::qk_norm_rope<cukern::bf16, cukern::bf16, float, 8, 4, 1, 4, true, 2, 256>"
+        "cukern::qk_norm_rope<cukern::bf16, cukern::bf16, float, 8, 4, 1, 4, true, 2, 128>"
     half = qknorm.plan(16384, 32, 8, 128, 64, 8, True, 2, 132)
     assert half.pair == 1 and half.shared == 0
     narrow = qknorm.plan(16384, 32, 8, 128, 32, 8, True, 2, 132)  # rot/2 = 2 vectors, 4 lanes: shared memory
-    assert narrow.pair == 0 and narrow.shared == 64 * 128 * 2
+    assert narrow.pair == 0 and narrow.shared == 32 * 128 * 2
     gptj = qknorm.plan(1, 32, 8, 128, 128, 1, False, 2, 132)
-    assert (gptj.lanes, gptj.items, gptj.pair, gptj.shared, gptj.grid) == (32, 4, 0, 0, 5)
+    assert (gptj.lanes, gptj.items, gptj.pair, gptj.shared, gptj.grid) == (32, 4, 0, 0, 10)
 
 
 @pytest.mark.parametrize("vec", [1, 4, 8])
@@ -211,7 +211,7 @@ def _prep(monkeypatch, f, eps=1e-6, offset=0.0, is_neox=True, knobs=qknorm.DEFAU
 def test_prepare_plans_and_memoizes(monkeypatch):
     qknorm._calls.clear()
     a = _prep(monkeypatch, _fakes())
-    assert a.inst.args[3] == 8 and a.has_key and a.config.block == (256,) and a.struct["head_size"] == 128
+    assert a.inst.args[3] == 8 and a.has_key and a.config.block == (128,) and a.struct["head_size"] == 128
     assert _prep(monkeypatch, _fakes()) is a
     assert _prep(monkeypatch, _fakes(query=Fake((7, 8, 128), ptr=(1 << 20) + 2))).inst.args[3] == 1
     assert _prep(monkeypatch, _fakes(q_weight=Fake((128,), ptr=W_PTR + 2))).inst.args[3] == 1

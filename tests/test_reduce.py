@@ -92,6 +92,14 @@ class _Tree:
         with np.errstate(invalid="ignore", over="ignore"):
             return self.a.type(self.combine(self.a.type(a), self.a.type(b)))
 
+    def chain(self, values):
+        """A chain's value from its present elements (m order): added one after another into the identity
+        (absent elements, the identity, would change nothing)."""
+        acc = self.identity
+        for v in values:
+            acc = self(acc, v)
+        return acc
+
     def pairs(self, values):
         """tree_reduce over a power-of-two count, or the tree over any count padded with the identity."""
         values = list(values)
@@ -141,11 +149,8 @@ def _chunk(t: _Tree, v, start: int, group: int, cv: int):
     out = []
     for lane in range(group):
         e0 = start + (lane // per_leaf) * LEAF + (lane % per_leaf) * cv
-        acc = [t.identity] * cv
-        for m in range(CHAIN_LENGTH):
-            for j in range(cv):
-                i = e0 + m * CHAINS + j
-                acc[j] = t(acc[j], v[i] if i < v.size else t.identity)
+        acc = [t.chain([v[i] for m in range(CHAIN_LENGTH) if (i := e0 + m * CHAINS + j) < v.size])
+               for j in range(cv)]
         out.append(t.pairs(acc))
     return t.lanes(out, group)[0]
 
@@ -212,19 +217,12 @@ def _row(t: _Tree, v, itemsize: int, tpr: int):
 
 
 def _col_leaf(t: _Tree, v, leaf: int, q: int):
-    """reduce_cols' value of one leaf of one column: row lane ty's q chains (loaded COL_LOADS rows at a
-    time), combined in the thread, then across the 32 / q row lanes."""
-    steps = max(1, 4 // q)
+    """reduce_cols' value of one leaf of one column: row lane ty's q chains, combined in the thread, then
+    across the 32 / q row lanes."""
     stage = []
     for ty in range(CHAINS // q):
         r0 = leaf * LEAF + q * ty
-        acc = [t.identity] * q
-        for m0 in range(0, CHAIN_LENGTH, steps):
-            loaded = [[v[r] if (r := r0 + (m0 + u) * CHAINS + c) < v.size else t.identity for c in range(q)]
-                      for u in range(steps)]
-            for u in range(steps):
-                for c in range(q):
-                    acc[c] = t(acc[c], loaded[u][c])
+        acc = [t.chain([v[r] for m in range(CHAIN_LENGTH) if (r := r0 + m * CHAINS + c) < v.size]) for c in range(q)]
         stage.append(t.pairs(acc))
     return t.lanes(stage, CHAINS // q)[0]
 
@@ -242,11 +240,7 @@ def _strided(t: _Tree, v):
     for k in range(_cdiv(v.size, LEAF)):
         lanes = []
         for lane in range(32):
-            acc = t.identity
-            for m in range(CHAIN_LENGTH):
-                r = k * LEAF + m * CHAINS + lane
-                acc = t(acc, v[r] if r < v.size else t.identity)
-            lanes.append(acc)
+            lanes.append(t.chain([v[r] for m in range(CHAIN_LENGTH) if (r := k * LEAF + m * CHAINS + lane) < v.size]))
         leaves.append(t.lanes(lanes, 32)[0])
     return t.stack(leaves)
 
@@ -256,11 +250,7 @@ def _by_definition(t: _Tree, v):
     chains = []
     for leaf in range(_cdiv(v.size, LEAF)):
         for c in range(CHAINS):
-            acc = t.identity
-            for m in range(CHAIN_LENGTH):
-                if (i := leaf * LEAF + m * CHAINS + c) < v.size:
-                    acc = t(acc, v[i])
-            chains.append(acc)
+            chains.append(t.chain([v[i] for m in range(CHAIN_LENGTH) if (i := leaf * LEAF + m * CHAINS + c) < v.size]))
 
     def tree(lo: int, size: int):
         if size == 1:
@@ -1486,7 +1476,7 @@ def test_bad_input_raises_before_launch():
     with pytest.raises(TypeError, match="not supported"):
         R.sum_of_squares(cupy.ones(3, np.complex64))
     with pytest.raises(TypeError, match="supports"):
-        R.amax(cupy.ones(3, np.complex64))
+        R.logsumexp(cupy.ones(3, np.complex64))
     with pytest.raises(np.exceptions.AxisError):
         R.sum(x, axis=2)
     with pytest.raises(ValueError, match="shape"):
@@ -1652,7 +1642,7 @@ def test_var_std_emulators_against_float64(dtype):
                 assert_close(got, want, terms=terms)
 
 
-@pytest.mark.parametrize("n", [7, 1000, 4097, 100003, 2**20 + 3])
+@pytest.mark.parametrize("n", [7, 255, 257, 1000, 4097, 4099, 100003, 2**20 + 3])
 def test_var_float32_offset_accuracy(n):
     """Mean 1e4, standard deviation 1: the naive sum-of-squares form loses every digit in float32; the
     shifted one-pass tree keeps the relative error within 1e-6 of the float64 two-pass variance."""
@@ -1949,21 +1939,126 @@ def test_logsumexp_emulator_against_float64(rng):
     assert reference.logsumexp_emulated(np.array([3, 3], np.int32)).dtype == np.float64
 
 
+def test_var_and_logsumexp_chains_by_hand():
+    """The chain states reduce.cu's chain_state forms, on values whose arithmetic is exact: chain c of leaf 0
+    of 0, 1, ..., 255 holds c + 32 m, m = 0..7 (sum 8 c + 896, mean c + 112, M2 = 1024 * 42); leaf 1 of
+    n = 259 has three chains of one value and 29 empty ones."""
+    for dt in (np.float32, np.float64):
+        d = np.arange(259, dtype=dt)[None]
+        n, mean, m2 = reference._moment_chains(d)
+        c = np.arange(32)
+        assert (n[0, :32] == 8).all() and (mean[0, :32] == c + 112).all() and (m2[0, :32] == 43008).all()
+        assert (n[0, 32:35] == 1).all() and (mean[0, 32:35] == 256 + np.arange(3)).all() and (m2[0, 32:] == 0).all()
+        assert (n[0, 35:] == 0).all() and (mean[0, 35:] == 0).all()
+        e = reference._exp_nonpositive(np.array([-1.0, -2.0], dt))
+        inf, nan = np.inf, np.nan
+        rows = np.full((7, 64), -inf, dt)  # n = 64: chains of two values (c, c + 32)
+        rows[0, [0, 32]] = 5.0  # (5, 1 + 1)
+        rows[1, [0, 32]] = [3.0, 2.0]  # (3, 1 + e^-1)
+        rows[2, [0, 32]] = [0.0, -1.0]  # (0, 1 + e^-1)
+        rows[3, [0, 32]] = [inf, 1.0]  # (inf, 1)
+        rows[4, [0, 32]] = [nan, inf]  # (nan, 1)
+        rows[5, [0, 32]] = [-inf, 1.0]  # (1, 0 + 1): a -inf term adds 0
+        rows[6, [0, 32]] = [1.0, -2.0]  # (1, 1 + e^-3)
+        m, s = reference._lse_chains(rows)
+        want_m = np.array([5, 3, 0, inf, nan, 1, 1], dt)
+        want_s = np.array([2, 1 + e[0], 1 + e[0], 1, 1, 1, 1 + reference._exp_nonpositive(np.array([-3.0], dt))[0]], dt)
+        assert np.array_equal(m[:, 0], want_m, equal_nan=True) and np.array_equal(s[:, 0], want_s)
+        # a chain of -inf alone is (-inf, 1); an empty chain (n = 1: chains 1..31) the identity (-inf, 0)
+        assert (m[:, 1:] == -inf).all() and (s[:, 1:] == 1).all()
+        m, s = reference._lse_chains(np.array([[2.0]], dt))
+        assert m[0, 0] == 2 and s[0, 0] == 1 and (m[0, 1:] == -inf).all() and (s[0, 1:] == 0).all()
+
+
+@pytest.mark.parametrize("n", [1, 7, 255, 257, 4099])
+def test_logsumexp_emulator_odd_lengths_and_special_values(n):
+    """Within a few ulps of the float64 reference (relative to max(1, |result|): the sum's rounding, the
+    exp's and the log's), and NumPy's answers for slices holding -inf, +inf or NaN."""
+    rng = np.random.default_rng(n)
+    for dt in (np.float32, np.float64):
+        x = (10 * rng.standard_normal((9, n))).astype(dt)
+        x[1] = -np.inf
+        x[2, ::3] = -np.inf
+        x[3, n // 2] = np.inf
+        x[4, n - 1] = np.nan
+        x[5, 0], x[5, n - 1] = np.inf, np.nan
+        x[6, 0], x[6, n - 1] = -np.inf, np.inf
+        x[7] = 3.5  # equal maxima everywhere: exactly 3.5 + log(n) as cukern's log gives it
+        x[8, ::2] = -np.inf
+        got = reference.logsumexp_emulated(x, axis=1)
+        want = reference.reduce_logsumexp(x, axis=1)
+        assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))
+        assert (got[np.isinf(want)] == want[np.isinf(want)]).all()
+        ok = np.isfinite(want)
+        eps = np.finfo(dt).eps
+        bound = (6 + np.log2(n)) * eps * np.maximum(1, np.abs(want[ok]))
+        assert (np.abs(got[ok] - want[ok]) <= bound).all(), (n, dt, np.abs(got[ok] - want[ok]) / bound)
+        assert got[7] == dt(3.5) + reference._log_at_least_one(np.array([n], dt))[0]
+        if n > 1:  # var: an infinity or a NaN anywhere gives NaN (rows 3 to 6), a constant slice 0 (row 7)
+            with np.errstate(invalid="ignore"):
+                v = reference.var_emulated(x[3:], axis=1)
+            assert np.isnan(v[:4]).all() and v[4] == 0
+
+
 class _LseTree:
     """The LogSumExp merge on (m, s) pairs, as _Tree's interface wants it (for _by_definition and the
-    kernels' splits)."""
+    kernels' splits), with the chain written out from its definition (reduce.cu chain_state)."""
 
     def __init__(self, a):
         self.a = np.dtype(a)
         self.identity = (self.a.type(-np.inf), self.a.type(0))
 
     def __call__(self, x, y):
-        if not isinstance(x, tuple):
-            x = (self.a.type(x), self.a.type(1))
-        if not isinstance(y, tuple):
-            y = (self.a.type(y), self.a.type(1))
         m, s = reference._lse_merge(tuple(np.asarray(v, self.a) for v in x), tuple(np.asarray(v, self.a) for v in y))
         return (self.a.type(m), self.a.type(s))
+
+    def chain(self, values):
+        """The maximum m of the present values (NaN-propagating), (m, 1) if it is not finite, else the sum
+        from 0, left to right, of exp(v - m) by cukern's exp; no values: the identity."""
+        t = self.a.type
+        if not values:
+            return self.identity
+        m = t(values[0])
+        for v in values[1:]:
+            m = t(reference._tree_max(np.asarray(m, self.a), np.asarray(v, self.a)))
+        if not np.isfinite(m):
+            return (m, t(1))
+        s = t(0)
+        for v in values:
+            s = t(s + reference._exp_nonpositive(np.asarray([t(v) - m], self.a))[0])
+        return (m, s)
+
+    pairs, lanes, block, stack = _Tree.pairs, _Tree.lanes, _Tree.block, _Tree.stack
+
+
+class _VarTree:
+    """The Chan merge on (count, mean, M2), as _Tree's interface wants it, with the chain written out from
+    its definition (reduce.cu chain_state) over already shifted values."""
+
+    def __init__(self, a):
+        self.a = np.dtype(a)
+        self.identity = (self.a.type(0),) * 3
+
+    def __call__(self, x, y):
+        with np.errstate(all="ignore"):
+            r = reference._chan(tuple(np.asarray(v, self.a) for v in x), tuple(np.asarray(v, self.a) for v in y))
+        return tuple(self.a.type(v) for v in r)
+
+    def chain(self, values):
+        """S1 the sum of the c present values from the first, left to right; mean = S1 / c; M2 the sum from
+        0, left to right, of (v - mean)^2; no values: the identity."""
+        t = self.a.type
+        if not values:
+            return self.identity
+        with np.errstate(all="ignore"):
+            s1 = t(values[0])
+            for v in values[1:]:
+                s1 = t(s1 + t(v))
+            mean = t(s1 / t(len(values)))
+            m2 = t(0)
+            for v in values:
+                m2 = t(m2 + t(t(v) - mean) * t(t(v) - mean))
+        return (t(len(values)), mean, m2)
 
     pairs, lanes, block, stack = _Tree.pairs, _Tree.lanes, _Tree.block, _Tree.stack
 
@@ -1988,26 +2083,48 @@ def test_lse_merge_is_commutative_and_exact_with_the_identity(rng):
                 assert np.asarray(u).tobytes() == np.asarray(v).tobytes() or (np.isnan(u[0]) and np.isnan(v[0]))
 
 
-def test_prod_and_logsumexp_are_splits_of_the_tree(rng):
-    """The emulators compute the documented tree, and the full, rows and strided kernels' splits (the only
-    ones prod and logsumexp have) give their bits."""
+def _lse_values(rng, n, dtype, special):
+    v = (5 * rng.standard_normal(n)).astype(dtype)
+    if special and n > 300:
+        v[::97] = -np.inf  # chains mixing -inf with finite values, and one of -inf alone
+        v[256 + 5:256 + 5 + 8 * 32:32] = -np.inf
+        v[3 * 256 + 7] = np.inf
+        v[2 * 256 + 1] = np.nan
+    return v
+
+
+def test_prod_var_and_logsumexp_are_splits_of_the_tree(rng):
+    """The emulators compute the documented tree (var's and logsumexp's chains formed at once, as
+    chain_state defines them), and the full, rows and strided kernels' splits (and var's column kernel)
+    give their bits."""
     for n in (40, 1100):  # 1100: 5 leaves, 2 chunks of float32, the last one partial
         for t, v in ((_ProdTree(np.float32), (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)),
-                     (_LseTree(np.float32), (5 * rng.standard_normal(n)).astype(np.float32))):
+                     (_LseTree(np.float32), _lse_values(rng, n, np.float32, False)),
+                     (_LseTree(np.float64), _lse_values(rng, n, np.float64, True)),
+                     (_VarTree(np.float32), (1e4 + rng.standard_normal(n)).astype(np.float32) - np.float32(1e4)),
+                     (_VarTree(np.float64), rng.standard_normal(n))):
             if isinstance(t, _LseTree):
-                m, s = reference._state_tree((v[None], np.ones((1, n), v.dtype)), reference._lse_merge, t.identity)
+                m, s = reference._lse_tree(v[None])
                 want = (v.dtype.type(m[0]), v.dtype.type(s[0]))
+            elif isinstance(t, _VarTree):
+                want = tuple(v.dtype.type(u[0]) for u in reference._moments_tree(v[None]))
             else:
                 want = reference.reduction_tree(v[None], t.combine, t.identity)[0]
-            assert np.asarray(_by_definition(t, v)).tobytes() == np.asarray(want).tobytes(), (n, type(t))
-            for itemsize in (4,) if isinstance(t, _LseTree) else (4, 2):
+            want = np.asarray(want).tobytes()
+            assert np.asarray(_by_definition(t, v)).tobytes() == want, (n, type(t))
+            for itemsize in (v.itemsize, 2) if isinstance(t, (_ProdTree, _VarTree)) else (v.itemsize,):
                 cv, size = P.lane_elements(itemsize), P.chunk_elements(itemsize)
                 chunks = [_chunk(t, v, q * size, 32, cv) for q in range(_cdiv(n, size))]
                 for block, grid in ((64, 2),):
-                    assert np.asarray(_full_split(t, chunks, block, grid)).tobytes() == np.asarray(want).tobytes()
-                for tpr in sorted({P.row_tpr(n, itemsize, P.COMPACT_KNOBS), 32}):
-                    assert np.asarray(_row(t, v, itemsize, tpr)).tobytes() == np.asarray(want).tobytes()
-            assert np.asarray(_strided(t, v)).tobytes() == np.asarray(want).tobytes()
+                    assert np.asarray(_full_split(t, chunks, block, grid)).tobytes() == want
+                for tpr in sorted({P.row_tpr(n, itemsize, P.COMPACT_KNOBS), 32, 64}):
+                    assert np.asarray(_row(t, v, itemsize, tpr)).tobytes() == want
+            if isinstance(t, _VarTree):
+                for q in (1, 4):
+                    leaves = [_col_leaf(t, v, k, q) for k in range(_cdiv(n, LEAF))]
+                    for span in (1, 2):
+                        assert np.asarray(_col_split(t, leaves, span, _cdiv(len(leaves), span))).tobytes() == want
+            assert np.asarray(_strided(t, v)).tobytes() == want
 
 
 def test_lift_modes_add_no_kernels_and_compact_ops_few():
@@ -2084,7 +2201,7 @@ def test_new_ops_result_dtypes_follow_numpy():
 
 
 def test_new_ops_validate_before_any_launch():
-    for fn, bad in ((R.nansum, fake_array((4,), np.complex64)), (R.nanmax, fake_array((4,), np.complex64)),
+    for fn, bad in ((R.nansum, fake_array((4,), np.complex64)), (R.nanmax, fake_array((4,), "datetime64[s]")),
                     (R.prod, fake_array((4,), np.complex64)), (R.logsumexp, fake_array((4,), np.complex64)),
                     (R.count_nonzero, fake_array((4,), np.complex64)), (R.nanmean, fake_array((4,), np.complex64))):
         with pytest.raises(TypeError):
@@ -2210,6 +2327,36 @@ def test_logsumexp_bits_match_the_emulator(dtype):
     special = np.array([[-np.inf] * 300, [np.inf] + [1.0] * 299, [np.nan] + [1.0] * 299], dtype)
     got = cupy.asnumpy(R.logsumexp(cupy.asarray(special), axis=1)).astype(np.float64)
     assert got[0] == -np.inf and got[1] == np.inf and np.isnan(got[2])
+
+
+@pytest.mark.gpu
+def test_var_and_logsumexp_special_chains_match_the_emulator():
+    """Chains formed at once (chain_state) on every kernel path: partial chains (odd lengths), chains of
+    -inf alone or mixed, +inf, NaN, constant slices; full, rows, columns (var) and strided layouts."""
+    import cupy
+
+    rng = np.random.default_rng(29)
+    for dt in (np.float32, np.float64, BFLOAT16):
+        for n in (7, 257, 4099):
+            x = (10 * rng.standard_normal((8, n))).astype(np.float32)
+            x[1] = -np.inf
+            x[2, ::3] = -np.inf
+            x[3, n // 2] = np.inf
+            x[4, n - 1] = np.nan
+            x[5, 0], x[5, n - 1] = -np.inf, np.inf
+            x[6] = 3.5
+            x[7, 1::2] = -np.inf
+            xh = x.astype(dt)
+            for layout, axis in ((xh, 1), (np.ascontiguousarray(xh.T), 0), (xh.reshape(2, 4, n), (0, 2))):
+                d = cupy.asarray(layout)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    assert same_bits(R.logsumexp(d, axis=axis), reference.logsumexp_emulated(layout, axis=axis)), \
+                        (dt, n, axis)
+                    assert same_bits(R.var(d, axis=axis), reference.var_emulated(layout, axis=axis)), (dt, n, axis)
+            row = cupy.asarray(xh[2])
+            assert same_bits(R.logsumexp(row), reference.logsumexp_emulated(xh[2])), (dt, n)
+            assert same_bits(R.var(cupy.asarray(xh[0])[1:]), reference.var_emulated(xh[0, 1:])), (dt, n)
 
 
 @pytest.mark.gpu

@@ -115,6 +115,24 @@ def test_a_short_line_is_one_threads_running_sum():
     assert np.signbit(R.cumsum_emulated(np.float32([-0.0, -0.0]))).all()
 
 
+def test_tiles_fold_within_groups_then_groups_in_order(rng):
+    # Each tile holds one value v_t at its start and zeros after it, so its aggregate is v_t exactly and the
+    # tile's first output is P_{t-1} + v_t: the group structure of cuda_src/scan.cu, written out here.
+    tiles = 2 * C.GROUP + 7
+    v = (rng.standard_normal(tiles) * 10.0 ** rng.integers(-3, 4, tiles)).astype(np.float32)
+    x = np.zeros(tiles * C.TILE, np.float32)
+    x[::C.TILE] = v
+    want, b = [], np.float32(-0.0)
+    for g0 in range(0, tiles, C.GROUP):
+        q = np.float32(-0.0)
+        for t in range(g0, min(g0 + C.GROUP, tiles)):
+            want.append(np.float32(b + q) + v[t])
+            q = np.float32(q + v[t])
+        b = np.float32(b + q)
+    got = R.cumsum_emulated(x)[::C.TILE]
+    np.testing.assert_array_equal(got.view(np.uint32), np.array(want, np.float32).view(np.uint32))
+
+
 def test_integers_wrap():
     x = np.array([2**62, 2**62, 2**62], np.int64)
     np.testing.assert_array_equal(R.cumsum_emulated(x), np.cumsum(x))

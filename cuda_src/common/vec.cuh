@@ -32,6 +32,10 @@ template <typename T, int N> __device__ __forceinline__ void load(Pack<T, N>& p,
   for (int i = 0; i < Pack<T, N>::kWords; ++i) p.w[i] = s[i];
 }
 
+// A hint that brings the line holding p into L1 now, with no register to hold it: for values a thread will
+// load later, after work that does not need them.
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
 template <typename T, int N> __device__ __forceinline__ void store(T* dst, const Pack<T, N>& p) {
   auto* d = reinterpret_cast<typename Pack<T, N>::W*>(dst);
 #pragma unroll

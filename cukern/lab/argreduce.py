@@ -93,7 +93,8 @@ def _describe(name: str):
             width, coalesced = f"{size} B", "no: the reduced axis is strided"
         re_read = ["nothing: every element is read once"]
         if pl.spans > 1:
-            re_read = [f"the spans' partials ({pl.grid * 16:,} B) from L2, by the last block of each row"]
+            pair = argreduce.PAIR_BYTES.get(dt, 16)
+            re_read = [f"the spans' partials ({pl.grid * pair:,} B) from L2, by the last block of each row"]
         traffic = {"bytes_read": nbytes - written, "bytes_written": written,
                    "counted_by": "cukern.argreduce.bytes_moved(shape, dtype, axis)", "access_bytes": width,
                    "coalesced": coalesced, "re_read": re_read}
@@ -108,7 +109,7 @@ def _describe(name: str):
         notes = []
         if pl.copy:
             notes.append("the input is first copied to C-contiguous; that copy is not in the count")
-        if name.startswith("nan") and dt in argreduce.FLOATS:
+        if name.startswith("nan") and dt in argreduce.INEXACT:
             notes.append("the call waits for the GPU to read the all-NaN flag (a host synchronization)")
 
         def measure():

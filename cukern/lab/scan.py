@@ -49,12 +49,15 @@ def _describe(name: str):
                    "counted_by": "cukern.scan.bytes_moved(shape, dtype)",
                    "access_bytes": f"{dt.itemsize} B in, {o.itemsize} B out, staged through shared memory",
                    "coalesced": "yes for a unit-stride line: a warp moves 32 consecutive elements",
-                   "re_read": ["predecessors' status and values (16 bytes each) from L2 during the look-back"]}
+                   "re_read": ["the group's earlier tiles' and a few earlier groups' status words and values (8 bytes, "
+                               "16 for 8-byte accumulators) from L2 during the look-back"]}
         acc = "float64" if o == np.float64 else "int64" if o.kind in "iu" else "float32"
         accumulation = {"reduces": f"{name} over lines of {pl.n:,} elements", "precision": f"{acc} accumulators",
                         "order": (f"fixed by the tile of {scan.TILE}: a thread's 16 in order, the lanes' ladder, the "
-                                  "warps in order, the tiles in order (cukern.reference.cumsum_emulated)"),
-                        "combine": "look-back: the nearest published prefix, then the aggregates after it, forward",
+                                  f"warps in order, the tiles of a group of {scan.GROUP} in order, the groups in order "
+                                  "(cukern.reference.cumsum_emulated)"),
+                        "combine": ("look-back: the group's earlier aggregates; the nearest published group "
+                                    "prefix, then the group totals after it, forward"),
                         "passes": 1}
         notes = []
         if pl.copy:
