@@ -151,8 +151,8 @@ def reduction_cases():
 
 NEWER_REDUCTIONS = {
     "var": (F32, F64, F16, BFLOAT16, I32), "std": (F32,), "nansum": (F32, F16, BFLOAT16), "nanmean": (F32,),
-    "nanmax": (F32, BFLOAT16), "nanmin": (F32,), "prod": (F32, F64, I32), "logsumexp": (F32, F64, BFLOAT16),
-    "count_nonzero": (F32, I32), "any": (F32,), "all": (F32,),
+    "nanmax": (F32, BFLOAT16), "nanmin": (F32,), "prod": (F32, F64, I32, np.complex64, np.complex128),
+    "logsumexp": (F32, F64, BFLOAT16), "count_nonzero": (F32, I32), "any": (F32,), "all": (F32,),
 }
 
 

@@ -34,6 +34,7 @@
 //    alignment alone; the knobs are BLOCK and the grid cap. All in `plan`; none changes the bits.
 // 6. Profile: about 10 flops an element against 2 * sizeof(T) bytes: memory-bound; the target is copy
 //    bandwidth.
+#include "common/bounds.cuh"
 #include "common/dtype.cuh"
 #include "common/reduce.cuh"
 #include "common/rope.cuh"
@@ -74,7 +75,7 @@ __device__ __forceinline__ float inverse_rms(float ss, int n, float eps) {
 // or GPT-J (in a vector, or with the neighbouring lane when VEC == 1).
 template <typename T, typename W, typename C, int VEC, int TPR, int GROUPS, int ITEMS, bool NEOX, int PAIR,
           int BLOCK>
-__global__ void __launch_bounds__(BLOCK)
+__global__ void CUKERN_BOUNDS(BLOCK)
     qk_norm_rope(T* __restrict__ q, T* __restrict__ k, const W* __restrict__ qw, const W* __restrict__ kw,
                  const C* __restrict__ cache, const void* __restrict__ positions,
                  const __grid_constant__ QkNormRopeParams p) {

@@ -4,9 +4,10 @@
 // One tree per reduced length (issue 13). Each output reduces n values v_i = lift(x_i), i the C-order index
 // over the reduced axes of x as the caller sees them (strides, alignment and memory order play no part):
 //   * leaves of LEAF = 256 consecutive indices; in leaf k, chain c (c < 32) adds v_{256k + c + 32m},
-//     m = 0..7, one after another into the identity (0 for sums, -inf / +inf for max / min); var and
-//     logsumexp form a chain's state from its (up to) eight elements at once (chain_state: one division a
-//     chain for var's mean, one exp an element for logsumexp), not by merging one element at a time;
+//     m = 0..7, one after another into the identity (0 for sums, 1 for products, -inf / +inf for max /
+//     min); var and logsumexp form a chain's state from its (up to) eight elements at once (chain_state:
+//     one division a chain for var's mean, one exp an element for logsumexp), not by merging one element
+//     at a time;
 //   * the chain values, in order of 32k + c, are the leaves of a perfect binary tree with neighbours
 //     paired first ((p0 + p1) + (p2 + p3)) + ..., their count padded to a power of two with the identity.
 // Every kernel below is a different split of that one tree over threads, warps, blocks and launches, so
@@ -16,7 +17,9 @@
 // rounds the same); max and min are commutative bit for bit (+0 beats -0 in max, -0 in min; a NaN gives
 // a NaN). Integer sums are exact and wrap as int64, so their order is immaterial; so are integer products.
 // The lift of sum, max and min is a run-time mode (LIFT_*: NaN to the identity, x != 0 to 1 or 0), so the
-// NaN-aware ops and the counts share their kernels. Float products multiply with __fmul_rn; var carries
+// NaN-aware ops and the counts share their kernels. Float products multiply with __fmul_rn; complex64 and
+// complex128 products (Complex<S>, the pairs read as they are) by the textbook formula in correctly rounded
+// steps, with 1 + 0i an exact identity, so that padding changes nothing (mul_rn of Complex); var carries
 // (count, mean, M2) and merges chains with Chan's formula; logsumexp carries (max, scaled sum) and merges
 // chains with cukern's own exp and log (exp_nonpositive, log_at_least_one),
 // made of correctly rounded steps only. cukern/reference.py (`*_emulated`) evaluates the same tree in
@@ -36,9 +39,9 @@
 //    same elements one by one into the same chains. Columns: each thread owns VEC adjacent columns, so a
 //    warp reads a contiguous run of every row it visits: coalesced with no transpose.
 // 3. Accumulation: in acc_t<O>: float for float32/float16/bfloat16 results, double for float64, long long
-//    for integer results, along the tree above: chains sequentially, then pairs through the lanes' own
-//    values, shuffles, shared memory (tree_push / tree_result for spans) and the last block. No float
-//    atomics anywhere.
+//    for integer results, Complex<float> / Complex<double> for complex products, along the tree above:
+//    chains sequentially, then pairs through the lanes' own values, shuffles, shared memory (tree_push /
+//    tree_result for spans) and the last block. No float atomics anywhere.
 // 4. Staging: registers; shared memory for the full kernel's chunk slots and its block's span stack, the
 //    rows kernel's warp span stacks, the block-level combines and the column kernel's cross-row-lane
 //    combine.
@@ -90,11 +93,22 @@ constexpr int FINISH_BITS = 4;
 __device__ __forceinline__ int finish_of(int finalize) { return finalize & ((1 << FINISH_BITS) - 1); }
 __device__ __forceinline__ int lift_of(int finalize) { return finalize >> FINISH_BITS; }
 
-// The accumulator for a result type: half types widen to float, integers to 64 bits.
+// complex64 / complex128 as prod reads, carries and writes them: both parts in one 8- or 16-byte aligned
+// value, so that a 16-byte vector holds two complex64 or one complex128. Sums, means and norms never see it
+// (they reduce a complex array as a float view with a trailing axis of parts, each part its own tree); a
+// product mixes the parts, so it multiplies the pairs. Complex<S>(1) is 1 + 0i, prod's identity.
+template <typename S> struct alignas(2 * sizeof(S)) Complex {
+  S re, im;
+  Complex() = default;  // trivial, so that shared memory and vector packs can hold it
+  __device__ __forceinline__ explicit Complex(S r, S i = S(0)) : re(r), im(i) {}
+};
+
+// The accumulator for a result type: half types widen to float, integers to 64 bits; complex is its own.
 template <typename O> struct Acc { using type = float; };
 template <> struct Acc<double> { using type = double; };
 template <> struct Acc<int> { using type = long long; };
 template <> struct Acc<long long> { using type = long long; };
+template <typename S> struct Acc<Complex<S>> { using type = Complex<S>; };
 template <typename O> using acc_t = typename Acc<O>::type;
 
 template <typename A, typename T> __device__ __forceinline__ A to_acc(T v) { return static_cast<A>(v); }
@@ -203,7 +217,32 @@ struct Chan {
   }
 };
 
-// prod: correctly rounded products (integers wrap, in any order the same).
+__device__ __forceinline__ bool is_positive_zero(float a) { return __float_as_uint(a) == 0u; }
+__device__ __forceinline__ bool is_positive_zero(double a) { return __double_as_longlong(a) == 0ll; }
+
+template <typename S> __device__ __forceinline__ Complex<S> shuffle_xor(Complex<S> v, int m) {
+  return Complex<S>(__shfl_xor_sync(0xffffffffu, v.re, m), __shfl_xor_sync(0xffffffffu, v.im, m));
+}
+
+// A complex product by the textbook formula, which NumPy's complex multiply uses too: re = ar br - ai bi,
+// im = ar bi + ai br, each product, difference and sum correctly rounded and none fused into an FMA.
+// Commutative bit for bit, as the shuffle trees need: each product is, and so is each sum of two. An operand
+// of exactly 1 + 0i (both parts' bits) returns the other one as it is, where the formula would not: x (1 + 0i)
+// is (xr - xi 0, xr 0 + xi), which turns a -0 part into +0 (the real part over an imaginary part of sign -,
+// the imaginary part over a real part of sign +) and spreads an infinite or NaN part to the other as a NaN.
+// The identity pads chains, spans and the tree wherever a split leaves a gap, so only an exact identity keeps
+// the bits free of the split. An element equal to 1 + 0i multiplies the same way: it changes nothing.
+template <typename S> __device__ __forceinline__ bool is_one(Complex<S> a) {
+  return a.re == S(1) && is_positive_zero(a.im);
+}
+template <typename S> __device__ __forceinline__ Complex<S> mul_rn(Complex<S> a, Complex<S> b) {
+  if (is_one(b)) return a;
+  if (is_one(a)) return b;
+  const S re = sub_rn(mul_rn(a.re, b.re), mul_rn(a.im, b.im));
+  return Complex<S>(re, add_rn(mul_rn(a.re, b.im), mul_rn(a.im, b.re)));
+}
+
+// prod: correctly rounded products (integers wrap, in any order the same; complex ones as above).
 struct MulRn {
   template <typename A> __device__ __forceinline__ static A identity() { return A(1); }
   template <typename A> __device__ __forceinline__ static A apply(A a, A b) { return mul_rn(a, b); }
@@ -337,6 +376,9 @@ template <typename S> __device__ __forceinline__ Moments<S> load_cg(const Moment
 template <typename S> __device__ __forceinline__ MaxSum<S> load_cg(const MaxSum<S>* p) {
   return MaxSum<S>{__ldcg(&p->m), __ldcg(&p->s)};
 }
+template <typename S> __device__ __forceinline__ Complex<S> load_cg(const Complex<S>* p) {
+  return Complex<S>(__ldcg(&p->re), __ldcg(&p->im));
+}
 template <int OP> using combine_t = typename CombineOf<OP>::type;
 
 template <int OP, typename A> __device__ __forceinline__ A identity() { return combine_t<OP>::template identity<A>(); }
@@ -458,9 +500,10 @@ template <int OP, typename S, typename T> __device__ __forceinline__ S shift_of(
 template <int OP> __host__ __device__ constexpr int combine_op() { return OP == OP_SUMSQ ? OP_SUM : OP; }
 
 // The result from the accumulator: as it is, divided (mean) or square-rooted (norm), both in double
-// (IEEE, correctly rounded), then rounded to O. Max and min never finish (so their kernels carry no
-// double-precision sqrt slow path). var: M2 / divisor (max(n - ddof, 0)), its square root for std, NaN when
-// the mean is not finite (an infinity or a NaN among the values, as NumPy gives).
+// (IEEE, correctly rounded), then rounded to O. Max, min and prod never finish (so their kernels carry no
+// double-precision sqrt slow path, and a complex product no conversion to double). var: M2 / divisor
+// (max(n - ddof, 0)), its square root for std, NaN when the mean is not finite (an infinity or a NaN among
+// the values, as NumPy gives).
 // logsumexp: m + log(s), in the accumulator type; an empty or all -inf slice gives -inf, a +inf +inf, a NaN
 // NaN. The lift mode in finalize's high bits is dropped first.
 template <typename O, int OP, typename A> __device__ __forceinline__ O finish(A a, int finalize, double divisor) {
@@ -471,8 +514,10 @@ template <typename O, int OP, typename A> __device__ __forceinline__ O finish(A 
   } else if constexpr (OP == OP_VAR) {
     const double v = isfinite(a.mean) ? static_cast<double>(a.m2) / divisor : __longlong_as_double(0x7ff8000000000000ll);
     return Store<O>::from(finalize == FINISH_SQRT ? sqrt(v) : v);
+  } else if constexpr (OP == OP_MAX || OP == OP_MIN || OP == OP_PROD) {
+    return Store<O>::from(a);
   } else {
-    if (OP == OP_MAX || OP == OP_MIN || OP == OP_PROD || finalize == FINISH_NONE) return Store<O>::from(a);
+    if (finalize == FINISH_NONE) return Store<O>::from(a);
     const double d = static_cast<double>(a);
     return Store<O>::from(finalize == FINISH_DIVIDE ? d / divisor : sqrt(d));
   }

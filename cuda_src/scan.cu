@@ -28,12 +28,16 @@
 //
 // The six questions (cukern/scan.py `plan` keeps the launch math as a pure plan; the card in
 // cukern/lab/scan.py shows the same answers):
-// 1. Output tile: one tile (SCAN_TILE elements of one row) per block, tiles numbered in the order blocks
-//    start (a global counter), so every predecessor of a tile is running or done: the look-back never
-//    waits on a block that cannot run.
+// 1. Output tile: one tile (SCAN_TILE elements of one row) per block of 128 threads (each thread two of
+//    the definition's 256), tiles numbered in the order blocks start (a global counter), so every
+//    predecessor of a tile is running or done: the look-back never waits on a block that cannot run.
 // 2. Input traffic: x read once and out written once, both through shared memory: a warp moves 32
 //    consecutive elements per load or store (coalesced for a unit-stride row), and each thread then takes
-//    its 16 consecutive elements from shared memory. The look-back reads a status word and a value from
+//    its 16 consecutive elements from shared memory. 4- and 8-byte elements go from global to shared
+//    memory by cp.async (sm_80 on), which holds no register: the whole tile is in flight at once. Through
+//    registers, at the 32 a thread that eight resident blocks allow, the loads went out a few at a time
+//    and a block spent half its life loading (2^28 float32: 52% of the copy's bandwidth, with or without
+//    the look-back's waits; bench/NOTES.md). The look-back reads a status word and a value from
 //    L2 for each earlier tile of the group and for a few earlier groups.
 // 3. Accumulation: in double (float64 results), float (float32, float16, bfloat16 results) or int64
 //    (integer results), in the fixed order above. Products and sums are correctly rounded (__fmul_rn,
@@ -53,6 +57,10 @@ constexpr int SCAN_BLOCK = 256;  // cukern/scan.py BLOCK
 constexpr int SCAN_ITEMS = 16;   // cukern/scan.py ITEMS
 constexpr int SCAN_TILE = SCAN_BLOCK * SCAN_ITEMS;
 constexpr int SCAN_WARPS = SCAN_BLOCK / 32;
+// The launch: THREADS threads a tile (a template argument, 128 or 256), each standing for
+// SCAN_BLOCK / THREADS threads of the definition above (with 128, thread h for h + 128 j, j = 0, 1: its
+// lane, and warp w for warp w + 4 j): the same expression computed by fewer threads; cukern/scan.py
+// `threads` picks it.
 constexpr int SCAN_GROUP = 32;   // tiles a group (cukern/scan.py GROUP): one warp's lanes
 
 enum : int { SCAN_SUM = 0, SCAN_PROD = 1 };
@@ -176,6 +184,13 @@ template <typename A> __device__ __forceinline__ A value_seen(bool mine, unsigne
   }
 }
 
+// Global to shared memory without registers: a 4- or 8-byte copy, then the wait for all of this thread's.
+template <int kBytes> __device__ __forceinline__ void copy_async(void* dst, const void* src) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(to), "l"(src), "n"(kBytes) : "memory");
+}
+__device__ __forceinline__ void copies_done() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // Shared-memory slot of element e of a tile: one pad word every 32 words, so that the 16 consecutive
 // elements a thread reads are spread over the banks.
 template <typename S> __device__ __forceinline__ int slot(int e) {
@@ -183,16 +198,34 @@ template <typename S> __device__ __forceinline__ int slot(int e) {
   return e + e / (32 * kPerWord);
 }
 
-// Resident blocks an SM for float accumulators: eight for float32 (32 registers; all of an SM's thread
-// slots), five for the half types (with fewer registers their conversions spill): the scan's speed follows
-// how many blocks wait at once, other blocks' loads covering the barrier one waits at during its look-back.
-// The 8-byte accumulators take what they need.
-template <typename T, typename O, int OP>
-__global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(sizeof(scan_acc_t<O>) != 4 ? 1 : sizeof(T) == 4 ? 8 : 5))
+// Blocks and resident blocks. A tile spends much of its life in its look-back and its two passes over the
+// stage, moving no data, so the scan's speed follows how many tiles are in flight at once: with 256-thread
+// blocks, eight an SM (all thread slots), the memory sat half idle (2^28 float32: 52% of the copy's
+// bandwidth even with every look-back wait removed; bench/NOTES.md). So float32 and float64 (x and the
+// result of one size, cp.async loads) run 128-thread blocks: twelve float32 tiles an SM (as many as the
+// shared memory holds, 40 registers; eight before sm_90, whose shared memory holds no more). The half types
+// (loads through registers, slower in smaller blocks) and results wider than x (each thread would hold both
+// its halves' values through the stage's reuse) keep 256 threads: eight blocks for 4-byte x, five for the
+// half types (with fewer registers their conversions spill). 8-byte accumulators take what they need.
+template <typename T, typename O, int THREADS>
+__host__ __device__ constexpr int scan_min_blocks() {
+  if (sizeof(scan_acc_t<O>) != 4) return 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if (THREADS == 128) return 8;
+#endif
+  return arch_min_blocks(THREADS == 128 ? 12 : sizeof(T) == 4 ? 8 : 5);
+}
+
+template <typename T, typename O, int OP, int THREADS>
+__global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
     scan_tiles(O* out, const T* x, unsigned* counter, unsigned long long* status, scan_acc_t<O>* aggregates,
                unsigned long long* group_status, scan_acc_t<O>* sums, scan_acc_t<O>* bases,
                const __grid_constant__ ScanParams p) {
   using A = scan_acc_t<O>;
+  static_assert(THREADS == 128 || THREADS == 256, "a warp of the launch stands for whole warps of the definition");
+  constexpr int SCAN_THREADS = THREADS;
+  constexpr int SCAN_SHARES = SCAN_BLOCK / THREADS;
+  constexpr int SCAN_LOADS = SCAN_TILE / THREADS;  // elements a thread moves in and out
   constexpr int kBytes = sizeof(T) > sizeof(O) ? sizeof(T) : sizeof(O);
   constexpr int kWords = (SCAN_TILE * kBytes + 3) / 4;
   __shared__ __align__(16) unsigned stage_words[kWords + kWords / 32 + 1];
@@ -219,40 +252,56 @@ __global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(sizeof(scan_acc_t<
   const long long left = p.n - first;
   const int count = left < SCAN_TILE ? static_cast<int>(left) : SCAN_TILE;
 
-  // Load: element k * BLOCK + h of the tile (a warp reads 32 consecutive ones), into shared memory.
+  // Load: element k * SCAN_THREADS + h of the tile (a warp reads 32 consecutive ones), into shared memory.
+  // (One pointer stepped along, rather than an address formed for each element: registers.)
   T* stage_in = reinterpret_cast<T*>(stage_words);
+  {
+    const T* from = xr + (first + h) * p.x_step;
+    const long long step = SCAN_THREADS * p.x_step;
 #pragma unroll
-  for (int k = 0; k < SCAN_ITEMS; ++k) {
-    const int e = k * SCAN_BLOCK + h;
-    if (e < count) stage_in[slot<T>(e)] = xr[(first + e) * p.x_step];
+    for (int k = 0; k < SCAN_LOADS; ++k, from += step) {
+      const int e = k * SCAN_THREADS + h;
+      if constexpr (sizeof(T) == 4 || sizeof(T) == 8) {
+        if (e >= count) break;  // (a predicate for each copy instead takes registers that 12 blocks lack)
+        copy_async<sizeof(T)>(stage_in + slot<T>(e), from);
+      } else {
+        if (e < count) stage_in[slot<T>(e)] = *from;  // (a break here keeps the loads from going out together)
+      }
+    }
+    if constexpr (sizeof(T) == 4 || sizeof(T) == 8) copies_done();
   }
   __syncthreads();
-  // This thread's running combine s_k of its 16 elements: formed here for its total, and formed again
-  // from the stage after the look-back, so that no thread holds 16 values through the look-back (registers
-  // that would cost resident blocks, and the scan's speed follows how many blocks wait at once).
-  const auto running = [&](A (&s)[SCAN_ITEMS]) {
+  // The running combine s_k of definition thread d's 16 elements: formed here for its total, and formed
+  // again from the stage after the look-back, so that no thread holds its values through the look-back
+  // (registers that would cost resident blocks, and the scan's speed follows how many tiles are in flight).
+  const auto running = [&](int d, A (&s)[SCAN_ITEMS]) {
 #pragma unroll
     for (int k = 0; k < SCAN_ITEMS; ++k) {
-      const int e = h * SCAN_ITEMS + k;
+      const int e = d * SCAN_ITEMS + k;
       const A v = e < count ? scan_lift<A>(stage_in[slot<T>(e)]) : scan_identity<OP, A>();
       s[k] = k == 0 ? v : scan_op<OP>(s[k - 1], v);
     }
   };
-  A u;
-  {
-    A s[SCAN_ITEMS];
-    running(s);
-    u = s[SCAN_ITEMS - 1];
-  }
-  // Lanes' inclusive scan of the thread totals; L: the lane before's.
+  // For each of this thread's definition threads: the lanes' inclusive scan of the thread totals; L, the
+  // lane before's; the warp's total.
+  A before[SCAN_SHARES];
 #pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const A up = __shfl_up_sync(0xffffffffu, u, d);
-    if (lane >= d) u = scan_op<OP>(up, u);
+  for (int j = 0; j < SCAN_SHARES; ++j) {
+    A u;
+    {
+      A s[SCAN_ITEMS];
+      running(h + SCAN_THREADS * j, s);
+      u = s[SCAN_ITEMS - 1];
+    }
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const A up = __shfl_up_sync(0xffffffffu, u, d);
+      if (lane >= d) u = scan_op<OP>(up, u);
+    }
+    before[j] = __shfl_up_sync(0xffffffffu, u, 1);
+    if (lane == 0) before[j] = scan_identity<OP, A>();
+    if (lane == 31) warp_total[warp + SCAN_THREADS / 32 * j] = u;
   }
-  A before = __shfl_up_sync(0xffffffffu, u, 1);
-  if (lane == 0) before = scan_identity<OP, A>();
-  if (lane == 31) warp_total[warp] = u;
   __syncthreads();
 
   if (warp == 0) {
@@ -351,22 +400,40 @@ __global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(sizeof(scan_acc_t<
   }
   __syncthreads();
 
-  // out = ((P (+) W_w) (+) L_h) (+) s_k, rounded once, through the stage back to a warp-per-32 store.
-  const A base = scan_op<OP>(scan_op<OP>(tile_prefix, warp_total[warp]), before);
-  A s[SCAN_ITEMS];
-  running(s);
-  __syncthreads();  // every thread has read its elements from the stage before it is reused for out
+  // out = ((P (+) W_w) (+) L_h) (+) s_k, rounded once, through the stage back to a warp-per-32 store. Where
+  // out's elements have x's size they take the same slots, each written by the thread that read it, so a
+  // definition thread's results go out as soon as they are formed; otherwise every thread reads all of
+  // its elements before the stage is reused.
   O* stage_out = reinterpret_cast<O*>(stage_words);
+  constexpr bool kSameSlots = sizeof(O) == sizeof(T);
+  A s[kSameSlots ? 1 : SCAN_SHARES][SCAN_ITEMS];
 #pragma unroll
-  for (int k = 0; k < SCAN_ITEMS; ++k) {
-    const int e = h * SCAN_ITEMS + k;
-    if (e < count) stage_out[slot<O>(e)] = scan_out<O>(scan_op<OP>(base, s[k]));
+  for (int j = 0; j < SCAN_SHARES; ++j) {
+    const int d = h + SCAN_THREADS * j;
+    A (&sj)[SCAN_ITEMS] = s[kSameSlots ? 0 : j];
+    running(d, sj);
+    if constexpr (!kSameSlots) {
+      if (j < SCAN_SHARES - 1) continue;
+      __syncthreads();  // every thread has read its elements from the stage before it is reused for out
+    }
+#pragma unroll
+    for (int i = kSameSlots ? j : 0; i <= j; ++i) {
+      const A base = scan_op<OP>(scan_op<OP>(tile_prefix, warp_total[warp + SCAN_THREADS / 32 * i]), before[i]);
+#pragma unroll
+      for (int k = 0; k < SCAN_ITEMS; ++k) {
+        const int e = (h + SCAN_THREADS * i) * SCAN_ITEMS + k;
+        if (e < count) stage_out[slot<O>(e)] = scan_out<O>(scan_op<OP>(base, s[kSameSlots ? 0 : i][k]));
+      }
+    }
   }
   __syncthreads();
+  O* to = orow + (first + h) * p.o_step;
+  const long long step = SCAN_THREADS * p.o_step;
 #pragma unroll
-  for (int k = 0; k < SCAN_ITEMS; ++k) {
-    const int e = k * SCAN_BLOCK + h;
-    if (e < count) orow[(first + e) * p.o_step] = stage_out[slot<O>(e)];
+  for (int k = 0; k < SCAN_LOADS; ++k, to += step) {
+    const int e = k * SCAN_THREADS + h;
+    if (e >= count) break;
+    *to = stage_out[slot<O>(e)];
   }
 }
 

@@ -18,19 +18,22 @@
 //
 // The six questions (cukern/segment.py `plan` keeps the launch math as a pure plan; the card in
 // cukern/lab/segment.py shows the same answers):
-// 1. Output tile: segment_warp: one warp per (segment, column), lane c owning chain c of every leaf, for
-//    few columns (a 1-D x above all); segment_cols: one thread per (segment, column), a block a segment
-//    and SEG_COL_BLOCK adjacent columns, for rows of 32 columns or more.
+// 1. Output tile: segment_warp: one warp per run of `run` consecutive segments (at most 32) of one column,
+//    taken one after another, lane c owning chain c of every leaf, for few columns (a 1-D x above all);
+//    segment_cols: one thread per (segment, column), a block a segment and SEG_COL_BLOCK adjacent columns,
+//    for rows of 32 columns or more.
 // 2. Input traffic: every element of x inside a segment read once, offsets read twice (each segment reads
-//    its two bounds), out written once. segment_warp: a warp's 32 loads of one chain step are 32
-//    consecutive rows, contiguous when x is a unit-stride column; segment_cols: a warp's 32 threads read
-//    32 adjacent columns of one row.
+//    its two bounds), out written once. segment_warp: the run's bounds in one coalesced load (lane l those
+//    of the run's segment l), so only a run's first segment waits for its offsets; a warp's 32 loads of
+//    one chain step are 32 consecutive rows, contiguous when x is a unit-stride column; segment_cols: a
+//    warp's 32 threads read 32 adjacent columns of one row.
 // 3. Accumulation: in float (float32, float16, bfloat16) or double (float64) along the tree above. Warp:
 //    chains in the lanes, a leaf's 32 chains by shuffles (common/reduce.cuh group_tree_reduce), leaves by
 //    a stack per warp (tree_push / tree_result). Cols: all 32 chains of a leaf in one thread's registers,
 //    the leaf by tree_reduce, leaves by a stack per thread in shared memory. No atomics.
 // 4. Staging: registers; shared memory for the leaf stacks (SEG_STACK_DEPTH levels a warp or a thread).
-// 5. Tuning: none: the launch follows from the shape (which kernel, blocks of 256 / 128 threads).
+// 5. Tuning: none: the launch follows from the shape (which kernel, blocks of 256 / 128 threads, the
+//    warp kernel's run: enough warps for any GPU, cukern/segment.py RUN_WARPS).
 // 6. Profile: one combine an element against sizeof(T) bytes: memory-bound; the target is the copy
 //    bandwidth.
 #include "common/bounds.cuh"
@@ -112,6 +115,7 @@ struct SegParams {
   long long segments, cols, rows;
   long long row_stride, col_stride;
   int mean;
+  int run;  // segments a warp (segment_warp), 1 to 32
 };
 
 // A segment's rows, clamped into [0, rows] with start <= end, so offsets that were not checked
@@ -131,9 +135,13 @@ template <typename T, int OP, typename A> __device__ __forceinline__ T seg_finis
   return seg_store<T>(v);
 }
 
-// One warp per (segment, column): segment blockIdx.x * warps + warp, column blockIdx.y. Lane c computes
-// chain c of each leaf (its 8 loads issued before any is combined), the leaf is the shuffle tree over the
-// lanes, and lane 0 pushes it onto the warp's stack.
+// One warp per run of p.run consecutive segments of one column: segments (blockIdx.x * warps + warp) * run
+// on, column blockIdx.y. Lane l loads the bounds of the run's segment l, all at once, and the warp takes the
+// segments in turn: lane c computes chain c of each leaf (its 8 loads issued before any is combined), the
+// leaf is the shuffle tree over the lanes, and lane 0 pushes it onto the warp's stack. Without runs (a warp
+// a segment) each warp waited for its offsets, then for its data: two memory latencies for a segment of
+// 256 values on average (2^28 float32 in 2^20 segments: 48% of the copy's bandwidth; with runs 51-52%;
+// loading the next segment's first leaf ahead as well gave no more, bench/NOTES.md).
 template <typename T, int OP, typename I>
 __global__ void __launch_bounds__(SEG_WARP_BLOCK)
     segment_warp(T* out, const T* x, const I* offsets, const __grid_constant__ SegParams p) {
@@ -143,29 +151,34 @@ __global__ void __launch_bounds__(SEG_WARP_BLOCK)
   __shared__ A stacks[kWarps][SEG_STACK_DEPTH];
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
-  const long long s = static_cast<long long>(blockIdx.x) * kWarps + warp;
-  if (s >= p.segments) return;  // a whole warp leaves together: no shuffle is left waiting
+  const long long first = (static_cast<long long>(blockIdx.x) * kWarps + warp) * p.run;
+  if (first >= p.segments) return;  // a whole warp leaves together: no shuffle is left waiting
+  const int run = static_cast<int>(p.segments - first < p.run ? p.segments - first : p.run);
   const long long j = blockIdx.y;
-  long long start, length;
-  segment_bounds(offsets, s, p.rows, start, length);
-  const T* col = x + start * p.row_stride + j * p.col_stride;
-  const long long leaves = (length + SEG_LEAF - 1) / SEG_LEAF;
-  for (long long k = 0; k < leaves; ++k) {
-    A v[SEG_CHAIN_LENGTH];
+  long long my_start = 0, my_length = 0;
+  if (lane < run) segment_bounds(offsets, first + lane, p.rows, my_start, my_length);
+  for (int r = 0; r < run; ++r) {
+    const long long start = __shfl_sync(0xffffffffu, my_start, r);
+    const long long length = __shfl_sync(0xffffffffu, my_length, r);
+    const T* col = x + start * p.row_stride + j * p.col_stride;
+    const long long leaves = (length + SEG_LEAF - 1) / SEG_LEAF;
+    for (long long k = 0; k < leaves; ++k) {
+      A v[SEG_CHAIN_LENGTH];
 #pragma unroll
-    for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) {
-      const long long i = k * SEG_LEAF + m * SEG_CHAINS + lane;
-      v[m] = i < length ? static_cast<A>(seg_load(col[i * p.row_stride])) : C::template identity<A>();
+      for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) {
+        const long long i = k * SEG_LEAF + m * SEG_CHAINS + lane;
+        v[m] = i < length ? static_cast<A>(seg_load(col[i * p.row_stride])) : C::template identity<A>();
+      }
+      A chain = C::template identity<A>();
+#pragma unroll
+      for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) chain = C::apply(chain, v[m]);
+      const A leaf = group_tree_reduce<32, C>(chain);
+      if (lane == 0) tree_push<C>(stacks[warp], leaf, static_cast<unsigned long long>(k));
     }
-    A chain = C::template identity<A>();
-#pragma unroll
-    for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) chain = C::apply(chain, v[m]);
-    const A leaf = group_tree_reduce<32, C>(chain);
-    if (lane == 0) tree_push<C>(stacks[warp], leaf, static_cast<unsigned long long>(k));
-  }
-  if (lane == 0) {
-    const A r = tree_result<C>(stacks[warp], static_cast<unsigned long long>(leaves));
-    out[s * p.cols + j] = seg_finish<T, OP>(r, length, p.mean);
+    if (lane == 0) {
+      const A result = tree_result<C>(stacks[warp], static_cast<unsigned long long>(leaves));
+      out[(first + r) * p.cols + j] = seg_finish<T, OP>(result, length, p.mean);
+    }
   }
 }
 

@@ -43,6 +43,8 @@ _CTYPES = {
     np.dtype(np.int64): "long long",
     np.dtype(np.bool_): "bool",
     np.dtype(np.uint8): "unsigned char",
+    np.dtype(np.complex64): "cukern::Complex<float>",
+    np.dtype(np.complex128): "cukern::Complex<double>",
 }
 
 

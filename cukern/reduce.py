@@ -21,15 +21,17 @@ all (a temporary count). prod and logsumexp have kernels of their own at one tun
 
 NumPy's dtypes and memory order. Every op takes the input dtypes NumPy takes for it
 (:data:`~cukern.reduce_plan.PUBLIC_INPUTS`: int8, int16 and the unsigned types too, bool for maxima, minima
-and norms, complex64 / complex128 for sum, mean, norm, maxima and minima) and gives NumPy's result dtype, and ``dtype=``
-takes NumPy's targets (:func:`~cukern.reduce_plan.targets`). The kernels read only their own dtypes, so the
-others are lowered on the device first (:func:`~cukern.reduce_plan.route`): narrower integers and bool
-converted exactly to int32, uint32 to int64 (one more pass over x); uint64 sums and products read as int64
-(a view: both wrap modulo 2^64); uint64 maxima and minima with the sign bit flipped (one more pass); complex
-inputs as their real and imaginary parts, a trailing axis of a float view (no pass: each part its own tree,
-the norm one tree over both); complex maxima and minima as the element at the index the arg-reduction
-kernels find (cuda_src/argreduce.cu: NumPy's lexicographic order, a NaN in either part winning, or skipped
-by nanmax and nanmin), gathered (:func:`_gather_extreme`), so they return one of x's elements, bit for bit
+and norms, complex64 / complex128 for sum, mean, norm, prod, maxima and minima) and gives NumPy's result
+dtype, and ``dtype=`` takes NumPy's targets (:func:`~cukern.reduce_plan.targets`). The kernels read only their
+own dtypes, so the others are lowered on the device first (:func:`~cukern.reduce_plan.route`): narrower
+integers and bool converted exactly to int32, uint32 to int64 (one more pass over x); uint64 sums and products
+read as int64 (a view: both wrap modulo 2^64); uint64 maxima and minima with the sign bit flipped (one more
+pass); complex inputs as their real and imaginary parts, a trailing axis of a float view (no pass: each part
+its own tree, the norm one tree over both); complex products with kernels of their own, which read and
+multiply the (real, imaginary) pairs (reduce.cu ``Complex``), x converted first only for a target of another
+dtype, as NumPy multiplies in it; complex maxima and minima as the element at the index the arg-reduction
+kernels find (cuda_src/argreduce.cu: NumPy's lexicographic order, a NaN in either part winning, or skipped by
+nanmax and nanmin), gathered (:func:`_gather_extreme`), so they return one of x's elements, bit for bit
 NumPy's. A ``dtype=`` the kernels do not write is computed in their accumulator and
 converted: an integer target from the int64 sum or product modulo its width (NumPy's accumulation in it
 wraps the same), a float target narrower than the accumulator rounded once (NumPy accumulates in the target:
@@ -37,8 +39,8 @@ cukern's result is the more accurate), a bool target from ``count_nonzero`` (Num
 ``out`` of another dtype receives the result cast into it, unsafely, as NumPy's and CuPy's reductions cast.
 Without ``out`` the result keeps NumPy's K order: its kept axes are laid out as x's
 (:func:`~cukern.reduce_plan.k_order`; an F-ordered input gives an F-ordered result); the reduced axes keep
-their order, so the bits do not change. None of this adds a kernel; the lowered calls are refused under a
-CUDA-graph capture (temporaries).
+their order, so the bits do not change. None of this adds a kernel but the complex products'; the lowered
+calls are refused under a CUDA-graph capture (temporaries).
 
 Host path: the first call for a given (op, arguments, shape, strides, dtype, 16-byte alignment, device,
 stream, tuning knobs, and ``out``'s shape, strides, dtype, device and item alignment) validates, plans and
@@ -47,7 +49,8 @@ allocating the result (or checking ``out`` against ``x``) and launching. Tuning 
 :class:`~cukern.reduce_plan.Knobs`; the tuning cache's winner is used where there is one
 (:func:`_tuned_knobs`), looked up once per call.
 
-Accumulation: float32 for float16/bfloat16/float32 results, float64 for float64, int64 for integer results.
+Accumulation: float32 for float16/bfloat16/float32 results, float64 for float64, int64 for integer results,
+complex64 / complex128 for complex products.
 Every result is one fixed tree over its n reduced elements (:mod:`cukern.reduce_plan`'s notes): chains of 8
 elements 32 apart, then pairs of neighbours. Its bits depend only on the values, n, the dtypes and the op:
 not on the number of outputs, the layout of x (strides, alignment, memory order), the grid, the tuning
@@ -876,11 +879,20 @@ def prod(x, axis=None, *, dtype=None, keepdims=False, out=None):
     """Product over ``axis``: ``prod_i x[i]``.
 
     NumPy's result dtypes: floats keep theirs (half types multiply in float32, float32 in float32, float64 in
-    float64, each step correctly rounded), bool and signed integer inputs give int64, unsigned ones uint64,
-    wrapping as NumPy's do; ``dtype`` may name any real type (x converted to a float target first, as NumPy
-    multiplies in it; an integer target is the int64 product modulo its width; bool is NumPy's "and").
-    Complex inputs are refused (no complex product kernel). An empty slice gives 1. One fixed tree per reduced
-    length: the bits are :func:`cukern.reference.prod_emulated`'s. Column layouts use the strided kernel.
+    float64, each step correctly rounded), complex64 and complex128 theirs, bool and signed integer inputs give
+    int64, unsigned ones uint64, wrapping as NumPy's do; ``dtype`` may name any type NumPy takes (x converted
+    to a float or complex target first, as NumPy multiplies in it; an integer target is the int64 product
+    modulo its width; bool is NumPy's "and"; a complex x takes complex targets only). An empty slice gives 1
+    (1+0j). One fixed tree per reduced length: the bits are :func:`cukern.reference.prod_emulated`'s. Column
+    layouts use the strided kernel.
+
+    Complex products use NumPy's formula, ``(a.real*b.real - a.imag*b.imag) + (a.real*b.imag +
+    a.imag*b.real)j``, each product, difference and sum correctly rounded (none fused), so finite values
+    agree with ``numpy.prod`` to rounding. Infinities and NaNs propagate as that formula propagates them (no
+    C99 Annex G recovery, in NumPy neither), but the product's order is cukern's tree, not NumPy's left to
+    right, and a factor of exactly 1+0j (the tree's identity) leaves the other factor as it is where the
+    formula would not (``(inf+infj) * (1+0j)`` is inf+infj here, nan+nanj in NumPy): products holding an
+    infinity or a NaN may therefore differ from NumPy's in which parts are NaN or infinite.
     """
     return _reduce("prod", x, axis, dtype, keepdims, out)
 

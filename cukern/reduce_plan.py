@@ -60,6 +60,7 @@ FINISH_BITS = 4
 
 F32, F64, F16 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)
 I32, I64, BOOL = np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.bool_)
+C64, C128 = np.dtype(np.complex64), np.dtype(np.complex128)
 FLOATS = (F32, F64, F16, BFLOAT16)
 INTS = (I32, I64)
 
@@ -205,7 +206,7 @@ OPS = {
     "count_nonzero": Op("count_nonzero", OP_SUM, FINISH_NONE, _ALL, LIFT_NONZERO),
     # nanmean's denominator and the all-NaN test of nanmax / nanmin (not public): float64, exact below 2^53
     "count_not_nan": Op("count_not_nan", OP_SUM, FINISH_NONE, FLOATS, LIFT_NOT_NAN),
-    "prod": Op("prod", OP_PROD, FINISH_NONE, _ALL),
+    "prod": Op("prod", OP_PROD, FINISH_NONE, _ALL + (C64, C128)),
     "logsumexp": Op("logsumexp", OP_LSE, FINISH_NONE, FLOATS),
 }
 VAR_OPS = ("var", "std")
@@ -214,10 +215,10 @@ COUNT_OPS = ("count_nonzero", "count_not_nan")
 
 
 def acc_dtype(result_dtype) -> np.dtype:
-    """The accumulator for a result dtype (``acc_t`` in reduce.cu)."""
+    """The accumulator for a result dtype (``acc_t`` in reduce.cu): complex products carry their own dtype."""
     r = np.dtype(result_dtype)
-    if r == F64:
-        return F64
+    if r in (F64, C64, C128):
+        return r
     if r in INTS:
         return I64
     return F32
@@ -232,25 +233,23 @@ def state_itemsize(kernel_op: int, result_dtype) -> int:
 # Input dtypes the public ops take beyond the kernels' own (each Op's ``inputs``): lowered on the device to a
 # kernel input before the kernels run (:func:`route`), so they add no kernel.
 I8, I16, U8, U16, U32, U64 = (np.dtype(t) for t in ("int8", "int16", "uint8", "uint16", "uint32", "uint64"))
-C64, C128 = np.dtype(np.complex64), np.dtype(np.complex128)
 SMALL_INTS = (I8, I16, U8, U16)
 EVERY_INT = (I8, I16, I32, I64, U8, U16, U32, U64)
 COMPLEX = (C64, C128)
 # Every dtype a ``dtype=`` or ``out=`` may name (NumPy's numeric types and bool; bfloat16 too).
 NUMERIC = (BOOL,) + EVERY_INT + FLOATS + COMPLEX
 _REAL = (BOOL,) + EVERY_INT + FLOATS
-# The public ops' inputs: every integer and bool where NumPy takes them, complex for sum, mean, norm and the
-# maxima and minima.
+# The public ops' inputs: every integer and bool where NumPy takes them, complex for sum, mean, norm, prod and
+# the maxima and minima.
 PUBLIC_INPUTS = {
     "sum": NUMERIC, "mean": NUMERIC, "norm": NUMERIC, "amax": NUMERIC, "amin": NUMERIC, "nanmax": NUMERIC,
-    "nanmin": NUMERIC,
-    "sum_of_squares": _REAL, "var": _REAL, "std": _REAL, "nansum": _REAL, "nanmean": _REAL, "count_nonzero": _REAL, "prod": _REAL, "logsumexp": _REAL,
+    "nanmin": NUMERIC, "prod": NUMERIC,
+    "sum_of_squares": _REAL, "var": _REAL, "std": _REAL, "nansum": _REAL, "nanmean": _REAL, "count_nonzero": _REAL,
+    "logsumexp": _REAL,
     "count_not_nan": FLOATS,
 }
 # Why an accepted-by-NumPy input is refused (the message names the way around it).
 _REFUSED = {
-    ("prod", "c"): "cukern has no complex product kernel (a product of complex numbers is not a pair of real "
-                   "products); use cupy.prod",
     ("sum_of_squares", "c"): "NumPy's sum(x * x) of complex x is complex (z**2, not |z|**2); use norm(x)**2 or "
                              "cupy.sum(x * x)",
 }
@@ -329,18 +328,16 @@ def kernel_dtype(op: str, dtype, final) -> np.dtype:
 
 def targets(op: str, dtype) -> tuple:
     """The ``dtype=`` values ``op`` takes for input ``dtype``: NumPy's, but for the refusals named in the
-    TypeError (:func:`result_dtype`). Sums, means and sums of squares take every numeric type and bool (a
-    complex input only complex ones), products every real one, maxima and minima any (a conversion of the
-    result), norms the float types, var and std the kernels' own dtype; counts none."""
+    TypeError (:func:`result_dtype`). Sums, means, sums of squares and products take every numeric type and
+    bool (a complex input only complex ones), maxima and minima any (a conversion of the result), norms the
+    float types, var and std the kernels' own dtype; counts none."""
     t = np.dtype(dtype)
     if op in COUNT_OPS:
         return ()
     if op in MINMAX_OPS:
         return NUMERIC
-    if op in ("sum", "mean", "sum_of_squares"):
+    if op in ("sum", "mean", "sum_of_squares", "prod"):
         return COMPLEX if t in COMPLEX else NUMERIC
-    if op == "prod":
-        return _REAL
     if op == "nansum":
         return EVERY_INT + FLOATS  # a bool target would be an "any" of the non-NaN values: not kept
     if op == "norm":
@@ -374,12 +371,13 @@ class Route:
     * ``direct``: x as it is;
     * ``cast``: x converted exactly to ``via`` (a narrower integer to int32, uint32 to int64, uint64 to
       float64 where the result is a float, as NumPy converts it; a float to int64 for an integer target,
-      as NumPy truncates each element into it);
+      as NumPy truncates each element into it; for prod, any x to a complex target, as NumPy multiplies in it);
     * ``view``: x's bits read as ``via`` (uint64 as int64: sums and products wrap the same modulo 2^64);
     * ``flip``: x's bits with the sign bit flipped, read as ``via`` (uint64 to int64, preserving order,
       for maxima and minima; flipped back after);
     * ``complex``: the real and imaginary parts as a trailing axis of ``via`` (a view: each part its own
-      tree over the same elements; the norm reduces that axis too).
+      tree over the same elements; the norm reduces that axis too). Not for prod, whose kernels read complex
+      x as it is.
     * ``gather``: complex maxima and minima (``via`` x's dtype): the element at the index the arg-reduction
       kernels (cuda_src/argreduce.cu) find along the reduced axes merged into one, ordered as NumPy
       iterates them (:func:`gather_axes`); a gather, no kernel of this family.
@@ -427,6 +425,10 @@ def route(op: str, dtype, final) -> Route:
         else:
             how, via = "cast", (I64 if t == U32 else I32)
         return Route(op, how, via, via if op in MINMAX_OPS else F64)
+    if op == "prod" and final in COMPLEX:
+        # A complex product mixes the parts, so it is no pair of real trees: the complex kernels, on x converted
+        # to the target when that is another dtype, as NumPy multiplies in it.
+        return Route(op, "direct" if t == final else "cast", final, final)
     if t in COMPLEX:
         inner = route(op, real_of(t), real_of(final))
         return Route(op, "complex", inner.via, inner.kernel)

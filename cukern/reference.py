@@ -448,6 +448,8 @@ def rotary_embedding_mrope_emulated(positions, query, key, cos_sin_cache, mrope_
 
 def _wide(x):
     x = np.asarray(x)
+    if x.dtype.kind == "c":
+        return x.astype(np.complex128)
     return x.astype(np.int64) if x.dtype.kind in "biu" else x.astype(np.float64)
 
 
@@ -525,6 +527,23 @@ def _tree_prod(a, b):
     return a * b
 
 
+def _is_complex_one(z):
+    """Where ``z`` is exactly 1 + 0i, its imaginary part +0 (reduce.cu ``is_one``)."""
+    return (z.real == 1) & (z.imag == 0) & ~np.signbit(z.imag)
+
+
+def _tree_complex_prod(a, b):
+    """reduce.cu's complex ``mul_rn``: (ar br - ai bi, ar bi + ai br), each step one correctly rounded NumPy
+    operation on the parts (NumPy's complex multiply is the same formula, but its SIMD loops fuse a product of
+    each part into an FMA where the CPU has one: other last bits), and an operand of exactly 1 + 0i giving the
+    other one as it is."""
+    a, b = np.broadcast_arrays(a, b)
+    out = np.empty(a.shape, a.dtype)
+    out.real = a.real * b.real - a.imag * b.imag
+    out.imag = a.real * b.imag + a.imag * b.real
+    return np.where(_is_complex_one(b), a, np.where(_is_complex_one(a), b, out))
+
+
 def reduction_tree(v, combine=_tree_sum, identity=0):
     """The tree over the last axis of ``v`` (values already lifted into the accumulator dtype), one result
     per leading position: leaves of 256 elements, in each 32 chains (chain c: elements c, c + 32, ... of the
@@ -561,6 +580,10 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
     axes = P.normalize_axis(axis, x.ndim)
     final = P.result_dtype(name, x.dtype, dtype)
     shape = P.result_shape(x.shape, axes, keepdims)
+    if op.kernel_op == P.OP_PROD:
+        rt = P.route(name, x.dtype, final)
+        if rt.op == name and rt.how == "cast":
+            x = x.astype(rt.via)  # as cukern converts x first: to a target NumPy multiplies in (complex ones too)
     n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
     if n == 0:
         if op.minmax:
@@ -596,7 +619,10 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
         w = (~np.isnan(w)).astype(a)
     if op.kernel_op == P.OP_PROD:
         with np.errstate(over="ignore", invalid="ignore"):
-            acc = w.prod(axis=1, dtype=a) if a.kind == "i" else reduction_tree(w, _tree_prod, 1)
+            if a.kind == "i":
+                acc = w.prod(axis=1, dtype=a)
+            else:
+                acc = reduction_tree(w, _tree_complex_prod if a.kind == "c" else _tree_prod, 1)
     elif op.kernel_op == P.OP_MAX:
         acc = w.max(axis=1) if a.kind == "i" else reduction_tree(w, _tree_max, -np.inf)
     elif op.kernel_op == P.OP_MIN:
@@ -954,7 +980,7 @@ def reduce_nanmin(x, axis=None, keepdims=False):
 
 
 def reduce_prod(x, axis=None, keepdims=False):
-    """Product in int64 (wrapping) or float64."""
+    """Product in int64 (wrapping), float64 or complex128."""
     with np.errstate(over="ignore", invalid="ignore"):
         return np.prod(_wide(x), axis=axis, keepdims=keepdims)
 
@@ -1050,8 +1076,10 @@ def count_nonzero_emulated(x, axis=None, keepdims=False):
 
 
 def prod_emulated(x, axis=None, dtype=None, keepdims=False):
-    """The bits :func:`cukern.prod` returns: the tree of :func:`reduction_tree` with correctly rounded
-    products from the identity 1 in the accumulator dtype (float32 for half types), rounded once to the
+    """The bits :func:`cukern.prod` returns: x converted first to a ``dtype`` that NumPy multiplies in (a
+    float or complex target), as cukern converts it; then the tree of :func:`reduction_tree` with correctly
+    rounded products from the identity 1 in the accumulator dtype (float32 for half types; complex results in
+    their own dtype, multiplied by :func:`_tree_complex_prod`, which keeps 1 + 0i exact), rounded once to the
     result dtype; integer products in int64, wrapping (any order gives those bits)."""
     return _reduce_emulated("prod", x, axis, dtype, keepdims)
 

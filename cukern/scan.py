@@ -45,7 +45,7 @@ from ._launch import cupy as _cupy
 from ._layout import collapse
 
 SOURCE = "scan"
-BLOCK, ITEMS = 256, 16  # SCAN_BLOCK, SCAN_ITEMS in cuda_src/scan.cu
+BLOCK, ITEMS = 256, 16  # SCAN_BLOCK, SCAN_ITEMS in cuda_src/scan.cu: the definition's threads and their elements
 TILE = BLOCK * ITEMS
 GROUP = 32  # SCAN_GROUP: tiles a group
 SCAN_SUM, SCAN_PROD = 0, 1
@@ -112,13 +112,23 @@ class Plan:
     def tiles(self) -> int:
         return self.rows * self.tiles_per_row
 
+    threads: int = BLOCK
+
     @property
     def config(self) -> LaunchConfig:
-        return LaunchConfig(grid=(self.tiles,), block=(BLOCK,))
+        return LaunchConfig(grid=(self.tiles,), block=(self.threads,))
+
+
+def threads(dtype, out_dtype) -> int:
+    """Threads a tile (the kernel's THREADS), each standing for ``BLOCK // threads`` threads of the definition:
+    128 where x and the result have one size of 4 or 8 bytes (loaded by cp.async; more tiles in flight), else
+    256. No effect on the result."""
+    size = np.dtype(dtype).itemsize
+    return 128 if size == np.dtype(out_dtype).itemsize and size >= 4 else BLOCK
 
 
 def instantiation(dtype, out_dtype, op: int) -> Instantiation:
-    return Instantiation(SOURCE, "scan_tiles", (np.dtype(dtype), np.dtype(out_dtype), op))
+    return Instantiation(SOURCE, "scan_tiles", (np.dtype(dtype), np.dtype(out_dtype), op, threads(dtype, out_dtype)))
 
 
 def instantiations() -> list:
@@ -151,10 +161,10 @@ def _lines(shape, x_strides, o_strides, axis):
     return rows, shape[axis], inner, xl + (x_strides[axis],), ol + (o_strides[axis],)
 
 
-def plan(shape, axis=None, *, x_strides=None, out_strides=None, aligned: bool = True) -> Plan:
+def plan(shape, axis=None, *, x_strides=None, out_strides=None, aligned: bool = True, dtypes=None) -> Plan:
     """The launch scanning ``axis`` (None or a normalized int) of an array of ``shape``; strides in elements
     (default C-contiguous; ``out_strides``: the destination's, for ``axis=None`` those of an array of
-    ``shape``, the flattened result's order). Pure."""
+    ``shape``, the flattened result's order); ``dtypes``: (x's, the result's), for the block size. Pure."""
     shape = tuple(shape)
     c = _contiguous(shape)
     xs = c if x_strides is None else tuple(x_strides)
@@ -166,7 +176,7 @@ def plan(shape, axis=None, *, x_strides=None, out_strides=None, aligned: bool = 
     rows, n, inner, xl, ol = laid
     if rows * -(-n // TILE) >= 2**31:
         raise ValueError(f"{rows} lines of {n} elements make more than 2**31 - 1 tiles")
-    return Plan(rows, n, copy, inner, xl, ol)
+    return Plan(rows, n, copy, inner, xl, ol, BLOCK if dtypes is None else threads(*dtypes))
 
 
 def bytes_moved(shape, dtype, out_dtype=None) -> int:
@@ -251,7 +261,7 @@ def _prepare(op: str, x, axis, dtype, out) -> _Call:
         out_strides = tuple(out.strides[0] // out.itemsize * c for c in _contiguous(x.shape))
     if out is not None and (any(s % out.itemsize for s in out.strides) or out.data.ptr % out.itemsize):
         aligned = False
-    pl = plan(x.shape, a, x_strides=x_strides, out_strides=out_strides, aligned=aligned)
+    pl = plan(x.shape, a, x_strides=x_strides, out_strides=out_strides, aligned=aligned, dtypes=(x.dtype, o))
     (x_s0, x_s1, x_step), (o_s0, o_s1, o_step) = pl.x, pl.o
     fields = {"inner": pl.inner, "x_s0": x_s0, "x_s1": x_s1, "x_step": x_step, "o_s0": o_s0, "o_s1": o_s1,
               "o_step": o_step, "n": pl.n, "tiles_per_row": pl.tiles_per_row, "tiles": pl.tiles}

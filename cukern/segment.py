@@ -49,6 +49,10 @@ WARP_BLOCK = 256  # SEG_WARP_BLOCK in cuda_src/segment.cu: 8 segments a block
 COL_BLOCK = 128  # SEG_COL_BLOCK: columns a block
 COLS_KERNEL_MIN = 32  # columns from which a thread per column reads whole 32-column runs of a row
 MAX_GRID_Y = 65535
+# The warp kernel takes runs of consecutive segments, a run's bounds in one load (at most 32: a lane each),
+# as long as the launch keeps at least RUN_WARPS warps: several waves on any GPU (an H200 holds 8,448).
+RUN_MAX = 32
+RUN_WARPS = 1 << 15
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BFLOAT16)
 OFFSET_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -58,13 +62,14 @@ OPS = {"segment_sum": (SEG_SUM, False), "segment_max": (SEG_MAX, False), "segmen
 
 # The kernels' scalars, one struct (``SegParams`` in cuda_src/segment.cu).
 PARAMS = Params((("segments", "i64"), ("cols", "i64"), ("rows", "i64"), ("row_stride", "i64"),
-                 ("col_stride", "i64"), ("mean", "i32")))
+                 ("col_stride", "i64"), ("mean", "i32"), ("run", "i32")))
 
 
 @dataclass(frozen=True)
 class Plan:
-    """One call's launch: ``kernel`` "warp" (a warp per segment and column) or "cols" (a thread per segment
-    and column), ``grid`` (x, y), ``block``; ``copy``: x is first copied to C-contiguous."""
+    """One call's launch: ``kernel`` "warp" (a warp per ``run`` consecutive segments of a column) or "cols" (a
+    thread per segment and column), ``grid`` (x, y), ``block``; ``copy``: x is first copied to
+    C-contiguous."""
 
     kernel: str | None
     grid: tuple
@@ -74,6 +79,7 @@ class Plan:
     cols: int
     row_stride: int
     col_stride: int
+    run: int = 1
 
     @property
     def config(self) -> LaunchConfig:
@@ -111,8 +117,9 @@ def plan(shape, segments: int, *, strides=None, ptr: int = 0, itemsize: int = 4)
         if gy > MAX_GRID_Y:
             raise ValueError(f"x has {cols} columns a row; at most {MAX_GRID_Y * COL_BLOCK} are supported")
         return Plan("cols", (segments, gy), COL_BLOCK, copy, segments, cols, row_stride, col_stride)
-    return Plan("warp", (_cdiv(segments, WARP_BLOCK // 32), cols), WARP_BLOCK, copy, segments, cols, row_stride,
-                col_stride)
+    run = min(RUN_MAX, max(1, segments * cols // RUN_WARPS))
+    return Plan("warp", (_cdiv(segments, WARP_BLOCK // 32 * run), cols), WARP_BLOCK, copy, segments, cols,
+                row_stride, col_stride, run)
 
 
 def instantiations() -> list:
@@ -178,7 +185,8 @@ def _prepare(op: str, x, offsets) -> _Call:
         return _Call(None, None, None, pl.copy, shape)
     kind, mean = OPS[op]
     params = struct_argument(PARAMS.struct(segments=segments, cols=pl.cols, rows=x.shape[0],
-                                           row_stride=pl.row_stride, col_stride=pl.col_stride, mean=int(mean)))
+                                           row_stride=pl.row_stride, col_stride=pl.col_stride, mean=int(mean),
+                                           run=pl.run))
     with on_device(x.data.device_id):
         kernel = get_kernel(pl.instantiation(x.dtype, kind, offsets.dtype))
     return _Call(kernel, pl.config, params, pl.copy, shape)

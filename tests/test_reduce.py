@@ -436,14 +436,17 @@ def test_no_float_accumulation_is_fused(arch):
         assert not fused.search(ptx), inst.expression
         if np.dtype(inst.args[1]).kind == "f" and inst.args[2] == P.OP_SUMSQ:
             assert re.search(r"\bmul\.rn\.f(32|64)\b", ptx), inst.expression
+        if np.dtype(inst.args[1]).kind == "c":  # the complex product: every step its own rounded instruction
+            for step in ("mul", "sub", "add"):
+                assert re.search(rf"\b{step}\.rn\.f(32|64)\b", ptx), (step, inst.expression)
 
 
 def test_instantiations_are_generated_and_cover_the_dispatcher():
     insts = P.instantiations()
     assert len(insts) == len(set(insts))
-    # CI compiles all of them for two architectures (var and std add 64, prod and logsumexp 44; the NaN-aware
-    # ops and the counts none)
-    assert len(insts) <= 658
+    # CI compiles all of them for two architectures (var and std add 64, prod and logsumexp 52, complex
+    # products 8 of those; the NaN-aware ops and the counts none)
+    assert len(insts) <= 666
     have = set(insts)
     shapes = [(1,), (31,), (1000003,), (4097, 3), (3, 4097), (1, 4097), (4097, 1), (7, 5, 9), (2, 3, 4, 5)]
     axes_for = {1: [None, 0], 2: [None, 0, 1, (0, 1)], 3: [None, 0, 1, 2, (0, 2), (1, 2)], 4: [(1, 3), (0, 2), 2]}
@@ -1840,14 +1843,17 @@ def _nan_data(rng, shape, dtype, where: str):
 
 
 def _close(got, want, dtype, what, rtol=None):
-    got = np.asarray(got).astype(np.float64)
-    want = np.asarray(want, np.float64)
+    """Complex results: the error's modulus on the scale of the reference's (a part alone may be near 0),
+    rtol by the parts' dtype."""
+    wide = np.complex128 if np.dtype(dtype).kind == "c" else np.float64
+    got = np.asarray(got).astype(wide)
+    want = np.asarray(want, wide)
     assert np.array_equal(np.isnan(got), np.isnan(want)), what
     inf = np.isinf(want)
     assert np.array_equal(got[inf], want[inf]), what  # the same infinities
     ok = np.isfinite(want)
-    rtol = rtol or {2: 1e-2, 4: 2e-5, 8: 1e-12}[np.dtype(dtype).itemsize]
-    scale = np.abs(want[ok]) + 0.1 * (np.sqrt(np.mean(want[ok] ** 2)) if ok.any() else 0) + 1e-30
+    rtol = rtol or {2: 1e-2, 4: 2e-5, 8: 1e-12}[P.real_of(dtype).itemsize]
+    scale = np.abs(want[ok]) + 0.1 * (np.sqrt(np.mean(np.abs(want[ok]) ** 2)) if ok.any() else 0) + 1e-30
     assert (np.abs(got[ok] - want[ok]) <= rtol * scale).all(), (what, np.max(np.abs(got[ok] - want[ok]) / scale))
 
 
@@ -1890,6 +1896,65 @@ def test_prod_emulator_against_float64(rng):
     xi = rng.integers(-9, 10, (5, 1000)).astype(np.int32)  # wraps in int64, as NumPy
     assert np.array_equal(reference.prod_emulated(xi, 1), np.prod(xi.astype(np.int64), 1))
     assert reference.prod_emulated(np.array([True, False])).dtype == np.int64
+
+
+COMPLEX_DTYPES = (np.complex64, np.complex128)
+
+
+def _complex(re, im, dtype):
+    """Complex values with exactly these parts (``re + 1j * im`` would make NaNs of 1j * inf)."""
+    z = np.empty(np.broadcast(re, im).shape, dtype)
+    z.real, z.imag = re, im
+    return z
+
+
+def _near_one(rng, shape, dtype):
+    return (1 + 0.01 * (rng.standard_normal(shape) + 1j * rng.standard_normal(shape))).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", COMPLEX_DTYPES, ids=dtype_name)
+def test_complex_prod_emulator_against_numpy(rng, dtype):
+    """NumPy's complex products within rounding, NumPy's result dtypes and shapes for every axis form and
+    keepdims, complex targets (x converted to them first, as NumPy multiplies in them) and 1+0j for an empty
+    slice."""
+    x = _near_one(rng, (6, 3001), dtype)
+    for axis in (1, -1, (1,)):
+        _close(reference.prod_emulated(x, axis), reference.reduce_prod(x, 1), dtype, axis)
+    y = x[:, :60].reshape(6, 5, 12)
+    for axis in (None, 0, -1, (0, 2)):
+        for keepdims in (False, True):
+            got = reference.prod_emulated(y, axis, keepdims=keepdims)
+            want = np.prod(y, axis=axis, keepdims=keepdims)
+            assert got.dtype == want.dtype and got.shape == want.shape, (axis, keepdims)
+            _close(got, reference.reduce_prod(y, axis, keepdims), dtype, (axis, keepdims))
+    for t in (np.complex64, np.complex128):
+        assert same_bits(reference.prod_emulated(x, 1, dtype=t), reference.prod_emulated(x.astype(t), 1))
+        real = x.real.copy()
+        assert same_bits(reference.prod_emulated(real, 1, dtype=t), reference.prod_emulated(real.astype(t), 1))
+        _close(reference.prod_emulated(real, 1, dtype=t), np.prod(real.astype(np.float64), 1), t, t)
+    with pytest.raises(TypeError, match=f"dtype=float32 is not supported for prod of {dtype_name(dtype)}"):
+        reference.prod_emulated(x, 1, dtype=np.float32)
+    assert same_bits(reference.prod_emulated(x[:, :0], 1), np.ones(6, dtype))
+
+
+@pytest.mark.parametrize("dtype", COMPLEX_DTYPES, ids=dtype_name)
+def test_complex_product_is_commutative_and_keeps_one_exact(rng, dtype):
+    """reduce.cu's complex mul_rn, as the emulator applies it: commutative bit for bit (a shuffle tree forms a b
+    in one lane and b a in its partner), and exactly 1 + 0i returns the other operand as it is, -0, infinite
+    and NaN parts included, where the formula alone would not; 1 - 0i is no identity."""
+    part = np.array([0.0, -0.0, 1.0, -1.0, 0.5, -3.25, 1e30, np.inf, -np.inf, np.nan], P.real_of(dtype))
+    z = _complex(part[:, None], part[None, :], dtype).ravel()
+    z = np.concatenate([z, _near_one(rng, 200, dtype), (10 * rng.standard_normal(200) * (1 - 2j)).astype(dtype)])
+    a, b = (v.ravel() for v in np.meshgrid(z, z))
+    one = _complex(1.0, 0.0, dtype)
+    mul = reference._tree_complex_prod
+    with np.errstate(all="ignore"):
+        assert same_bits(mul(a, b), mul(b, a))
+        assert same_bits(mul(z, one), z) and same_bits(mul(one, z), z)
+        assert same_bits(mul(_complex(-0.0, -0.0, dtype), _complex(1.0, -0.0, dtype)), _complex(-0.0, 0.0, dtype))
+        # NumPy's own product gives nan+nanj here (inf - inf in one part, inf * 0 in the other)
+        inf = _complex(np.inf, np.inf, dtype)
+        assert same_bits(reference.prod_emulated(np.array([inf, one])), inf)
 
 
 def test_exp_and_log_routines_are_accurate():
@@ -2066,7 +2131,8 @@ class _VarTree:
 class _ProdTree(_Tree):
     def __init__(self, a):
         self.a = np.dtype(a)
-        self.combine, self.identity = reference._tree_prod, self.a.type(1)
+        self.combine = reference._tree_complex_prod if self.a.kind == "c" else reference._tree_prod
+        self.identity = self.a.type(1)
 
 
 def test_lse_merge_is_commutative_and_exact_with_the_identity(rng):
@@ -2096,9 +2162,16 @@ def _lse_values(rng, n, dtype, special):
 def test_prod_var_and_logsumexp_are_splits_of_the_tree(rng):
     """The emulators compute the documented tree (var's and logsumexp's chains formed at once, as
     chain_state defines them), and the full, rows and strided kernels' splits (and var's column kernel)
-    give their bits."""
+    give their bits; complex products with factors of exactly 1 + 0i and -0 parts among them."""
     for n in (40, 1100):  # 1100: 5 leaves, 2 chunks of float32, the last one partial
+        complex_factors = []
+        for dtype in COMPLEX_DTYPES:
+            v = _near_one(rng, n, dtype)
+            v[::7] = 1
+            v[3::11].imag = -0.0
+            complex_factors.append((_ProdTree(dtype), v))
         for t, v in ((_ProdTree(np.float32), (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)),
+                     *complex_factors,
                      (_LseTree(np.float32), _lse_values(rng, n, np.float32, False)),
                      (_LseTree(np.float64), _lse_values(rng, n, np.float64, True)),
                      (_VarTree(np.float32), (1e4 + rng.standard_normal(n)).astype(np.float32) - np.float32(1e4)),
@@ -2112,7 +2185,9 @@ def test_prod_var_and_logsumexp_are_splits_of_the_tree(rng):
                 want = reference.reduction_tree(v[None], t.combine, t.identity)[0]
             want = np.asarray(want).tobytes()
             assert np.asarray(_by_definition(t, v)).tobytes() == want, (n, type(t))
-            for itemsize in (v.itemsize, 2) if isinstance(t, (_ProdTree, _VarTree)) else (v.itemsize,):
+            # the chunks of 2-byte inputs too (float trees' half types); complex inputs come in one size
+            halves = isinstance(t, (_ProdTree, _VarTree)) and v.dtype.kind == "f"
+            for itemsize in (v.itemsize, 2) if halves else (v.itemsize,):
                 cv, size = P.lane_elements(itemsize), P.chunk_elements(itemsize)
                 chunks = [_chunk(t, v, q * size, 32, cv) for q in range(_cdiv(n, size))]
                 for block, grid in ((64, 2),):
@@ -2141,7 +2216,7 @@ def test_lift_modes_add_no_kernels_and_compact_ops_few():
             assert (t, o, P.OP_SUM) in {(a, b, c) for a, b, c in combos if c == P.OP_SUM}
             assert o in P.kernel_dtypes("sum", t)
     insts = P.instantiations()
-    for op, dtypes in ((P.OP_PROD, 7), (P.OP_LSE, 4)):
+    for op, dtypes in ((P.OP_PROD, 9), (P.OP_LSE, 4)):
         mine = [i for i in insts if i.args[2] == op]
         assert len(mine) == 4 * dtypes and not any(i.name.startswith("reduce_cols") for i in mine)
     assert P.OPS["nansum"].mode == P.LIFT_SKIP_NAN << P.FINISH_BITS
@@ -2196,13 +2271,11 @@ def test_new_ops_result_dtypes_follow_numpy():
             assert P.default_dtype("nanmax", t) == np.nanmax(x).dtype
         assert P.default_dtype("count_nonzero", t) == np.int64
     assert P.result_dtype("nansum", np.float32, np.float64) == np.float64
-    with pytest.raises(TypeError, match="dtype=complex64 is not supported for prod"):
-        P.result_dtype("prod", np.float32, np.complex64)
 
 
 def test_new_ops_validate_before_any_launch():
     for fn, bad in ((R.nansum, fake_array((4,), np.complex64)), (R.nanmax, fake_array((4,), "datetime64[s]")),
-                    (R.prod, fake_array((4,), np.complex64)), (R.logsumexp, fake_array((4,), np.complex64)),
+                    (R.prod, fake_array((4,), "datetime64[s]")), (R.logsumexp, fake_array((4,), np.complex64)),
                     (R.count_nonzero, fake_array((4,), np.complex64)), (R.nanmean, fake_array((4,), np.complex64))):
         with pytest.raises(TypeError):
             fn(bad)
@@ -2303,6 +2376,62 @@ def test_prod_bits_match_the_emulator(dtype):
         assert same_bits(cupy.asnumpy(v), want), ("knobs", shape, axis)
 
 
+def _complex_views(cupy, xh):
+    """(device array, the host array it shows) pairs: x as it is, every axis reversed, every other element
+    of the last axis, and for complex64 a view 8 bytes off 16-byte alignment (one element a load)."""
+    x = cupy.asarray(xh)
+    back = (slice(None, None, -1),) * xh.ndim
+    views = {"c": (x, xh), "reversed": (x[back], xh[back]), "every other": (x[..., ::2], xh[..., ::2])}
+    if xh.dtype == np.complex64:
+        buf = cupy.empty(xh.nbytes + 16, np.uint8)
+        off = buf[8:8 + xh.nbytes].view(xh.dtype).reshape(xh.shape)
+        off[...] = x
+        views["misaligned"] = (off, xh)
+    return views
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", COMPLEX_DTYPES, ids=dtype_name)
+def test_complex_prod_bits_match_the_emulator(dtype):
+    """Every layout (full, rows, strided for columns, copied), strides of either sign, misalignment, keepdims,
+    out, complex targets, empty slices (1+0j) and infinite, NaN and -0 parts: the emulator's bits, whatever
+    the knobs and the SM count; NumPy's product within rounding."""
+    import cupy
+
+    rng = np.random.default_rng(74)
+    for shape, axis in (((100003,), None), ((33, 4099), 1), ((5000, 33), 0), ((6, 7, 65), (0, 2)), ((17, 1), 1),
+                        ((0, 5), 0), ((64, 300), -1), ((9, 8, 7), (1, 2)), ((4, 5, 6), None)):
+        xh = _near_one(rng, shape, dtype)
+        if xh.size > 10:
+            xh.reshape(-1)[::97] = 1  # exact identities among the factors
+        for label, (x, h) in _complex_views(cupy, xh).items():
+            assert same_bits(R.prod(x, axis=axis), reference.prod_emulated(h, axis=axis)), (shape, axis, label)
+        x = cupy.asarray(xh)
+        want = reference.prod_emulated(xh, axis=axis)
+        _close(cupy.asnumpy(R.prod(x, axis=axis)), reference.reduce_prod(xh, axis), dtype, shape,
+               rtol=1e-3 if dtype == np.complex64 else None)
+        assert same_bits(R.prod(x, axis=axis, keepdims=True), reference.prod_emulated(xh, axis=axis, keepdims=True))
+        out = cupy.full(want.shape, 7, dtype)
+        assert R.prod(x, axis=axis, out=out) is out and same_bits(out, want), (shape, axis)
+        wide = reference.prod_emulated(xh, axis=axis, dtype=np.complex128)
+        assert same_bits(R.prod(x, axis=axis, dtype=np.complex128), wide), (shape, axis)
+        real = xh.real.copy()
+        got = R.prod(cupy.asarray(real), axis=axis, dtype=dtype)
+        assert same_bits(got, reference.prod_emulated(real, axis=axis, dtype=dtype)), (shape, axis)
+        for knobs, sm in ((P.DEFAULT_KNOBS, 7), (P.Knobs(full_block=64, full_unroll=2, row_max_tpr=256), 142)):
+            v = R._reduce("prod", x, axis, None, False, None, knobs=knobs, sm=sm)
+            assert same_bits(v, want), (shape, axis, knobs, sm)
+    special = _near_one(rng, (5, 300), dtype)
+    special[0, 5] = _complex(np.inf, 0.0, dtype)
+    special[1, 7] = _complex(np.nan, 1.0, dtype)
+    special[2, :8] = _complex(-0.0, -0.0, dtype)
+    special[3, 33] = _complex(0.5, -np.inf, dtype)
+    special[4, ::2] = _complex(-1.0, -0.0, dtype)
+    for layout, axis in ((special, 1), (np.ascontiguousarray(special.T), 0)):
+        got = R.prod(cupy.asarray(layout), axis=axis)
+        assert same_bits(got, reference.prod_emulated(layout, axis=axis)), axis
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", NAN_DTYPES, ids=dtype_name)
 def test_logsumexp_bits_match_the_emulator(dtype):
@@ -2368,7 +2497,7 @@ def test_new_ops_bad_input_raises_before_launch():
                       (lambda: R.nanmean(x, axis=0, out=cupy.empty(4, np.float32)), ValueError),
                       (lambda: R.any(x, axis=0, out=cupy.empty(4, np.bool_)), ValueError),
                       (lambda: R.all(x, axis=1, out=cupy.empty(5, np.bool_)), ValueError),
-                      (lambda: R.prod(cupy.ones(3, np.complex64)), TypeError),
+                      (lambda: R.prod(cupy.ones(3, np.complex64), dtype=np.float32), TypeError),
                       (lambda: R.logsumexp(x, out=x[0, 0]), ValueError),
                       (lambda: R.nansum(cupy.ones(3, np.complex64)), TypeError),
                       (lambda: R.nanmax(cupy.zeros((0, 3), np.float32), axis=0), ValueError)):

@@ -57,15 +57,16 @@ def test_new_inputs_and_targets():
             assert np.dtype(t) in P.public_inputs(op), (op, t)
     for op in ("amax", "amin", "norm"):
         assert P.BOOL in P.public_inputs(op)
-    for op in ("sum", "mean", "norm", "amax", "amin", "nanmax", "nanmin"):
+    for op in ("sum", "mean", "norm", "prod", "amax", "amin", "nanmax", "nanmin"):
         assert set(P.COMPLEX) <= set(P.public_inputs(op))
     assert P.result_dtype("mean", np.int32, np.int64) == np.int64
     assert P.result_dtype("sum", np.int32, np.bool_) == np.bool_
     assert P.result_dtype("sum", np.float32, np.complex64) == np.complex64
     assert P.result_dtype("sum", np.float32, np.float16) == np.float16
     assert P.result_dtype("norm", np.complex64) == np.float32
-    with pytest.raises(TypeError, match="complex product"):
-        P.check_input("prod", np.complex64)
+    assert P.result_dtype("prod", np.float32, np.complex64) == np.complex64
+    with pytest.raises(TypeError, match="dtype=float32 is not supported for prod of complex64"):
+        P.result_dtype("prod", np.complex64, np.float32)
     with pytest.raises(TypeError, match="dtype=float32 is not supported for sum of complex64"):
         P.result_dtype("sum", np.complex64, np.float32)
     with pytest.raises(TypeError, match="nansum"):
@@ -90,7 +91,7 @@ def test_routes_use_only_existing_kernels():
                 assert (rt.via, kernel, P.OPS[rt.op].kernel_op) in combos, (name, t, final, rt)
                 seen += 1
     assert seen > 1000
-    assert len(P.instantiations()) <= 658
+    assert len(P.instantiations()) <= 666
 
 
 def test_route_choices():
@@ -109,6 +110,11 @@ def test_route_choices():
     assert R_("mean", np.int32, np.int64).mean_int
     assert R_("sum", np.float64, np.int32) == P.Route("sum", "cast", P.I64, P.I64)  # NumPy truncates first
     assert R_("prod", np.int32, np.float64) == P.Route("prod", "cast", P.F64, P.F64)
+    # a complex product mixes the parts: its own kernels, x converted to a complex target of another dtype
+    assert R_("prod", np.complex64, np.complex64) == P.Route("prod", "direct", P.C64, P.C64)
+    assert R_("prod", np.complex64, np.complex128) == P.Route("prod", "cast", P.C128, P.C128)
+    assert R_("prod", np.int16, np.complex64) == P.Route("prod", "cast", P.C64, P.C64)
+    assert P.kernels_answer("prod", np.complex128, np.complex128)
     assert R_("sum", np.float32, np.float16) == P.Route("sum", "direct", P.F32, P.F32)  # then rounded
     assert P.kernels_answer("sum", np.float32, np.float64) and not P.kernels_answer("sum", np.int8, np.int64)
 
@@ -230,7 +236,8 @@ def test_dtype_targets_against_numpy(rng):
              ("sum", "float32", "complex64"), ("sum", "complex64", "complex128"), ("sum", "uint8", "uint8"),
              ("sum", "float32", "float16"), ("mean", "int32", "int64"), ("mean", "int16", "complex64"),
              ("mean", "bool", "bool"), ("prod", "int32", "float64"), ("prod", "int64", "int8"),
-             ("prod", "int32", "bool"), ("amax", "float32", "int32"), ("sum_of_squares", "float32", "float64")]
+             ("prod", "int32", "bool"), ("prod", "complex64", "complex128"), ("prod", "float32", "complex64"),
+             ("amax", "float32", "int32"), ("sum_of_squares", "float32", "float64")]
     for name, t, r in cases:
         h = _data(rng, t, (4, 6))
         if name == "prod" and np.dtype(t).kind in "iu":

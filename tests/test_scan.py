@@ -48,6 +48,14 @@ def test_tiles_cover_a_line(n):
     assert p.config.grid == (p.tiles,) and p.config.block == (C.BLOCK,)
 
 
+def test_threads_a_tile_follow_the_dtypes():
+    f32, f64, i32, i64 = (np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
+    assert C.threads(f32, f32) == C.threads(f64, f64) == C.threads(i64, i64) == 128
+    assert C.threads(f32, f64) == C.threads(i32, i64) == C.threads(np.bool_, i64) == C.threads(BFLOAT16, BFLOAT16) == 256
+    assert C.plan((5000,), None, dtypes=(f32, f32)).config.block == (128,)
+    assert all(i.args[-1] == C.threads(i.args[0], i.args[1]) for i in C.instantiations())
+
+
 def test_lines_and_layouts():
     p = C.plan((6, 7, 8), 1)
     assert (p.rows, p.n, p.inner, p.x, p.o, p.copy) == (48, 7, 8, (56, 1, 8), (56, 1, 8), False)

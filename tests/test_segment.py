@@ -45,6 +45,16 @@ def test_kernel_choice_and_grid():
     assert S.plan((10, 5), 0).kernel is None and S.plan((10, 0), 3).kernel is None
 
 
+def test_runs_of_segments_keep_enough_warps():
+    assert S.plan((1 << 20,), 1000).run == 1
+    for segments, cols in ((1 << 20, 1), (100_003, 1), (100_003, 3), (1 << 15, 31), (5 << 20, 1)):
+        p = S.plan((1 << 22, cols), segments)
+        assert p.kernel == "warp" and 1 <= p.run <= S.RUN_MAX
+        assert p.grid[0] * (S.WARP_BLOCK // 32) * p.run >= segments  # every segment has a warp
+        assert p.run == S.RUN_MAX or p.grid[0] * p.grid[1] * (S.WARP_BLOCK // 32) >= S.RUN_WARPS
+    assert S.plan((1 << 28,), 1 << 20).run == S.RUN_MAX
+
+
 def test_layouts_that_are_copied():
     assert not S.plan((100, 8), 3, strides=(-16, 2)).copy
     assert S.plan((100, 8), 3, strides=(-16, 2)).row_stride == -16
@@ -172,6 +182,24 @@ def test_long_segments_and_independence_from_neighbours(rng):
     alone = S.segment_sum(x, cupy.asarray(np.array([5, 70000])))
     among = S.segment_sum(x, cupy.asarray(oh))
     assert same_bits(alone, among[2:3])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cols", [1, 3])
+def test_runs_of_segments_give_each_segments_own_bits(cols, rng):
+    import cupy
+
+    rows, segments = 1 << 20, 100_003  # runs of 3 (1 column) or 9 (3 columns), the last warps' runs shorter
+    xh = rng.standard_normal((rows, cols)).astype(np.float32)
+    oh = _offsets(rng, rows, segments)
+    oh[10:20] = oh[10]  # a stretch of empty segments inside a run
+    x, o = cupy.asarray(xh), cupy.asarray(oh)
+    assert S.plan(xh.shape, segments).run > 1
+    for op in OPS:
+        _check(op, x, xh, o, oh)
+    alone = S.segment_sum(x, o[:41])  # 40 segments: a warp each
+    assert S.plan(xh.shape, 40).run == 1
+    assert same_bits(alone, S.segment_sum(x, o)[:40])
 
 
 @pytest.mark.gpu

@@ -34,15 +34,16 @@ bench.register("cumsum", bench.OpBench(
 def _describe(name: str):
     def describe(shape, dt, params, device, knobs):
         axis = scan.normalize_axis(bench.parse_axis(params.get("axis")), len(shape))
-        pl = scan.plan(shape, axis)
         o = scan.result_dtype(dt)
+        pl = scan.plan(shape, axis, dtypes=(dt, o))
         launches = []
         if pl.tiles:
-            launches.append(card.Launch(scan.instantiation(dt, o, scan.OPS[name]), pl.tiles, scan.BLOCK,
+            launches.append(card.Launch(scan.instantiation(dt, o, scan.OPS[name]), pl.tiles, pl.threads,
                                         "one tile a block, decoupled look-back"))
-        tile = {"grid": pl.tiles, "block": scan.BLOCK, "lines": pl.rows, "elements_per_line": pl.n,
+        tile = {"grid": pl.tiles, "block": pl.threads, "lines": pl.rows, "elements_per_line": pl.n,
                 "tile_elements": scan.TILE, "one_block_computes": f"one tile of {scan.TILE} elements of a line",
-                "one_thread_computes": f"{scan.ITEMS} consecutive elements"}
+                "one_thread_computes": (f"{scan.BLOCK // pl.threads} run(s) of {scan.ITEMS} consecutive elements "
+                                        f"(threads h + {pl.threads} j of the {scan.BLOCK}-thread definition)")}
         nbytes = scan.bytes_moved(shape, dt)
         written = int(np.prod(shape)) * o.itemsize
         traffic = {"bytes_read": nbytes - written, "bytes_written": written,
@@ -68,7 +69,7 @@ def _describe(name: str):
             return lambda: fn(x, axis=axis)
 
         return card.Described(launches=launches, tile=tile, traffic=traffic, accumulation=accumulation,
-                              knobs={"block": scan.BLOCK, "items": scan.ITEMS}, bytes=nbytes, bytes_written=written,
+                              knobs={"block": pl.threads, "items": scan.TILE // pl.threads}, bytes=nbytes, bytes_written=written,
                               flops=int(np.prod(shape)), measure=measure, notes=notes)
 
     return describe

@@ -61,7 +61,8 @@ def _describe(name: str):
         pl = segment.plan(shape, segments, itemsize=dt.itemsize)
         launches = []
         if pl.kernel is not None:
-            role = {"warp": "a warp per segment and column", "cols": "a thread per segment and column"}[pl.kernel]
+            role = {"warp": f"a warp per {pl.run} segment(s) of a column",
+                    "cols": "a thread per segment and column"}[pl.kernel]
             launches.append(card.Launch(pl.instantiation(dt, segment.OPS[name][0], np.int64), pl.grid[0] * pl.grid[1],
                                         pl.block, role))
         rows, cols = shape[0], math.prod(shape[1:])
@@ -70,8 +71,9 @@ def _describe(name: str):
             thread = f"one column of one segment (about {mean_length:,.0f} rows), 8 chains at a time"
             block = f"one segment x {segment.COL_BLOCK} adjacent columns"
         else:
-            thread = f"chain (lane) of every leaf of one segment's column: about {mean_length / 32:,.1f} elements"
-            block = f"{segment.WARP_BLOCK // 32} segments of one column, a warp each"
+            thread = (f"chain (lane) of every leaf of {pl.run} segment(s) of a column, in turn: about "
+                      f"{mean_length / 32:,.1f} elements a segment")
+            block = f"{segment.WARP_BLOCK // 32} runs of {pl.run} consecutive segments of one column, a warp each"
         tile = {"kernel": pl.kernel, "grid": pl.grid, "block": pl.block, "segments": segments, "columns": cols,
                 "one_block_computes": block, "one_thread_computes": thread}
         nbytes = segment.bytes_moved(shape, dt, segments)
