@@ -141,7 +141,10 @@ template <typename T, int OP, typename A> __device__ __forceinline__ T seg_finis
 // leaf is the shuffle tree over the lanes, and lane 0 pushes it onto the warp's stack. Without runs (a warp
 // a segment) each warp waited for its offsets, then for its data: two memory latencies for a segment of
 // 256 values on average (2^28 float32 in 2^20 segments: 48% of the copy's bandwidth; with runs 51-52%;
-// loading the next segment's first leaf ahead as well gave no more, bench/NOTES.md).
+// loading the next segment's first leaf ahead as well gave no more, bench/NOTES.md). Nsight Compute then
+// showed the kernel issue-bound (0.80 warp instructions a cycle a scheduler, memory at 47%): so a load's
+// offset is a constant for unit strides, its test one 32-bit comparison, and a one-leaf segment skips the
+// stack.
 template <typename T, int OP, typename I>
 __global__ void __launch_bounds__(SEG_WARP_BLOCK)
     segment_warp(T* out, const T* x, const I* offsets, const __grid_constant__ SegParams p) {
@@ -162,21 +165,38 @@ __global__ void __launch_bounds__(SEG_WARP_BLOCK)
     const long long length = __shfl_sync(0xffffffffu, my_length, r);
     const T* col = x + start * p.row_stride + j * p.col_stride;
     const long long leaves = (length + SEG_LEAF - 1) / SEG_LEAF;
+    A only = C::template identity<A>();  // a one-leaf segment's value (most of them), kept off the stack
     for (long long k = 0; k < leaves; ++k) {
+      // the elements of leaf k from this lane's first on, capped at a leaf: chain step m is in the segment
+      // when 32 m < in_leaf (one 32-bit comparison a load, no 64-bit index)
+      const long long left = length - k * SEG_LEAF - lane;
+      const int in_leaf = left > SEG_LEAF ? SEG_LEAF : static_cast<int>(left);
+      const T* at = col + (k * SEG_LEAF + lane) * p.row_stride;
       A v[SEG_CHAIN_LENGTH];
+      if (p.row_stride == 1) {  // a 1-D x or one column: the loads' offsets are constants
 #pragma unroll
-      for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) {
-        const long long i = k * SEG_LEAF + m * SEG_CHAINS + lane;
-        v[m] = i < length ? static_cast<A>(seg_load(col[i * p.row_stride])) : C::template identity<A>();
+        for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) {
+          v[m] = SEG_CHAINS * m < in_leaf ? static_cast<A>(seg_load(at[SEG_CHAINS * m])) : C::template identity<A>();
+        }
+      } else {
+        const long long step = SEG_CHAINS * p.row_stride;
+#pragma unroll
+        for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) {
+          v[m] = SEG_CHAINS * m < in_leaf ? static_cast<A>(seg_load(at[m * step])) : C::template identity<A>();
+        }
       }
       A chain = C::template identity<A>();
 #pragma unroll
       for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) chain = C::apply(chain, v[m]);
       const A leaf = group_tree_reduce<32, C>(chain);
-      if (lane == 0) tree_push<C>(stacks[warp], leaf, static_cast<unsigned long long>(k));
+      if (leaves == 1) {
+        only = leaf;  // tree_result of one pushed leaf is that leaf
+      } else if (lane == 0) {
+        tree_push<C>(stacks[warp], leaf, static_cast<unsigned long long>(k));
+      }
     }
     if (lane == 0) {
-      const A result = tree_result<C>(stacks[warp], static_cast<unsigned long long>(leaves));
+      const A result = leaves == 1 ? only : tree_result<C>(stacks[warp], static_cast<unsigned long long>(leaves));
       out[(first + r) * p.cols + j] = seg_finish<T, OP>(result, length, p.mean);
     }
   }
