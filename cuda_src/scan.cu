@@ -336,8 +336,10 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
     const long long row_group = static_cast<long long>(row) * groups_per_row;  // the row's group 0
     if (i == SCAN_GROUP - 1 && lane == 0) {  // the group's total, S_g: it needs no other group
       const A total = scan_op<OP>(q_t, aggregate);
-      sums[row_group + g] = total;  // for a walk that passes this group later (read after its fence)
-      __threadfence();
+      if constexpr (kPacked<A>) {  // for a walk that passes this group later (read after its fence); an
+        sums[row_group + g] = total;  // 8-byte value is written there and fenced by publish itself
+        __threadfence();
+      }
       publish(group_status + row_group + g, sums + row_group + g, p.epoch, STATE_AGGREGATE, total);
     }
 
