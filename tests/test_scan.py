@@ -163,6 +163,22 @@ def test_every_instantiation_compiles_without_spills_or_contraction(arch):
         assert "atom.global.add.u32" in body and "membar.gl" in body, inst.expression
 
 
+@pytest.mark.nvrtc(C.SOURCE)
+def test_float32_tiles_fit_twelve_an_sm_90():
+    """The scan's speed follows how many tiles are in flight (cuda_src/scan.cu, bench/NOTES.md): its float32
+    kernels keep twelve 128-thread blocks an SM on sm_90, by registers (64 Ki) and by shared memory (228 KiB,
+    1 KiB of it reserved a block)."""
+    c = compiled(C.SOURCE, "sm_90")
+    res = c.resources()
+    f32 = np.dtype(np.float32)
+    for op in (C.SCAN_SUM, C.SCAN_PROD):
+        inst = C.instantiation(f32, f32, op)
+        assert inst.args[-1] == 128
+        r = res[c.lowered[inst.expression]]
+        assert 12 * 128 * r["registers"] <= 64 * 1024, (inst.expression, r)
+        assert 12 * (r["shared"] + 1024) <= 228 * 1024, (inst.expression, r)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # On a GPU.
 
