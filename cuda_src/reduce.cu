@@ -22,8 +22,9 @@
 // steps, with 1 + 0i an exact identity, so that padding changes nothing (mul_rn of Complex); var carries
 // (count, mean, M2) and merges chains with Chan's formula; logsumexp carries (max, scaled sum) and merges
 // chains with cukern's own exp and log (exp_nonpositive, log_at_least_one),
-// made of correctly rounded steps only. cukern/reference.py (`*_emulated`) evaluates the same tree in
-// NumPy with no launch parameter at all.
+// made of steps that each round once (correctly rounded operations, and float's exp its explicit fused
+// multiply-adds). cukern/reference.py (`*_emulated`) evaluates the same tree in NumPy with no launch
+// parameter at all.
 //
 // The six questions (cukern/reduce_plan.py keeps the launch math as pure plans):
 // 1. Output tile: reduce_full: the whole array, one value: each block takes an aligned span of groups of
@@ -49,9 +50,10 @@
 //    tree, so any of them gives the same bits (cukern/reduce_plan.py `Knobs`).
 // 6. Profile: one add per element against sizeof(T) bytes: memory-bound; the target is the copy bandwidth.
 //    var adds a subtraction, a square and two adds per element and a division per chain (the full merge
-//    per element cost a division each); logsumexp an exp (about twenty correctly rounded operations) per
-//    element, with no merge and its selects per element. Both hold a chain's eight loads at once, which is
-//    why their rows kernels keep more registers (row_min_blocks).
+//    per element cost a division each); logsumexp an exp per element (for float a compare, thirteen float
+//    operations, ten of them fused multiply-adds, and two integer ones: no rounding or conversion
+//    instruction), with no merge and its selects per element. Both hold a chain's eight loads at once, which
+//    is why their rows kernels keep more registers (row_min_blocks).
 #include "common/bounds.cuh"
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
@@ -248,15 +250,17 @@ struct MulRn {
   template <typename A> __device__ __forceinline__ static A apply(A a, A b) { return mul_rn(a, b); }
 };
 
-// logsumexp's exp and log, built from correctly rounded additions, multiplications and divisions, exact
-// scalings by powers of two, rintf / rint and frexp only: not correctly rounded (a few ulps), but every step
-// is one IEEE operation that NumPy performs identically, so cukern/reference.py (`_exp_nonpositive`,
-// `_log_at_least_one`) reproduces their bits on the host, which CUDA's expf / logf would not allow. The
-// constants are exact binary values (hex literals; tests/test_reduce.py checks the host's against these).
+// logsumexp's exp and log, built from correctly rounded additions, multiplications and divisions, float's
+// fused multiply-adds (__fmaf_rn: one rounding, the same on every GPU), exact scalings by powers of two and
+// frexp only: not correctly rounded (a few ulps), but every step is one IEEE operation that the host
+// reproduces exactly, so cukern/reference.py (`_exp_nonpositive`, `_log_at_least_one`, `_fma32` for the
+// fused multiply-add) gives their bits, which CUDA's expf / logf would not allow. The constants are exact
+// binary values (hex literals; tests/test_reduce.py checks the host's against these).
 template <typename S> struct ExpLog;
 template <> struct ExpLog<float> {
   static constexpr float kUnderflow = -104.0f;  // e^-104 is below half the smallest subnormal
   static constexpr float kInvLn2 = 0x1.715476p+0f;
+  static constexpr float kMagic = 0x1.8p+23f;  // v + kMagic rounds v to an integer, ties to even, for |v| < 2^22
   static constexpr float kLn2Hi = 0x1.62e4p-1f;  // 15 bits: k * kLn2Hi is exact for |k| < 2^8
   static constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
   static constexpr int kExpTerms = 8;  // Taylor terms 1 / k!, k = 0..7, for |r| <= ln2 / 2
@@ -266,10 +270,15 @@ template <> struct ExpLog<float> {
   static constexpr int kLogTerms = 5;  // atanh series 1 / (2k + 1), k = 0..4, for |u| <= 0.172
   static constexpr float kLog[kLogTerms] = {0x1p+0f, 0x1.555556p-2f, 0x1.99999ap-3f, 0x1.24924ap-3f, 0x1.c71c72p-4f};
   __device__ __forceinline__ static float pow2(int k) { return __int_as_float((k + 127) << 23); }
+  // k from t = kMagic + k (|k| < 2^22): the sum's significand holds k in its low bits
+  __device__ __forceinline__ static int magic_int(float t) { return __float_as_int(t) - __float_as_int(kMagic); }
+  // the exp's multiply-adds: one rounding each (fewer instructions than a product and a sum, and less error)
+  __device__ __forceinline__ static float mad(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 };
 template <> struct ExpLog<double> {
   static constexpr double kUnderflow = -746.0;
   static constexpr double kInvLn2 = 0x1.71547652b82fep+0;
+  static constexpr double kMagic = 0x1.8p+52;  // v + kMagic rounds v to an integer, ties to even, for |v| < 2^51
   static constexpr double kLn2Hi = 0x1.62e42feep-1;  // 32 bits: k * kLn2Hi is exact for |k| < 2^21
   static constexpr double kLn2Lo = 0x1.a39ef35793c76p-33;
   static constexpr int kExpTerms = 14;
@@ -284,24 +293,26 @@ template <> struct ExpLog<double> {
       0x1.745d1745d1746p-4, 0x1.3b13b13b13b14p-4, 0x1.1111111111111p-4, 0x1.e1e1e1e1e1e1ep-5,
       0x1.af286bca1af28p-5, 0x1.8618618618618p-5};
   __device__ __forceinline__ static double pow2(int k) { return __longlong_as_double(static_cast<long long>(k + 1023) << 52); }
+  // k from t = kMagic + k (|k| < 2^31): the bits of t are kMagic's plus k, and kMagic's low word is 0
+  __device__ __forceinline__ static int magic_int(double t) { return __double2loint(t); }
+  // a correctly rounded product, then sum (NumPy has no double-precision fused multiply-add to reproduce)
+  __device__ __forceinline__ static double mad(double a, double b, double c) { return add_rn(mul_rn(a, b), c); }
 };
 
-__device__ __forceinline__ float round_int(float v) { return rintf(v); }
-__device__ __forceinline__ double round_int(double v) { return rint(v); }
-
-// e^d for d <= 0 (-inf gives 0): d = k ln2 + r (Cody and Waite), e^r by Horner, times 2^k in two exact
-// halves (the first product stays normal, the second rounds once, subnormal results included).
+// e^d for d <= 0 (-inf gives 0): d = k ln2 + r (Cody and Waite), k = rint(d / ln2) by adding and subtracting
+// kMagic (no rounding or conversion instruction: k also lies in the sum's low bits), e^r by Horner, times
+// 2^k as p 2^(k + 64), exact and normal for p in [1/2, 2) and k >= -1076, then times 2^-64, which rounds
+// once (subnormal results included).
 template <typename S> __device__ __forceinline__ S exp_nonpositive(S d) {
   using E = ExpLog<S>;
   if (!(d >= E::kUnderflow)) return S(0);
-  const S k = round_int(mul_rn(d, E::kInvLn2));
-  const S r = sub_rn(sub_rn(d, mul_rn(k, E::kLn2Hi)), mul_rn(k, E::kLn2Lo));
+  const S t = E::mad(d, E::kInvLn2, E::kMagic);
+  const S k = sub_rn(t, E::kMagic);
+  const S r = E::mad(k, -E::kLn2Lo, E::mad(k, -E::kLn2Hi, d));
   S p = E::kExp[E::kExpTerms - 1];
 #pragma unroll
-  for (int i = E::kExpTerms - 2; i >= 0; --i) p = add_rn(mul_rn(p, r), E::kExp[i]);
-  const int ki = static_cast<int>(k);
-  const int k1 = ki / 2;  // truncates toward zero
-  return mul_rn(mul_rn(p, E::pow2(k1)), E::pow2(ki - k1));
+  for (int i = E::kExpTerms - 2; i >= 0; --i) p = E::mad(p, r, E::kExp[i]);
+  return mul_rn(mul_rn(p, E::pow2(E::magic_int(t) + 64)), E::pow2(-64));
 }
 
 // log(s) for finite s >= 1: s = f 2^e with f in [sqrt(1/2), sqrt(2)), log f = 2 atanh((f - 1) / (f + 1)).
@@ -675,7 +686,7 @@ template <typename A> __device__ __forceinline__ bool last_block_done(A* partial
 // equal aligned spans (a power of two each): every group, every block's span and the grid are subtrees of
 // the one tree, whatever the grid. A block reads one contiguous run of memory, a group a round: each warp
 // takes its chunk of the group and lane 0 leaves the chunk's value in a shared slot. (Warps streaming spans
-// of their own, thousands of narrow fronts far apart, drew several % less from DRAM: bench/NOTES.md.)
+// of their own, thousands of narrow fronts far apart, drew less from DRAM: bench/NOTES.md.)
 // Rounds come in batches of up to FULL_BATCH groups (an aligned subtree): one barrier a batch, after which
 // warp 0 combines the batch (lane g the tree of group g over its warps, then the lanes' tree) and thread
 // 0 pushes it onto the block's stack, while the other warps go on loading the next batch. The block
@@ -805,8 +816,12 @@ template <typename T, typename O, int OP, typename I> __host__ __device__ conste
   if (sizeof(I) == 8) return 1;
   if (OP == OP_VAR && sizeof(state_t<O, OP>) == 24) return min_blocks > 4 ? min_blocks / 4 : 1;
   // float32 var in 128-thread blocks (its default): seven, not four (71 registers, no spill; 28 warps an SM
-  // instead of 20: [32768, 16384] rows 87.5% -> 95.9% of the copy, six 92.3%; eight spill)
+  // instead of 20, faster than four or six: bench/NOTES.md; eight spill)
   if (OP == OP_VAR && sizeof(T) == 4 && sizeof(state_t<O, OP>) == 12 && min_blocks == 8) return 7;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  // before sm_90: int64 products of bool and int32 spill at 64 registers (sm_90 fits them); seven fit (72)
+  if (OP == OP_PROD && sizeof(T) < 8 && sizeof(state_t<O, OP>) == 8 && min_blocks == 8) return 7;
+#endif
   const bool wide = OP == OP_LSE || (sizeof(state_t<O, OP>) >= 8 && (sizeof(T) == 2 || OP == OP_VAR));
   return wide && min_blocks > 1 ? min_blocks / 2 : min_blocks;
 }
@@ -878,8 +893,20 @@ __global__ void __launch_bounds__(MAX_BLOCK, arch_min_blocks(row_min_blocks<T, O
 // combine across R lanes of one warp, and each column's leaf value joins that column's span stack. Out is
 // [outer, spans, cols]: the span's tree (P = acc_t, finalize = FINISH_NONE) for reduce_cols_fold to finish
 // when spans > 1, the result when spans == 1.
+// The column kernel's resident blocks: none stated on sm_90 (ptxas chooses), one from sm_100 on (as
+// CUKERN_BOUNDS). Before sm_90, ptxas left to choose aims some of the 16-bit and float32 instantiations
+// (four columns a thread) at 64 registers (four blocks) or 48 (five) and spills a few bytes: 16-bit sums
+// and float32 maxima and minima with four chains a thread fit in three blocks (70 to 72 registers), 16-bit
+// maxima and minima with one chain in the same five blocks once they are stated.
+template <typename T, int OP, int VEC, int Q> __host__ __device__ constexpr int col_min_blocks() {
+  const bool half = sizeof(T) == 2, extreme = OP == OP_MAX || OP == OP_MIN;
+  if (VEC == 4 && Q == 4 && (half ? !extreme : extreme && sizeof(T) == 4)) return before_sm90_min_blocks(3);
+  if (VEC == 4 && Q == 1 && half && extreme) return before_sm90_min_blocks(5);
+  return before_sm90_min_blocks(0);
+}
+
 template <typename T, typename P, int OP, int VEC, int Q>
-__global__ void CUKERN_BOUNDS(COL_BLOCK)
+__global__ void __launch_bounds__(COL_BLOCK, col_min_blocks<T, OP, VEC, Q>())
     reduce_cols(P* out, const T* x, long long outer, long long rows, long long cols, long long s_outer,
                 long long s_row, long long span, int spans, int strips, int vector, int finalize, double divisor) {
   using A = state_t<P, OP>;

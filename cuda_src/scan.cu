@@ -28,17 +28,19 @@
 //
 // The six questions (cukern/scan.py `plan` keeps the launch math as a pure plan; the card in
 // cukern/lab/scan.py shows the same answers):
-// 1. Output tile: one tile (SCAN_TILE elements of one row) per block of 128 threads (each thread two of
-//    the definition's 256), tiles numbered in the order blocks start (a global counter), so every
-//    predecessor of a tile is running or done: the look-back never waits on a block that cannot run.
+// 1. Output tile: one tile (SCAN_TILE elements of one row) per block: of 128 threads (each thread two of
+//    the definition's 256) where x and the result have one size of 4 or 8 bytes (float32, float64, int64),
+//    of 256 otherwise (cukern/scan.py `threads`); tiles numbered in the order blocks start (a global
+//    counter), so every predecessor of a tile is running or done: the look-back never waits on a block
+//    that cannot run.
 // 2. Input traffic: x read once and out written once, both through shared memory: a warp moves 32
 //    consecutive elements per load or store (coalesced for a unit-stride row), and each thread then takes
 //    its 16 consecutive elements from shared memory. 4- and 8-byte elements go from global to shared
 //    memory by cp.async (sm_80 on), which holds no register: the whole tile is in flight at once. Through
 //    registers, at the 32 a thread that eight resident blocks allow, the loads went out a few at a time
-//    and a block spent half its life loading (2^28 float32: 52% of the copy's bandwidth, with or without
-//    the look-back's waits; bench/NOTES.md). The look-back reads a status word and a value from
-//    L2 for each earlier tile of the group and for a few earlier groups.
+//    and a block spent half its life loading, with or without the look-back's waits (bench/NOTES.md).
+//    The look-back reads a status word and a value from L2 for each earlier tile of the group and for a
+//    few earlier groups.
 // 3. Accumulation: in double (float64 results), float (float32, float16, bfloat16 results) or int64
 //    (integer results), in the fixed order above. Products and sums are correctly rounded (__fmul_rn,
 //    __fadd_rn and double forms; never contracted). Integer sums and products wrap as int64 does.
@@ -200,13 +202,13 @@ template <typename S> __device__ __forceinline__ int slot(int e) {
 
 // Blocks and resident blocks. A tile spends much of its life in its look-back and its two passes over the
 // stage, moving no data, so the scan's speed follows how many tiles are in flight at once: with 256-thread
-// blocks, eight an SM (all thread slots), the memory sat half idle (2^28 float32: 52% of the copy's
-// bandwidth even with every look-back wait removed; bench/NOTES.md). So float32 and float64 (x and the
-// result of one size, cp.async loads) run 128-thread blocks: twelve float32 tiles an SM (as many as the
-// shared memory holds, 40 registers; eight before sm_90, whose shared memory holds no more). The half types
-// (loads through registers, slower in smaller blocks) and results wider than x (each thread would hold both
-// its halves' values through the stage's reuse) keep 256 threads: eight blocks for 4-byte x, five for the
-// half types (with fewer registers their conversions spill). 8-byte accumulators take what they need.
+// blocks, eight an SM (all thread slots), the memory sat half idle even with every look-back wait removed
+// (bench/NOTES.md). So float32, float64 and int64 (x and the result of one size, cp.async loads) run
+// 128-thread blocks: twelve float32 tiles an SM (as many as the shared memory holds, 40 registers; eight
+// before sm_90, whose shared memory holds no more). The half types (loads through registers, slower in
+// smaller blocks) and results wider than x (each thread would hold both its halves' values through the
+// stage's reuse) keep 256 threads: eight blocks for 4-byte x, five for the half types (with fewer registers
+// their conversions spill). 8-byte accumulators take what they need.
 template <typename T, typename O, int THREADS>
 __host__ __device__ constexpr int scan_min_blocks() {
   if (sizeof(scan_acc_t<O>) != 4) return 1;

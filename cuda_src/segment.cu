@@ -140,11 +140,10 @@ template <typename T, int OP, typename A> __device__ __forceinline__ T seg_finis
 // segments in turn: lane c computes chain c of each leaf (its 8 loads issued before any is combined), the
 // leaf is the shuffle tree over the lanes, and lane 0 pushes it onto the warp's stack. Without runs (a warp
 // a segment) each warp waited for its offsets, then for its data: two memory latencies for a segment of
-// 256 values on average (2^28 float32 in 2^20 segments: 48% of the copy's bandwidth; with runs 51-52%;
-// loading the next segment's first leaf ahead as well gave no more, bench/NOTES.md). Nsight Compute then
-// showed the kernel issue-bound (0.80 warp instructions a cycle a scheduler, memory at 47%): so a load's
-// offset is a constant for unit strides, its test one 32-bit comparison, and a one-leaf segment skips the
-// stack.
+// 256 values on average (runs helped; loading the next segment's first leaf ahead as well gave no more,
+// bench/NOTES.md). Nsight Compute then showed the kernel issue-bound, not short of loads in flight: so a
+// load's offset is a constant for unit strides, its test one 32-bit comparison, and a one-leaf segment
+// skips the stack.
 template <typename T, int OP, typename I>
 __global__ void __launch_bounds__(SEG_WARP_BLOCK)
     segment_warp(T* out, const T* x, const I* offsets, const __grid_constant__ SegParams p) {
@@ -202,13 +201,20 @@ __global__ void __launch_bounds__(SEG_WARP_BLOCK)
   }
 }
 
+// segment_cols' resident blocks: none stated on sm_90 (ptxas chooses), one from sm_100 on (as CUKERN_BOUNDS).
+// Before sm_90, ptxas left to choose put the float-accumulator minima at 64 registers and spilled 8 bytes;
+// told the eight blocks of those 64 registers, maxima and minima fit them.
+template <int OP> __host__ __device__ constexpr int seg_cols_min_blocks() {
+  return before_sm90_min_blocks(OP == SEG_SUM ? 0 : 8);
+}
+
 // One thread per (segment, column): segment blockIdx.x, column blockIdx.y * SEG_COL_BLOCK + thread. A leaf's
 // 32 chains are taken SEG_GROUP at a time (all 32 at once, with their loads, spilled for max and min), each
 // group's chains in registers, filled row by row, and reduced by tree_reduce; the groups' values are aligned
 // subtrees of the one tree (four to a leaf), so the thread's own stack in shared memory, counting groups,
 // merges them into the same tree the warp kernel's shuffles and leaf stack form.
 template <typename T, int OP, typename I>
-__global__ void CUKERN_BOUNDS(SEG_COL_BLOCK)
+__global__ void __launch_bounds__(SEG_COL_BLOCK, seg_cols_min_blocks<OP>())
     segment_cols(T* out, const T* x, const I* offsets, const __grid_constant__ SegParams p) {
   using A = seg_acc_t<T>;
   using C = typename SegCombine<OP>::type;

@@ -1084,17 +1084,19 @@ def prod_emulated(x, axis=None, dtype=None, keepdims=False):
     return _reduce_emulated("prod", x, axis, dtype, keepdims)
 
 
-# logsumexp's exp and log (reduce.cu ExpLog, exp_nonpositive, log_at_least_one): the same correctly rounded
-# steps, in the same order, in the accumulator dtype. The constants are reduce.cu's hex literals.
+# logsumexp's exp and log (reduce.cu ExpLog, exp_nonpositive, log_at_least_one): the same steps, each rounded
+# once, in the same order, in the accumulator dtype (float32's exp multiply-adds by :func:`_fma32`). The
+# constants are reduce.cu's hex literals.
 _EXPLOG = {
     np.dtype(np.float32): {
-        "underflow": -104.0, "inv_ln2": "0x1.715476p+0", "ln2_hi": "0x1.62e4p-1", "ln2_lo": "0x1.7f7d1cp-20",
+        "underflow": -104.0, "inv_ln2": "0x1.715476p+0", "magic": "0x1.8p+23", "ln2_hi": "0x1.62e4p-1",
+        "ln2_lo": "0x1.7f7d1cp-20",
         "exp": ["0x1p+0", "0x1p+0", "0x1p-1", "0x1.555556p-3", "0x1.555556p-5", "0x1.111112p-7", "0x1.6c16c2p-10",
                 "0x1.a01a02p-13"],
         "sqrt_half": "0x1.6a09e6p-1",
         "log": ["0x1p+0", "0x1.555556p-2", "0x1.99999ap-3", "0x1.24924ap-3", "0x1.c71c72p-4"]},
     np.dtype(np.float64): {
-        "underflow": -746.0, "inv_ln2": "0x1.71547652b82fep+0", "ln2_hi": "0x1.62e42feep-1",
+        "underflow": -746.0, "inv_ln2": "0x1.71547652b82fep+0", "magic": "0x1.8p+52", "ln2_hi": "0x1.62e42feep-1",
         "ln2_lo": "0x1.a39ef35793c76p-33",
         "exp": ["0x1p+0", "0x1p+0", "0x1p-1", "0x1.5555555555555p-3", "0x1.5555555555555p-5", "0x1.1111111111111p-7",
              "0x1.6c16c16c16c17p-10", "0x1.a01a01a01a01ap-13", "0x1.a01a01a01a01ap-16", "0x1.71de3a556c734p-19",
@@ -1116,23 +1118,49 @@ def _explog(dtype):
     return {k: [f(h) for h in v] if isinstance(v, list) else f(v) for k, v in c.items()}
 
 
+def _fma32(a, b, c):
+    """``__fmaf_rn(a, b, c)`` for float32 arrays (broadcast): a b + c rounded once, to nearest even. The
+    product is exact in float64 (24 + 24 bits); the float64 sum is rounded to odd, not to nearest: TwoSum
+    gives s = RN(x), x = a b + c, and its error e = x - s exactly; an inexact x rounds toward zero (s, or its
+    neighbour toward zero when e and s differ in sign) and then sets the last bit, which keeps the sticky
+    information a second rounding needs. 53 >= 24 + 2 bits, so rounding that to float32 is the correctly
+    rounded x, subnormal results, overflow and signed zeros included. Infinite or NaN operands make e a NaN,
+    neither positive nor negative: s stays as float64 forms it, by the same IEEE rules."""
+    a, b, c = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, c))
+    with np.errstate(all="ignore"):
+        p = a * b
+        s = p + c
+        bv = s - p
+        e = (p - (s - bv)) + (c - bv)
+        inexact = (e > 0) | (e < 0)
+        bits = s.view(np.int64)
+        odd = (bits - (inexact & ((e > 0) != (s > 0)))) | inexact
+        return odd.view(np.float64).astype(np.float32)
+
+
 def _exp_nonpositive(d):
     """reduce.cu ``exp_nonpositive``: e^d for d <= 0 (an array of float32 or float64), 0 below the underflow
-    bound."""
+    bound. k = rint(d / ln2) by adding and subtracting the magic constant (its integer also read from the
+    sum's bits), r = d - k ln2 in two steps, e^r by Horner, then p 2^(k + 64) (exact) times 2^-64 (rounded
+    once). Float32 forms every multiply-add with one rounding (:func:`_fma32`, as ``__fmaf_rn``), float64 as
+    a correctly rounded product and a correctly rounded sum."""
     c = _explog(d.dtype)
     t = d.dtype.type
+    mad = _fma32 if t is np.float32 else (lambda a, b, c: a * b + c)
+    bits = np.dtype(f"i{d.dtype.itemsize}")
     with np.errstate(all="ignore"):
         live = d >= c["underflow"]
         dd = np.where(live, d, t(0))
-        k = np.rint(dd * c["inv_ln2"])
-        r = (dd - k * c["ln2_hi"]) - k * c["ln2_lo"]
+        km = mad(dd, c["inv_ln2"], c["magic"])
+        kf = km - c["magic"]
+        ki = km.view(bits).astype(np.int64) - np.asarray(c["magic"]).view(bits).astype(np.int64)
+        r = mad(kf, -c["ln2_hi"], dd)
+        r = mad(kf, -c["ln2_lo"], r)
         p = np.full_like(d, c["exp"][-1])
         for coef in reversed(c["exp"][:-1]):
-            p = p * r + coef
-        ki = k.astype(np.int64)
-        k1 = -((-ki) // 2)  # truncated toward zero, as C's division
+            p = mad(p, r, coef)
         one = np.ones_like(d)
-        out = (p * np.ldexp(one, k1)) * np.ldexp(one, ki - k1)
+        out = (p * np.ldexp(one, ki + 64)) * np.ldexp(one, -64)
     return np.where(live, out, t(0))
 
 

@@ -423,16 +423,47 @@ def test_every_instantiation_compiles_without_spills_and_vectorizes(arch):
     assert checked > 100
 
 
+def _exp_fmas(ptx: str) -> tuple:
+    """The float32 fused multiply-adds in ``ptx``, as (count, exps): each must take one of ExpLog<float>'s
+    exp constants (kInvLn2, kMagic, -kLn2Hi, -kLn2Lo, a Taylor coefficient) as an operand, an immediate or a
+    register moved from one, as only exp_nonpositive's do; exps counts those by kInvLn2 plus kMagic (one an
+    exp)."""
+    c = reference._explog(np.float32)
+
+    def imm(v):  # PTX's spelling of a float32 immediate
+        return "0f%08X" % np.float32(v).view(np.uint32)
+
+    rounding = {imm(c["inv_ln2"]), imm(c["magic"])}
+    mine = rounding | {imm(v) for v in (-c["ln2_hi"], -c["ln2_lo"], *c["exp"])}
+    moved = dict(re.findall(r"\bmov\.f32\s+(%f\d+),\s*(0f[0-9A-F]{8});", ptx))
+    exps = 0
+    fmas = re.findall(r"\bfma\.rn\.f32\s+%f\d+,\s*([^,;]+),\s*([^,;]+),\s*([^,;]+);", ptx)
+    for ops in fmas:
+        values = {moved.get(o.strip(), o.strip()) for o in ops}
+        assert values & mine, ops
+        exps += rounding <= values
+    return len(fmas), exps
+
+
 @pytest.mark.nvrtc(P.SOURCE)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_no_float_accumulation_is_fused(arch):
     """Issue 13: every addition and square of a float accumulation is its own correctly rounded
     instruction (add.rn / mul.rn), so no architecture can contract it into an FMA and round differently.
-    The only multiply-adds left are integer index arithmetic (mad.lo)."""
+    The only multiply-adds left are integer index arithmetic (mad.lo) and float logsumexp's exp, whose
+    explicit __fmaf_rn (ten an exp, each with one of the exp's constants) round once on every architecture
+    as the emulator's reference._fma32 does; no logsumexp rounds to an integer with cvt.rni (rintf / rint)."""
     c = compiled(P.SOURCE, arch)
     fused = re.compile(r"\bfma\.rn(\.ftz)?\.f(32|64)\b|\bmad\.(rn\.)?f(32|64)\b")
+    terms = len(reference._explog(np.float32)["exp"])
     for inst in P.instantiations():
         ptx = c.kernel_ptx(inst)
+        if inst.args[2] == P.OP_LSE:
+            assert "cvt.rni" not in ptx, inst.expression
+            if P.acc_dtype(inst.args[1]) == np.float32:
+                fmas, exps = _exp_fmas(ptx)
+                assert exps and fmas == (terms + 2) * exps, (inst.expression, fmas, exps)
+                ptx = re.sub(r"\bfma\.rn\.f32\b", "", ptx)
         assert not fused.search(ptx), inst.expression
         if np.dtype(inst.args[1]).kind == "f" and inst.args[2] == P.OP_SUMSQ:
             assert re.search(r"\bmul\.rn\.f(32|64)\b", ptx), inst.expression
@@ -1957,6 +1988,96 @@ def test_complex_product_is_commutative_and_keeps_one_exact(rng, dtype):
         assert same_bits(reference.prod_emulated(np.array([inf, one])), inf)
 
 
+def _f32_of(x):
+    """The float32 nearest the rational ``x`` (a nonzero Fraction), ties to even: subnormals on their fixed
+    grid of 2^-149, past the largest finite value infinity."""
+    from fractions import Fraction
+
+    a = abs(x)
+    e = a.numerator.bit_length() - a.denominator.bit_length()  # 2^(e - 1) < a < 2^(e + 1)
+    if a < Fraction(2) ** e:
+        e -= 1
+    q = Fraction(2) ** max(e - 23, -149)
+    v = round(a / q) * q  # Fraction rounds half to even
+    f = np.float32(np.inf) if v >= 2**128 else np.float32(float(v))
+    return -f if x < 0 else f
+
+
+def _fma_triples(rng, n):
+    """float32 (a, b, c) for the fma: random bits over every exponent (subnormals, near overflow), c
+    cancelling a b, exact ties between float32 neighbours with and without a tiny c to break them, zeros."""
+    def floats(k, lo, hi):
+        e = rng.integers(lo, hi, k)
+        f = (1 + rng.integers(0, 2**23, k) / 2**23) * np.exp2(e.astype(np.float64))
+        return (f * rng.choice([-1.0, 1.0], k)).astype(np.float32)
+
+    a, b, c = floats(n, -75, 64), floats(n, -75, 64), floats(n, -150, 128)
+    a[: n // 8], b[: n // 8] = floats(n // 8, -150, -60), floats(n // 8, -10, 40)  # subnormal products
+    k = slice(n // 8, n // 4)  # c is minus a b rounded, or a neighbour: massive cancellation
+    c[k] = -(a[k].astype(np.float64) * b[k]).astype(np.float32)
+    c[k][::2] = np.nextafter(c[k][::2], np.float32(np.inf))
+    k = slice(n // 4, 3 * n // 8)  # odd a b in (2^24, 2^25), times 2^e, lies halfway between float32s: ties
+    i = rng.integers(2**12, 5792, n // 8) | 1
+    j = rng.integers(2**12, 5792, n // 8) | 1
+    a[k], b[k] = (i * 2.0 ** rng.integers(-20, 20, n // 8)).astype(np.float32), j.astype(np.float32)
+    tiny = rng.choice([-1.0, 1.0], n // 8) * 2.0 ** rng.integers(-149, -30, n // 8)
+    c[k] = np.where(rng.random(n // 8) < 0.5, 0.0, tiny)  # 0 keeps the tie, a tiny c breaks it
+    k = slice(3 * n // 8, n // 2)  # the largest products: overflow to infinity or just below
+    a[k], b[k] = floats(n // 8, 63, 64), floats(n // 8, 63, 65)
+    c[k] = -np.sign(a[k] * b[k].astype(np.float64)) * floats(n // 8, 126, 128) * rng.choice([0, 1], n // 8)
+    zero = np.array([0.0, -0.0], np.float32)
+    a[-8:], b[-8:], c[-8:] = np.repeat(zero, 4), np.tile(np.repeat(zero, 2), 2), np.tile(zero, 4)
+    return a, b, c
+
+
+def test_fma32_is_the_correctly_rounded_fma(rng):
+    """reference._fma32 (the host's __fmaf_rn, which float32's exp multiply-adds with) against exact rational
+    arithmetic: a b + c rounded once to float32, ties to even; an exact zero is -0 only for -0 + -0."""
+    from fractions import Fraction
+
+    a, b, c = _fma_triples(rng, 4000)
+    got = reference._fma32(a, b, c)
+    assert got.dtype == np.float32 and got.shape == a.shape
+    for i in range(a.size):
+        x = Fraction(float(a[i])) * Fraction(float(b[i])) + Fraction(float(c[i]))
+        if x == 0:
+            zeros = (a[i] == 0 or b[i] == 0) and c[i] == 0  # else a b and c cancel: +0
+            neg = zeros and np.signbit(a[i]) != np.signbit(b[i]) and np.signbit(c[i])
+            want = np.float32(-0.0 if neg else 0.0)
+        else:
+            want = _f32_of(x)
+        assert same_bits(got[i], want), (a[i], b[i], c[i], got[i], want)
+    # ties broken by a c below half a float64 ulp of a b: what rounding the float64 sum to nearest would miss
+    tie = reference._fma32(np.float32(4097), np.float32(4097), np.float32([2.0**-40, -(2.0**-40), 0]))
+    assert list(tie) == [16785410, 16785408, 16785408]  # a b = 2^24 + 8193
+    with np.errstate(invalid="ignore"):
+        special = reference._fma32(np.float32([np.inf, np.inf, 0, np.nan, 2.0**100, 1]),
+                                   np.float32([1, 0, np.inf, 1, 2.0**100, 1]),
+                                   np.float32([-np.inf, 1, 1, 1, -np.inf, np.inf]))
+    assert same_bits(special, np.float32([np.nan, np.nan, np.nan, np.nan, -np.inf, np.inf]))
+
+
+def test_exp_rounds_and_scales_exactly():
+    """exp_nonpositive's exact steps, as reduce.cu argues them: adding and subtracting the magic 1.5 2^23
+    (1.5 2^52) rounds any |v| < 2^22 (2^51) to its nearest integer, ties to even, the integer also read from
+    the sum's bits; and p 2^(k + 64), then times 2^-64, is p 2^k rounded once (subnormal results included)
+    for p in [1/2, 2) and every k the exp can form."""
+    for t, kmin in ((np.float32, -150), (np.float64, -1076)):
+        c = reference._explog(t)
+        magic = c["magic"]
+        ibits = np.dtype(f"i{np.dtype(t).itemsize}")
+        v = np.concatenate([np.arange(-2 * kmin + 1) / t(2) + kmin, np.arange(kmin, 1) + t(0.25)]).astype(t)
+        v = np.concatenate([v, np.nextafter(v, t(np.inf)), np.nextafter(v, t(-np.inf))])
+        m = v + magic
+        assert same_bits(m - magic, np.rint(v) + t(0))  # rint keeps -0.0: the sum gives +0
+        assert (m.view(ibits).astype(np.int64) - np.asarray(magic).view(ibits) == np.rint(v)).all()
+        assert np.rint(c["underflow"] * c["inv_ln2"]) == kmin  # the least k: d >= the underflow bound
+        p = np.linspace(0.5, 2, 4001, dtype=t)[:-1]
+        for k in range(kmin, 1):
+            one = np.ones_like(p)
+            assert same_bits((p * np.ldexp(one, k + 64)) * np.ldexp(one, -64), np.ldexp(p, k)), (t, k)
+
+
 def test_exp_and_log_routines_are_accurate():
     rng = np.random.default_rng(5)
     for dtype, ulps in ((np.float32, 2), (np.float64, 2)):
@@ -1974,6 +2095,13 @@ def test_exp_and_log_routines_are_accurate():
         ls = reference._log_at_least_one(s)
         w = np.log(s.astype(np.float64))
         assert (np.abs(ls - w) <= ulps * eps * np.maximum(w, 1)).all() and ls[0] == 0
+    # float32's exp on a lattice over every float32 in [-104, 0]: within one ulp of e^d (of 2^-149 for
+    # subnormal results)
+    d = np.arange(0x80000000, np.float32(-104).view(np.uint32) + 1, 1117).astype(np.uint32).view(np.float32)
+    got = reference._exp_nonpositive(d).astype(np.float64)
+    want = np.exp(d.astype(np.float64))
+    ulp = np.exp2(np.maximum(np.floor(np.log2(np.maximum(want, 2.0**-126))) - 23, -149))
+    assert (np.abs(got - want) <= ulp).all()
 
 
 def test_explog_constants_are_the_kernels():
@@ -1984,7 +2112,7 @@ def test_explog_constants_are_the_kernels():
         body = body[:body.index("pow2")]
         c = reference._explog(dtype)
         lits = re.findall(r"(0x[0-9a-f.]+p[-+]\d+)" + suffix, body)
-        want = [c["inv_ln2"], c["ln2_hi"], c["ln2_lo"], *c["exp"], c["sqrt_half"], *c["log"]]
+        want = [c["inv_ln2"], c["magic"], c["ln2_hi"], c["ln2_lo"], *c["exp"], c["sqrt_half"], *c["log"]]
         assert [dtype(float.fromhex(v)) for v in lits] == want, name
         assert f"kUnderflow = {c['underflow']:.1f}" in body.replace("f;", ";")
 
