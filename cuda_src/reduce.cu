@@ -302,10 +302,12 @@ template <> struct ExpLog<double> {
 // e^d for d <= 0 (-inf gives 0): d = k ln2 + r (Cody and Waite), k = rint(d / ln2) by adding and subtracting
 // kMagic (no rounding or conversion instruction: k also lies in the sum's low bits), e^r by Horner, times
 // 2^k as p 2^(k + 64), exact and normal for p in [1/2, 2) and k >= -1076, then times 2^-64, which rounds
-// once (subnormal results included).
+// once (subnormal results included). Below kUnderflow (and for -inf or a NaN) the result is 0: d is
+// raised to kUnderflow, whose e^d these steps already round to 0 (tests/test_reduce.py checks it), one
+// max instruction where a test and a select took two.
 template <typename S> __device__ __forceinline__ S exp_nonpositive(S d) {
   using E = ExpLog<S>;
-  if (!(d >= E::kUnderflow)) return S(0);
+  d = fmax(d, E::kUnderflow);
   const S t = E::mad(d, E::kInvLn2, E::kMagic);
   const S k = sub_rn(t, E::kMagic);
   const S r = E::mad(k, -E::kLn2Lo, E::mad(k, -E::kLn2Hi, d));
@@ -444,6 +446,17 @@ template <typename I> __device__ __forceinline__ int chain_count(I left) {
   return left > (CHAIN_LENGTH - 1) * CHAINS ? CHAIN_LENGTH : static_cast<int>((left + CHAINS - 1) / CHAINS);
 }
 
+// logsumexp's chain maximum. Only its value reaches the result, never the sign of a zero maximum (x - m and
+// the finish m + log(s) give the same bits for m = +0 and -0: log(s) >= +0) nor a NaN's payload (the GPU's
+// arithmetic gives one NaN pattern), so float takes PTX max.NaN, one instruction where Max::apply's NumPy
+// rules (+0 over -0, the NaN as a sum) take about seven.
+template <typename S> __device__ __forceinline__ S chain_max(S a, S b) { return Max::apply(a, b); }
+template <> __device__ __forceinline__ float chain_max(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 // The state of one chain of var or logsumexp from its `count` present elements x[0 .. count) (m order) at
 // once, instead of lifting each element and merging it in with the full Chan or LogSumExp merge (a division,
 // or an exp and four selects, per element: compute-bound). The merges above the chains are unchanged.
@@ -489,7 +502,7 @@ __device__ __forceinline__ A chain_state(const T (&x)[CHAIN_LENGTH], int count, 
     S hi = to_acc<S>(x[0]);
 #pragma unroll
     for (int m = 1; m < CHAIN_LENGTH; ++m) {
-      if (m < count) hi = Max::apply(hi, to_acc<S>(x[m]));
+      if (m < count) hi = chain_max(hi, to_acc<S>(x[m]));
     }
     if (!isfinite(hi)) return A{hi, S(1)};
     S s = exp_nonpositive(sub_rn(to_acc<S>(x[0]), hi));
@@ -822,6 +835,9 @@ template <typename T, typename O, int OP, typename I> __host__ __device__ conste
   // before sm_90: int64 products of bool and int32 spill at 64 registers (sm_90 fits them); seven fit (72)
   if (OP == OP_PROD && sizeof(T) < 8 && sizeof(state_t<O, OP>) == 8 && min_blocks == 8) return 7;
 #endif
+  // float32 logsumexp in 128-thread blocks (its default): seven (72 registers, no spill; eight spill), where
+  // the halved bound let ptxas take 83 registers, five blocks
+  if (OP == OP_LSE && sizeof(T) == 4 && sizeof(state_t<O, OP>) == 8 && min_blocks == 8) return 7;
   const bool wide = OP == OP_LSE || (sizeof(state_t<O, OP>) >= 8 && (sizeof(T) == 2 || OP == OP_VAR));
   return wide && min_blocks > 1 ? min_blocks / 2 : min_blocks;
 }

@@ -2,8 +2,9 @@
 //
 //   out = x / sqrt(mean(x^2) + eps) * (offset + weight)           (offset = 1 is the Gemma form)
 //   fused: residual = round(residual + x); out = rmsnorm(residual)
-//   float8 (e4m3fn) outputs: q = e4m3(y * (1 / s)), y the float32 value above before its rounding, s a static
-//   scale or, per token, max(amax(|y|) / 448, 2^-126) with the row's s stored beside q
+//   float8 (e4m3fn) outputs: q = e4m3(y * (1 / s)), y = (x * (offset + weight)) * inv (inv = 1 / rms, the
+//   product in the other order), s a static scale or, per token, max(amax / 448, 2^-126), amax =
+//   max |x * (offset + weight)| * inv (the row's largest |y| where inv is finite), stored beside q
 //
 // The six questions (the card in cukern/lab/rmsnorm.py keeps the same answers as data, for `explain` and
 // the bench):
@@ -30,10 +31,11 @@
 // 6. Profile: about 3 flops an element against 2 * sizeof(T) bytes: far under the ridge point, so
 //    memory-bound; the target is the device-to-device copy bandwidth.
 // The float8 kernels (rms_norm_fp8_*, fused_add_rms_norm_fp8_*) answer the same, but: out is one byte an
-// element (VEC-byte stores) plus one float per row for per-token scales; the per-token amax is a max,
-// which has no order to fix, combined by the same tree helpers in the same pass as the scaling (the rows
-// kernel keeps its row in registers through it; the wide kernel reads the row a third time); the
-// conversion to e4m3 gives the same byte on every GPU (e4m3x2).
+// element (VEC-byte stores) plus one float per row for per-token scales; t = x * (offset + weight) is formed
+// as the row is read, with the squares, and its max |t| (a max: no order to fix) is reduced beside the sum
+// of squares, one barrier for both (fl(max |t| * inv) is max |y|: inv > 0 and rounding is monotone); the
+// rows kernel then holds t, not the packed row, to the bytes (the wide kernel forms it again in its second
+// pass); the conversion to e4m3 gives the same byte on every GPU (e4m3x2).
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
@@ -111,14 +113,14 @@ __device__ __forceinline__ float min_nan(float a, float b) {
   return r;
 }
 
-// The per-token amax combine for common/reduce.cuh: values are |y| >= +0, so +0 is the identity and max is
+// The per-token amax combine for common/reduce.cuh: values are |t| >= +0, so +0 is the identity and max is
 // exact and commutative, NaN or not: any tree over the row gives the same amax.
 struct MaxNaN {
   template <typename T> __device__ __forceinline__ static T identity() { return T(0); }
   template <typename T> __device__ __forceinline__ static T apply(T a, T b) { return max_nan(a, b); }
 };
 
-// The scale of a row whose largest |y| is amax: amax / 448 correctly rounded, at least 2^-126 (the least
+// The scale of a row whose amax (largest |y|) is given: amax / 448 correctly rounded, at least 2^-126 (the least
 // normal float, whose reciprocal 2^126 is finite), so an all-zero row gets 2^-126 and zeros; NaN stays NaN.
 __device__ __forceinline__ float per_token_scale(float amax) { return max_nan(__fdiv_rn(amax, 448.f), 0x1p-126f); }
 
@@ -193,17 +195,19 @@ __device__ __forceinline__ Pack<T, VEC> residual_sum(const Pack<T, VEC>& x, cons
   return s;
 }
 
-// Division by the scale is a multiplication by its correctly rounded reciprocal (one division a row, not
-// one an element), rounded once more: q = e4m3(y * rcp(s)).
+// The float8 bytes of one vector: y = t * inv, then q = e4m3(y * rcp), rcp = 1 / s (division by the scale
+// as a product with its correctly rounded reciprocal: one division a row, not one an element), each
+// product rounded to float32. (One product t * (inv * rcp) would save one an element, but inv * rcp
+// overflows where the scale is tiny: an all-zero row's 2^-126.)
 template <int VEC>
-__device__ __forceinline__ void store_e4m3(unsigned char* dst, const float (&y)[VEC], float rcp) {
+__device__ __forceinline__ void store_e4m3(unsigned char* dst, const float (&t)[VEC], float inv, float rcp) {
   Pack<unsigned char, VEC> q;
   if constexpr (VEC == 1) {
-    q.v[0] = static_cast<unsigned char>(e4m3x2(__fmul_rn(y[0], rcp), 0.f));
+    q.v[0] = static_cast<unsigned char>(e4m3x2(__fmul_rn(__fmul_rn(t[0], inv), rcp), 0.f));
   } else {
 #pragma unroll
     for (int j = 0; j < VEC; j += 2) {
-      const unsigned pair = e4m3x2(__fmul_rn(y[j], rcp), __fmul_rn(y[j + 1], rcp));
+      const unsigned pair = e4m3x2(__fmul_rn(__fmul_rn(t[j], inv), rcp), __fmul_rn(__fmul_rn(t[j + 1], inv), rcp));
       if (j % 4 == 0) {
         q.u[j / 4] = pair;
       } else {
@@ -214,29 +218,42 @@ __device__ __forceinline__ void store_e4m3(unsigned char* dst, const float (&y)[
   store(dst, q);
 }
 
-// A thread's VEC floats of item k in a block's staging area, in slots only it uses: float4 k * VEC / 4 + h of
-// thread t at (k * VEC / 4 + h) * BLOCK + t, so a warp's 16-byte accesses are 512 consecutive bytes; vectors
-// of fewer than 4 take a float4 slot each.
-template <int VEC, int BLOCK> __device__ __forceinline__ void stage_put(float4* stage, int k, const float (&y)[VEC]) {
-  constexpr int kQuads = VEC < 4 ? 1 : VEC / 4;
+// t = x * (offset + weight) of one vector (float8 forms), weight null meaning 1.
+template <typename T, typename W, int VEC>
+__device__ __forceinline__ void weighted(float (&t)[VEC], const Pack<T, VEC>& a, const Pack<W, VEC>& w, bool has_weight,
+                                         float offset, float unweighted) {
 #pragma unroll
-  for (int h = 0; h < kQuads; ++h) {
-    float q[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < 4 && 4 * h + j < VEC; ++j) q[j] = y[4 * h + j];
-    stage[(k * kQuads + h) * BLOCK + threadIdx.x] = make_float4(q[0], q[1], q[2], q[3]);
+  for (int j = 0; j < VEC; ++j) {
+    t[j] = __fmul_rn(to_float(a.v[j]), has_weight ? __fadd_rn(offset, to_float(w.v[j])) : unweighted);
   }
 }
 
-template <int VEC, int BLOCK> __device__ __forceinline__ void stage_get(float (&y)[VEC], const float4* stage, int k) {
-  constexpr int kQuads = VEC < 4 ? 1 : VEC / 4;
+// The per-token scale needs max |y| of the row before its first byte; with y = t * inv (inv > 0, rounding
+// monotone) that is fl(max |t| * inv), so the row's max |t| is found in the same pass as its sum of squares
+// and reduced beside it: one barrier for both. block_tree_reduce's tree for the sums (the same slots and
+// order), the warps' max |t| in N * BLOCK / 32 + warp. scratch: 2 * (N + 1) * BLOCK / 32 floats.
+template <int BLOCK, int N>
+__device__ __forceinline__ float block_sum_and_max(const float (&part)[N], float& tmax, float* scratch, int parity) {
+  constexpr int kWarps = BLOCK / 32;
+  float* slot = scratch + parity * (N + 1) * kWarps;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const bool lane0 = (threadIdx.x & 31) == 0;
 #pragma unroll
-  for (int h = 0; h < kQuads; ++h) {
-    const float4 q4 = stage[(k * kQuads + h) * BLOCK + threadIdx.x];
-    const float q[4] = {q4.x, q4.y, q4.z, q4.w};
-#pragma unroll
-    for (int j = 0; j < 4 && 4 * h + j < VEC; ++j) y[4 * h + j] = q[j];
+  for (int n = 0; n < N; ++n) {
+    const float s = group_tree_reduce<32, Sum>(part[n]);
+    if (lane0) slot[n * kWarps + warp] = s;
   }
+  const float m = group_tree_reduce<32, MaxNaN>(tmax);
+  if (lane0) slot[N * kWarps + warp] = m;
+  __syncthreads();
+  float all[N * kWarps];
+#pragma unroll
+  for (int i = 0; i < N * kWarps; ++i) all[i] = slot[i];
+  float top = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) top = max_nan(top, slot[N * kWarps + w]);
+  tmax = top;
+  return tree_reduce<Sum>(all);
 }
 
 template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK, bool FUSED,
@@ -248,15 +265,12 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
   static_assert(TPR <= 32 || TPR == BLOCK, "a row is handled by a sub-warp group or by the whole block");
   static_assert(ITEMS % GROUPS == 0, "every group of classes gets the same number of vectors");
   constexpr int kRowsPerBlock = BLOCK / TPR;
-  __shared__ float scratch[2 * GROUPS * (BLOCK / 32)];
-  // per-token float8 without the residual (whose kernel is memory-bound as it is): every thread's y, when a
-  // block's take at most 16 KiB of shared memory (eight blocks of 128 threads an SM within its 228 KiB)
-  constexpr int kQuads = VEC < 4 ? 1 : VEC / 4;  // float4 slots an item (stage_put)
-  constexpr bool kStage = QUANT != kNone && !FUSED && BLOCK * ITEMS * kQuads * 16 <= 16 * 1024;
-  __shared__ float4 stage[kStage ? BLOCK * ITEMS * kQuads : 1];
+  constexpr bool kFp8 = QUANT != kNone;
+  __shared__ float scratch[2 * (kFp8 ? GROUPS + 1 : GROUPS) * (BLOCK / 32)];
   const int lane = static_cast<int>(threadIdx.x) % TPR;
   const int slot = static_cast<int>(threadIdx.x) / TPR;
   const float unweighted = __fadd_rn(offset, 1.f);
+  const bool per_token = kFp8 && fp8.scales != nullptr;
   int parity = 0;
 
   for (long long first = static_cast<long long>(blockIdx.x) * kRowsPerBlock; first < rows;
@@ -285,6 +299,19 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
         for (int i = 0; i < Pack<T, VEC>::kWords; ++i) a[k].w[i] = {};
       }
     }
+    // The float8 forms take the weight with the row (from L1: every row reads the same one), zero past it.
+    Pack<W, VEC> wq[kFp8 ? ITEMS : 1];
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        if (in[k] && weight != nullptr) {
+          load(wq[k], weight + (lane + k * TPR) * VEC);
+        } else {
+#pragma unroll
+          for (int i = 0; i < Pack<W, VEC>::kWords; ++i) wq[k].w[i] = {};
+        }
+      }
+    }
     if constexpr (FUSED) {
       Pack<T, VEC> r[ITEMS];
 #pragma unroll
@@ -299,13 +326,22 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
         }
       }
     }
+    // float8: every t of the thread, held from here to the bytes in place of the packed row, and its max |t|
+    // (per token). Past the row t = 0 * (offset + 0), which leaves the max as it is.
     float acc[GROUPS][VEC];
+    float t[kFp8 ? ITEMS : 1][VEC];
+    float tmax = 0.f;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float f = to_float(a[k].v[j]);
         acc[k % GROUPS][j] = k < GROUPS ? __fmul_rn(f, f) : square_add(acc[k % GROUPS][j], f);
+      }
+      if constexpr (kFp8) {
+        weighted(t[k], a[k], wq[k], weight != nullptr, offset, unweighted);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) tmax = max_nan(tmax, fabsf(t[k][j]));
       }
     }
     float part[GROUPS];
@@ -316,6 +352,10 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
 #pragma unroll
       for (int g = 0; g < GROUPS; ++g) part[g] = group_tree_reduce<TPR, Sum>(part[g]);
       ss = tree_reduce<Sum>(part);
+      if (per_token) tmax = group_tree_reduce<TPR, MaxNaN>(tmax);
+    } else if constexpr (kFp8) {
+      ss = block_sum_and_max<BLOCK>(part, tmax, scratch, parity);
+      parity ^= 1;
     } else {
       ss = block_tree_reduce<BLOCK, Sum>(part, scratch, parity);
       parity ^= 1;
@@ -323,65 +363,17 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
     const float inv = inverse_rms(ss, hidden, eps);
 
     O* orow = out + out_at(at);
-    if constexpr (QUANT != kNone) {
-      // Per token, y is needed twice: for the row's amax, then for the bytes. Where a block's values fit the
-      // static shared memory (kStage), each thread parks its y there in slots of its own (float4 columns
-      // by thread: conflict-free, no barrier) and reads them back, rather than forming y twice: the kernel
-      // is issue-bound, not memory-bound, with two passes. Otherwise y is formed twice, the same
-      // operations on the same values. The weight is loaded in each pass (from L1: every row reads the
-      // same one) rather than held, so that fewer registers a thread let more rows be resident.
-      const auto values = [&](int k, float (&y)[VEC]) {  // y of item k
-        Pack<W, VEC> w;
-        if (weight != nullptr) load(w, weight + (lane + k * TPR) * VEC);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          y[j] = scaled(to_float(a[k].v[j]), inv, weight != nullptr ? __fadd_rn(offset, to_float(w.v[j])) : unweighted);
-        }
-      };
-      if (fp8.scales == nullptr) {  // a static scale: one pass
-        const float rcp = __frcp_rn(fp8.scale);
-#pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-          if (in[k]) {
-            float y[VEC];
-            values(k, y);
-            store_e4m3(orow + (lane + k * TPR) * VEC, y, rcp);
-          }
-        }
-      } else {  // per token: the amax pass, the row's amax, the bytes
-        float amax = 0.f;
-#pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-          if (in[k]) {
-            float y[VEC];
-            values(k, y);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) amax = max_nan(amax, fabsf(y[j]));
-            if constexpr (kStage) stage_put<VEC, BLOCK>(stage, k, y);
-          }
-        }
-        if constexpr (TPR <= 32) {
-          amax = group_tree_reduce<TPR, MaxNaN>(amax);
-        } else {
-          const float mine[1] = {amax};  // in the sum's slot spans (GROUPS values a thread)
-          amax = block_tree_reduce<BLOCK, MaxNaN>(mine, scratch, parity, GROUPS);
-          parity ^= 1;
-        }
-        const float s = per_token_scale(amax);
+    if constexpr (kFp8) {
+      // s: static, or per token from the row's largest |y| = fl(max |t| * inv); then the bytes.
+      float s = fp8.scale;
+      if (per_token) {
+        s = per_token_scale(__fmul_rn(tmax, inv));
         if (live && lane == 0) fp8.scales[fp8.at(at)] = s;
-        const float rcp = __frcp_rn(s);
+      }
+      const float rcp = __frcp_rn(s);
 #pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-          if (in[k]) {
-            float y[VEC];
-            if constexpr (kStage) {
-              stage_get<VEC, BLOCK>(y, stage, k);
-            } else {
-              values(k, y);
-            }
-            store_e4m3(orow + (lane + k * TPR) * VEC, y, rcp);
-          }
-        }
+      for (int k = 0; k < ITEMS; ++k) {
+        if (in[k]) store_e4m3(orow + (lane + k * TPR) * VEC, t[k], inv, rcp);
       }
     } else if (weight != nullptr) {
       Pack<W, VEC> w[ITEMS];
@@ -437,21 +429,23 @@ __global__ void __launch_bounds__(BLOCK)
 
 // The float8 forms: out holds e4m3 bytes; with `scales` (not null) one scale a row is written there, else
 // p.scale is used.
-// The float8 kernels state one resident block an SM as their bound (with none, ptxas aimed some 512-thread
-// kernels at four blocks, 32 registers a thread, and spilled), except rms_norm_fp8_rows in blocks of up to
-// 128 threads where the conversion is one instruction (sm_89 on): eight such blocks (64 registers) fit with
-// its staged y and no spill, and it is issue-bound, so more resident rows pay. (The arithmetic conversion
-// of older GPUs spills at 64.)
-__host__ __device__ constexpr int fp8_rows_min_blocks(int block) {
+// The float8 wide kernels state one resident block an SM as their bound (with none, ptxas aimed some
+// 512-thread kernels at four blocks, 32 registers a thread, and spilled). The rows kernels, where the
+// conversion is one instruction (sm_89 on), hold a thread's t (32 floats at most) and
+// gain from more resident rows: 1024 threads an SM (64 registers) for rms_norm_fp8_rows, 640 (96) for the
+// fused form, which also holds the residual's loads: the most that fit with no spill (a 256-thread static
+// float8 launch at 90 registers ran 17% slower than at 72, in the probe that found it). The arithmetic
+// conversion of older GPUs spills at those bounds and keeps one block.
+__host__ __device__ constexpr int fp8_rows_min_blocks(int block, bool fused) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(CUKERN_FP8_SOFTWARE)
-  return block <= 128 ? 1024 / block : 1;
+  return (fused ? 640 : 1024) / block > 1 ? (fused ? 640 : 1024) / block : 1;
 #else
   return 1;
 #endif
 }
 
 template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, fp8_rows_min_blocks(BLOCK))
+__global__ void __launch_bounds__(BLOCK, fp8_rows_min_blocks(BLOCK, false))
     rms_norm_fp8_rows(unsigned char* out, float* scales, const T* x, const W* weight,
                       const __grid_constant__ RmsNormFp8Params p) {
   const RowAddress out_at{p.inner, p.out_s0, p.out_s1};
@@ -461,7 +455,7 @@ __global__ void __launch_bounds__(BLOCK, fp8_rows_min_blocks(BLOCK))
 }
 
 template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, 1)
+__global__ void __launch_bounds__(BLOCK, fp8_rows_min_blocks(BLOCK, true))
     fused_add_rms_norm_fp8_rows(unsigned char* out, float* scales, T* residual, const T* x, const W* weight,
                                 const __grid_constant__ RmsNormFp8Params p) {
   rms_norm_rows_impl<T, W, VEC, TPR, GROUPS, ITEMS, BLOCK, true, kFp8>(
@@ -470,30 +464,13 @@ __global__ void __launch_bounds__(BLOCK, 1)
       Fp8Out{scales, RowAddress{p.inner, p.sc_s0, p.sc_s1}, p.scale});
 }
 
-// One vector of the wide kernel's float32 values, (src * inv) * (offset + weight), for the float8 passes.
-template <typename T, typename W, int VEC>
-__device__ __forceinline__ void wide_values(float (&f)[VEC], const T* src, const W* weight, unsigned col, float inv,
-                                            float offset, float unweighted) {
-  Pack<T, VEC> a;
-  load(a, src + col);
-  if (weight != nullptr) {
-    Pack<W, VEC> w;
-    load(w, weight + col);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) f[j] = scaled(to_float(a.v[j]), inv, __fadd_rn(offset, to_float(w.v[j])));
-  } else {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) f[j] = scaled(to_float(a.v[j]), inv, unweighted);
-  }
-}
-
 // Rows too long for registers: a block owns a row and streams it twice in chunks of BLOCK * ITEMS * VEC.
 // Pass one sums squares (and, fused, writes the new residual); pass two rescales. Each thread reads back
 // exactly the elements it wrote, so the fused form needs no barrier between passes. Vector column
 // c * ITEMS + k of chunk c is item k of the rows kernel's layout with TPR = BLOCK, so with GROUPS dividing
 // ITEMS a thread's accumulators are the same classes, each still summed in index order.
-// The float8 forms with a per-token scale stream the row a third time: the amax needs every value
-// before the first byte can be written.
+// The float8 forms find max |t| in pass one (per token), beside the sum of squares, and form t again in pass
+// two.
 template <typename T, typename W, int VEC, int GROUPS, int ITEMS, int BLOCK, bool FUSED, int QUANT = kNone,
           typename O = T>
 __device__ __forceinline__ void rms_norm_wide_impl(O* out, T* residual, const T* x, const W* weight,
@@ -501,8 +478,10 @@ __device__ __forceinline__ void rms_norm_wide_impl(O* out, T* residual, const T*
                                                    RowAddress x_at, int hidden, float eps, float offset,
                                                    Fp8Out fp8 = {}) {
   static_assert(ITEMS % GROUPS == 0, "a chunk holds whole groups of classes");
-  __shared__ float scratch[2 * GROUPS * (BLOCK / 32)];
+  constexpr bool kFp8 = QUANT != kNone;
+  __shared__ float scratch[2 * (kFp8 ? GROUPS + 1 : GROUPS) * (BLOCK / 32)];
   const float unweighted = __fadd_rn(offset, 1.f);
+  const bool per_token = kFp8 && fp8.scales != nullptr;
   int parity = 0;
   for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
     // A wide row holds over 2048 elements, so the row count fits in 32 bits: no 64-bit division here.
@@ -521,6 +500,7 @@ __device__ __forceinline__ void rms_norm_wide_impl(O* out, T* residual, const T*
 #pragma unroll
       for (int j = 0; j < VEC; ++j) acc[g][j] = 0.f;
     }
+    float tmax = 0.f;
     for (int base = 0; base < hidden; base += BLOCK * ITEMS * VEC) {
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -536,35 +516,34 @@ __device__ __forceinline__ void rms_norm_wide_impl(O* out, T* residual, const T*
           }
 #pragma unroll
           for (int j = 0; j < VEC; ++j) acc[k % GROUPS][j] = square_add(acc[k % GROUPS][j], to_float(a.v[j]));
+          if (per_token) {
+            Pack<W, VEC> w;
+            if (weight != nullptr) load(w, weight + col);
+            float t[VEC];
+            weighted(t, a, w, weight != nullptr, offset, unweighted);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) tmax = max_nan(tmax, fabsf(t[j]));
+          }
         }
       }
     }
     float part[GROUPS];
 #pragma unroll
     for (int g = 0; g < GROUPS; ++g) part[g] = tree_reduce<Sum>(acc[g]);
-    const float inv = inverse_rms(block_tree_reduce<BLOCK, Sum>(part, scratch, parity), hidden, eps);
+    float ss;
+    if constexpr (kFp8) {
+      ss = block_sum_and_max<BLOCK>(part, tmax, scratch, parity);
+    } else {
+      ss = block_tree_reduce<BLOCK, Sum>(part, scratch, parity);
+    }
     parity ^= 1;
+    const float inv = inverse_rms(ss, hidden, eps);
 
     float rcp = 0.f;
-    if constexpr (QUANT != kNone) {
+    if constexpr (kFp8) {
       float s = fp8.scale;
-      if (fp8.scales != nullptr) {
-        float amax = 0.f;
-        for (int base = 0; base < hidden; base += BLOCK * ITEMS * VEC) {
-#pragma unroll
-          for (int k = 0; k < ITEMS; ++k) {
-            const unsigned col = static_cast<unsigned>(base) + (threadIdx.x + k * BLOCK) * VEC;
-            if (col < static_cast<unsigned>(hidden)) {
-              float f[VEC];
-              wide_values(f, src, weight, col, inv, offset, unweighted);
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) amax = max_nan(amax, fabsf(f[j]));
-            }
-          }
-        }
-        const float mine[1] = {amax};  // in the sum's slot spans (GROUPS values a thread)
-        s = per_token_scale(block_tree_reduce<BLOCK, MaxNaN>(mine, scratch, parity, GROUPS));
-        parity ^= 1;
+      if (per_token) {
+        s = per_token_scale(__fmul_rn(tmax, inv));
         if (threadIdx.x == 0) fp8.scales[fp8.at(at)] = s;
       }
       rcp = __frcp_rn(s);
@@ -574,28 +553,30 @@ __device__ __forceinline__ void rms_norm_wide_impl(O* out, T* residual, const T*
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const unsigned col = static_cast<unsigned>(base) + (threadIdx.x + k * BLOCK) * VEC;
-        if constexpr (QUANT != kNone) {
-          if (col < static_cast<unsigned>(hidden)) {
-            float f[VEC];
-            wide_values(f, src, weight, col, inv, offset, unweighted);
-            store_e4m3(orow + col, f, rcp);
-          }
-        } else if (col < static_cast<unsigned>(hidden)) {
+        if (col < static_cast<unsigned>(hidden)) {
           Pack<T, VEC> a;
           load(a, src + col);
-          Pack<T, VEC> y;
-          if (weight != nullptr) {
+          if constexpr (kFp8) {
+            Pack<W, VEC> w;
+            if (weight != nullptr) load(w, weight + col);
+            float t[VEC];
+            weighted(t, a, w, weight != nullptr, offset, unweighted);
+            store_e4m3(orow + col, t, inv, rcp);
+          } else if (weight != nullptr) {
             Pack<W, VEC> w;
             load(w, weight + col);
+            Pack<T, VEC> y;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
               y.v[j] = from_float<T>(scaled(to_float(a.v[j]), inv, __fadd_rn(offset, to_float(w.v[j]))));
             }
+            store(orow + col, y);
           } else {
+            Pack<T, VEC> y;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) y.v[j] = from_float<T>(scaled(to_float(a.v[j]), inv, unweighted));
+            store(orow + col, y);
           }
-          store(orow + col, y);
         }
       }
     }

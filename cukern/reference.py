@@ -101,38 +101,40 @@ def float8_e4m3fn_bits(v):
     return xp.where(code == 0x7F, code, code | sign).astype(np.uint8)
 
 
-def _rms_norm_values_emulated(x, weight, eps, offset):
-    """The float32 values of :func:`rms_norm_emulated` before their rounding to x's dtype."""
+FP8_MAX = 448.0
+FP8_MIN_SCALE = 2.0**-126
+
+
+def rms_norm_fp8_values_emulated(x, weight=None, eps=1e-6, offset=0.0, scale="per_token"):
+    """``(v, s)``: the float32 values the float8 kernels convert to e4m3 and the scales, as
+    :func:`rms_norm_fp8_emulated` defines them (``v = y * (1 / s)``)."""
     v = _numpy(x).astype(np.float32)
     ss = rms_norm_sum_of_squares_emulated(v) if v.shape[-1] else np.zeros(v.shape[:-1], np.float32)
     one = np.float32(1)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         inv = one / np.sqrt(ss / np.float32(v.shape[-1]) + np.float32(float(eps)))
         w = one if weight is None else _numpy(weight).astype(np.float32)
-        return (v * inv[..., None]) * (np.float32(float(offset)) + w)
-
-
-FP8_MAX = 448.0
-FP8_MIN_SCALE = 2.0**-126
+        t = v * (np.float32(float(offset)) + w)
+        if isinstance(scale, str):
+            tmax = np.abs(t).max(axis=-1) if t.shape[-1] else np.zeros(t.shape[:-1], np.float32)
+            s = np.maximum((tmax * inv) / np.float32(FP8_MAX), np.float32(FP8_MIN_SCALE)).astype(np.float32)
+        else:
+            s = np.float32(scale)
+        r = one / np.asarray(s, np.float32)
+        return (t * inv[..., None]) * (r[..., None] if isinstance(scale, str) else r), s
 
 
 def rms_norm_fp8_emulated(x, weight=None, eps=1e-6, offset=0.0, scale="per_token"):
-    """The bytes (and per-token scales) :func:`cukern.rms_norm` writes with ``out_dtype=float8_e4m3fn``:
-    ``y`` the float32 values of :func:`rms_norm_emulated` before rounding; ``s`` the static ``scale`` as
-    float32, or per row ``max(amax / 448, 2^-126)`` with amax the largest ``|y|`` (NaN if any is NaN),
-    correctly rounded; ``q = float8_e4m3fn_bits(y * (1 / s))``, each step rounded to float32. Returns
-    ``q`` (``uint8``), or ``(q, s)`` for ``scale="per_token"``."""
-    y = _rms_norm_values_emulated(x, weight, eps, offset)
-    per_token = isinstance(scale, str)
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        if per_token:
-            amax = np.abs(y).max(axis=-1) if y.shape[-1] else np.zeros(y.shape[:-1], np.float32)
-            s = np.maximum(amax / np.float32(FP8_MAX), np.float32(FP8_MIN_SCALE)).astype(np.float32)
-        else:
-            s = np.float32(scale)
-        r = np.float32(1) / np.asarray(s, np.float32)
-        q = float8_e4m3fn_bits(y * (r[..., None] if per_token else r))
-    return (q, s) if per_token else q
+    """The bytes (and per-token scales) :func:`cukern.rms_norm` writes with ``out_dtype=float8_e4m3fn``, each
+    step rounded to float32: ``inv`` as in :func:`rms_norm_emulated`, ``y = (x * (offset + weight)) * inv``
+    (weight None: 1); ``s`` the static ``scale`` as float32, or per row ``max(amax / 448, 2^-126)`` with
+    ``amax = max|x * (offset + weight)| * inv`` (NaN if any is NaN), which is the largest ``|y|`` (rounding
+    is monotone) wherever ``inv`` is finite; ``q = float8_e4m3fn_bits(y * (1 / s))``. Returns ``q``
+    (``uint8``), or ``(q, s)`` for ``scale="per_token"``."""
+    v, s = rms_norm_fp8_values_emulated(x, weight, eps, offset, scale)
+    with np.errstate(invalid="ignore"):
+        q = float8_e4m3fn_bits(v)
+    return (q, s) if isinstance(scale, str) else q
 
 
 def fused_add_rms_norm_fp8_emulated(x, residual, weight=None, eps=1e-6, offset=0.0, scale="per_token"):

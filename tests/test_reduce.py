@@ -2104,6 +2104,17 @@ def test_exp_and_log_routines_are_accurate():
     assert (np.abs(got - want) <= ulp).all()
 
 
+def test_exp_is_zero_from_the_underflow_bound_down():
+    """reduce.cu's exp_nonpositive raises d to kUnderflow rather than testing it: the same bits as the
+    emulator's test (0 below the bound) because its steps already give 0 at the bound and just above it."""
+    for dtype in (np.float32, np.float64):
+        bound = np.array([reference._explog(dtype)["underflow"]], dtype)
+        d = np.concatenate([bound, np.nextafter(bound, 0), bound - 1, [-np.inf, np.nan]]).astype(dtype)
+        got = reference._exp_nonpositive(d)
+        clamped = reference._exp_nonpositive(np.fmax(d, bound[0]))
+        assert got.tobytes() == clamped.tobytes() and (got[:2] == 0).all()
+
+
 def test_explog_constants_are_the_kernels():
     """reference._EXPLOG holds reduce.cu's hex literals (the emulator's bits depend on them)."""
     src = (Path(P.__file__).parent.parent / "cuda_src" / "reduce.cu").read_text()

@@ -204,6 +204,7 @@ def _describe(fused: bool, fp8: bool = False):
 
     def describe(shape, dt, params, device, knobs):
         knobs = rmsnorm.DEFAULT_KNOBS if knobs is None else knobs
+        knobs = rmsnorm.fp8_knobs(fused, knobs) if fp8 else knobs
         w_dt = parse_dtype(params["weight_dtype"] or dtype_name(dt))
         hidden, rows, size = shape[-1], math.prod(shape[:-1]), dt.itemsize
         vec = rmsnorm.vector_width(hidden, [ArraySpec.fresh(shape, dt)], ArraySpec.fresh((hidden,), w_dt))
