@@ -431,21 +431,22 @@ __global__ void __launch_bounds__(BLOCK)
 // p.scale is used.
 // The float8 wide kernels state one resident block an SM as their bound (with none, ptxas aimed some
 // 512-thread kernels at four blocks, 32 registers a thread, and spilled). The rows kernels, where the
-// conversion is one instruction (sm_89 on), hold a thread's t (32 floats at most) and
-// gain from more resident rows: 1024 threads an SM (64 registers) for rms_norm_fp8_rows, 640 (96) for the
-// fused form, which also holds the residual's loads: the most that fit with no spill (a 256-thread static
-// float8 launch at 90 registers ran 17% slower than at 72, in the probe that found it). The arithmetic
-// conversion of older GPUs spills at those bounds and keeps one block.
-__host__ __device__ constexpr int fp8_rows_min_blocks(int block, bool fused) {
+// conversion is one instruction (sm_89 on), hold a thread's t (32 floats at most) and gain from more
+// resident rows: 1024 threads an SM (64 registers), or 640 (96) for a kernel that holds more: the fused
+// form (the residual's loads) and weights wider than x (float32 weights of 16-bit x spilled at 64): the most
+// that fit with no spill (a 256-thread static float8 launch at 90 registers ran 17% slower than at 72, in
+// the probe that found it). The arithmetic conversion of older GPUs spills at those bounds and keeps one
+// block.
+__host__ __device__ constexpr int fp8_rows_min_blocks(int block, bool holds_more) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(CUKERN_FP8_SOFTWARE)
-  return (fused ? 640 : 1024) / block > 1 ? (fused ? 640 : 1024) / block : 1;
+  return (holds_more ? 640 : 1024) / block > 1 ? (holds_more ? 640 : 1024) / block : 1;
 #else
   return 1;
 #endif
 }
 
 template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, fp8_rows_min_blocks(BLOCK, false))
+__global__ void __launch_bounds__(BLOCK, fp8_rows_min_blocks(BLOCK, sizeof(W) > sizeof(T)))
     rms_norm_fp8_rows(unsigned char* out, float* scales, const T* x, const W* weight,
                       const __grid_constant__ RmsNormFp8Params p) {
   const RowAddress out_at{p.inner, p.out_s0, p.out_s1};

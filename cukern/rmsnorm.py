@@ -230,8 +230,9 @@ def instantiations():
     both vector widths and every ``items_target`` of :data:`SPACE` over one row length per (classes,
     elements per class) pair, which is all ``plan`` reads of ``hidden``. Only the default ``small_block`` is
     listed: the others change how many rows share a block, not the code, and compile on first use. The
-    float8 kernels are listed for bfloat16 inputs and weights at the default knobs (what a quantizing model
-    runs; float16 plans are the same shapes); other points compile on first use."""
+    float8 kernels are listed for bfloat16 inputs, with bfloat16 or float32 weights (whose wider loads take
+    more registers), at the default knobs (what a quantizing model runs; float16 plans are the same shapes);
+    other points compile on first use."""
     lengths = [c * k for c in (MIN_CLASSES << i for i in range((MAX_CLASSES // MIN_CLASSES).bit_length()))
                for k in range(1, MAX_ITEMS + 2) if tree_classes(c * k) == c]
     knobs = [Knobs(items_target=i) for i in SPACE["items_target"]]
@@ -243,11 +244,12 @@ def instantiations():
                 for k in knobs:
                     for fused in (False, True):
                         out.add(plan(hidden, 1, vec, t.itemsize, knobs=k, fused=fused).instantiation(t, w, fused))
-    for vec in (8, 1):
-        for hidden in lengths:
-            for fused in (False, True):
-                p = plan(hidden, 1, vec, BFLOAT16.itemsize, fused=fused)
-                out.add(p.instantiation(BFLOAT16, BFLOAT16, fused, fp8=True))
+    for w in (BFLOAT16, np.dtype(np.float32)):
+        for vec in (8, 1):
+            for hidden in lengths:
+                for fused in (False, True):
+                    p = plan(hidden, 1, vec, BFLOAT16.itemsize, fused=fused)
+                    out.add(p.instantiation(BFLOAT16, w, fused, fp8=True))
     return sorted(out, key=lambda i: (i.name, i.expression))
 
 
