@@ -230,25 +230,19 @@ __device__ __forceinline__ void weighted(float (&t)[VEC], const Pack<T, VEC>& a,
 
 // The per-token scale needs max |y| of the row before its first byte; with y = t * inv (inv > 0, rounding
 // monotone) that is fl(max |t| * inv), so the row's max |t| is found in the same pass as its sum of squares
-// and reduced beside it: one barrier for both. block_tree_reduce's tree for the sums (the same slots and
-// order), the warps' max |t| in N * BLOCK / 32 + warp. scratch: 2 * (N + 1) * BLOCK / 32 floats.
+// and reduced beside it: one barrier for both. The sums take block_tree_reduce's two steps (the same tree,
+// slots and order); each warp's max |t| goes to slot N * BLOCK / 32 + warp before the barrier. scratch:
+// 2 * (N + 1) * BLOCK / 32 floats.
 template <int BLOCK, int N>
 __device__ __forceinline__ float block_sum_and_max(const float (&part)[N], float& tmax, float* scratch, int parity) {
   constexpr int kWarps = BLOCK / 32;
   float* slot = scratch + parity * (N + 1) * kWarps;
-  const int warp = static_cast<int>(threadIdx.x) >> 5;
-  const bool lane0 = (threadIdx.x & 31) == 0;
-#pragma unroll
-  for (int n = 0; n < N; ++n) {
-    const float s = group_tree_reduce<32, Sum>(part[n]);
-    if (lane0) slot[n * kWarps + warp] = s;
-  }
+  store_warp_subtrees<BLOCK, Sum>(part, slot);
   const float m = group_tree_reduce<32, MaxNaN>(tmax);
-  if (lane0) slot[N * kWarps + warp] = m;
+  if ((threadIdx.x & 31) == 0) slot[N * kWarps + (static_cast<int>(threadIdx.x) >> 5)] = m;
   __syncthreads();
   float all[N * kWarps];
-#pragma unroll
-  for (int i = 0; i < N * kWarps; ++i) all[i] = slot[i];
+  load_warp_subtrees(slot, all);
   float top = 0.f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) top = max_nan(top, slot[N * kWarps + w]);
@@ -439,7 +433,8 @@ __global__ void __launch_bounds__(BLOCK)
 // block.
 __host__ __device__ constexpr int fp8_rows_min_blocks(int block, bool holds_more) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(CUKERN_FP8_SOFTWARE)
-  return (holds_more ? 640 : 1024) / block > 1 ? (holds_more ? 640 : 1024) / block : 1;
+  const int blocks = (holds_more ? 640 : 1024) / block;
+  return blocks > 1 ? blocks : 1;
 #else
   return 1;
 #endif

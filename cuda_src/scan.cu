@@ -27,31 +27,37 @@
 // and group sizes are part of the result's definition, fixed in this file, and never knobs.
 //
 // The six questions (cukern/scan.py `plan` keeps the launch math as a pure plan; the card in
-// cukern/lab/scan.py shows the same answers):
-// 1. Output tile: one tile (SCAN_TILE elements of one row) per block: of 128 threads (each thread two of
-//    the definition's 256) where x and the result have one size of 4 or 8 bytes (float32, float64, int64),
-//    of 256 otherwise (cukern/scan.py `threads`); tiles numbered in the order blocks start (a global
-//    counter), so every predecessor of a tile is running or done: the look-back never waits on a block
-//    that cannot run.
-// 2. Input traffic: x read once and out written once, both through shared memory: a warp moves 32
-//    consecutive elements per load or store (coalesced for a unit-stride row), and each thread then takes
-//    its 16 consecutive elements from shared memory. 4- and 8-byte elements go from global to shared
+// cukern/lab/scan.py shows the same answers). Two kernels compute it: scan_ahead (below) for rows of unit
+// stride whose starts are 16-byte aligned and whose result has x's type (float32, float16, bfloat16),
+// scan_tiles for everything else.
+// 1. Output tile: scan_tiles: one tile (SCAN_TILE elements of one row) per block: of 128 threads (each
+//    thread two of the definition's 256) where x and the result have one size of 4 or 8 bytes (float32,
+//    float64, int64), of 256 otherwise (cukern/scan.py `threads`); tiles numbered in the order blocks start
+//    (a global counter), so every predecessor of a tile is running or done: the look-back never waits on a
+//    block that cannot run. scan_ahead: SCAN_AHEAD_BLOCKS resident blocks an SM of 256 threads, each
+//    drawing tiles from the same counter and finishing each one a round after drawing it.
+// 2. Input traffic: x read once and out written once. scan_tiles moves both through shared memory: a warp
+//    moves 32 consecutive elements per load or store (coalesced for a unit-stride row), and each thread then
+//    takes its 16 consecutive elements from shared memory. 4- and 8-byte elements go from global to shared
 //    memory by cp.async (sm_80 on), which holds no register: the whole tile is in flight at once. Through
 //    registers, at the 32 a thread that eight resident blocks allow, the loads went out a few at a time
 //    and a block spent half its life loading, with or without the look-back's waits (bench/NOTES.md).
-//    The look-back reads a status word and a value from L2 for each earlier tile of the group and for a
-//    few earlier groups.
+//    scan_ahead reads a thread's 16 elements as 16-byte vectors into registers, twice (the second time a
+//    round later, from L1 or L2, streaming), and stores them the same way. The look-back reads a
+//    status word and a value from L2 for each earlier tile of the group and for a few earlier groups.
 // 3. Accumulation: in double (float64 results), float (float32, float16, bfloat16 results) or int64
 //    (integer results), in the fixed order above. Products and sums are correctly rounded (__fmul_rn,
 //    __fadd_rn and double forms; never contracted). Integer sums and products wrap as int64 does.
-// 4. Staging: registers (16 accumulators a thread), shared memory for the tile (SCAN_TILE values of
-//    max(sizeof(T), sizeof(O)) bytes, padded against bank conflicts) and the warps' totals.
-// 5. Tuning: none: the tile is part of the definition of the result (above), and the grid is one block
-//    a tile.
+// 4. Staging: registers (16 accumulators a thread); scan_tiles: shared memory for the tile (SCAN_TILE
+//    values of max(sizeof(T), sizeof(O)) bytes, padded against bank conflicts) and the warps' totals;
+//    scan_ahead: the warps' totals only.
+// 5. Tuning: none: the tile is part of the definition of the result (above); the grid is one block a tile
+//    (scan_tiles) or the resident blocks (scan_ahead), and neither changes a bit.
 // 6. Profile: one combine an element against sizeof(T) + sizeof(O) bytes: memory-bound; the target is
 //    the device-to-device copy bandwidth.
 #include "common/bounds.cuh"
 #include "common/dtype.cuh"
+#include "common/vec.cuh"
 
 namespace cukern {
 
@@ -200,6 +206,140 @@ template <typename S> __device__ __forceinline__ int slot(int e) {
   return e + e / (32 * kPerWord);
 }
 
+// The tile's own steps, shared by both kernels.
+
+// The lanes' inclusive scan of the thread totals u by the Hillis-Steele ladder; `before` gets L_h (the lane
+// before's value, the identity for lane 0). Returns the lane's inclusive value (lane 31's is the warp's U_w).
+template <int OP, typename A> __device__ __forceinline__ A lane_ladder(A u, int lane, A& before) {
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const A up = __shfl_up_sync(0xffffffffu, u, d);
+    if (lane >= d) u = scan_op<OP>(up, u);
+  }
+  before = __shfl_up_sync(0xffffffffu, u, 1);
+  if (lane == 0) before = scan_identity<OP, A>();
+  return u;
+}
+
+// The tile's aggregate A_t = W_8 from the warps' totals U_w in shared `total`, which lanes w < 8 then
+// overwrite with the exclusive W_w (W_0 the identity). Warp 0 calls it; every lane gets A_t.
+template <int OP, typename A> __device__ __forceinline__ A tile_aggregate(A* total, int lane) {
+  A aggregate = scan_identity<OP, A>();
+  A mine = scan_identity<OP, A>();
+#pragma unroll
+  for (int w = 0; w < SCAN_WARPS; ++w) {
+    if (w == lane) mine = aggregate;
+    aggregate = w == 0 ? total[0] : scan_op<OP>(aggregate, total[w]);
+  }
+  __syncwarp();  // every lane has read the totals before they are overwritten
+  if (lane < SCAN_WARPS) total[lane] = mine;
+  return aggregate;
+}
+
+// The look-back, shared by both kernels; every lane of warp 0 calls these together.
+
+// The row's group 0 in the group arrays (groups of every row side by side).
+__device__ __forceinline__ long long row_group_of(unsigned row, unsigned per_row) {
+  return static_cast<long long>(row) * ((static_cast<long long>(per_row) + SCAN_GROUP - 1) / SCAN_GROUP);
+}
+
+// Q_t, the fold in order of the aggregates of the i tiles before `tile` in its group (i: its place in the
+// group), lane l waiting for A_{tile-1-l} (l < i); lanes i.. hold the identity. Every lane gets Q_t.
+template <int OP, typename A>
+__device__ __forceinline__ A group_fold(const unsigned long long* status, const A* aggregates, unsigned tile,
+                                        unsigned i, unsigned epoch, int lane) {
+  A local = scan_identity<OP, A>();
+  if (i > 0) {
+    const bool mine = static_cast<unsigned>(lane) < i;
+    unsigned long long seen = 0;
+    while (true) {
+      if (mine && state_of(seen, epoch) == 0) seen = load_relaxed(status + tile - 1 - lane);
+      if (__all_sync(0xffffffffu, !mine || state_of(seen, epoch) != 0)) break;
+    }
+    const A v = value_seen<A>(mine, seen, aggregates + tile - 1 - lane);
+    if (mine) local = v;
+  }
+  return fold_lanes<OP>(scan_identity<OP, A>(), local);
+}
+
+// S_g, the group's total (Q_t (+) A_t of its last tile), published by one lane. A 4-byte value is also
+// written to `sums`, for a walk that passes this group later (read after its fence); an 8-byte value is
+// written there and fenced by publish itself.
+template <typename A>
+__device__ __forceinline__ void publish_total(unsigned long long* group_status, A* sums, long long at, unsigned epoch,
+                                              A total) {
+  if constexpr (kPacked<A>) {
+    sums[at] = total;
+    __threadfence();
+  }
+  publish(group_status + at, sums + at, epoch, STATE_AGGREGATE, total);
+}
+
+// The windows newer than the one where the walk found B (all totals, read from sums after a fence), up to
+// kLoads of them loaded at once: their latencies overlap. Rare (a walk more than a window back), so a call.
+template <int OP, typename A>
+__device__ __noinline__ A fold_windows(A b_g, const A* sums, long long row_group, unsigned g, int back, int lane) {
+  constexpr int kLoads = sizeof(A) == 4 ? 4 : 2;
+  __threadfence();
+  for (int w0 = back - 1; w0 >= 0; w0 -= kLoads) {
+    A a[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const long long at = row_group + static_cast<long long>(g) - 1 - 32ll * (w0 - u) - lane;
+      a[u] = w0 - u >= 0 ? __ldcg(sums + at) : scan_identity<OP, A>();
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) b_g = fold_lanes<OP>(b_g, a[u]);
+  }
+  return b_g;
+}
+
+// B_g, the fold of the row's earlier group totals (the identity for g = 0), by a look-back over groups:
+// lane l watches group g - 1 - 32w - l in window w; a group shows its total S (STATE_AGGREGATE) once its
+// last tile has it and B_{g+1} (STATE_PREFIX) once the first tile of the next group has folded it (`first`:
+// this is that tile, which publishes B_g). The nearest B found and the totals after it are combined forward,
+// which is the same fold whichever B it was. Places before the row's first group stand for B_0, the
+// identity, so the walk always ends within the row; it moves one window back only when a window shows 32
+// totals and no B (far behind, which the one-window step covers in the common case: 32 groups are 1024
+// tiles).
+template <int OP, typename A>
+__device__ __forceinline__ A group_base(unsigned long long* group_status, const A* sums, A* bases, long long row_group,
+                                        unsigned g, bool first, unsigned epoch, int lane) {
+  A b_g = scan_identity<OP, A>();
+  if (g == 0) return b_g;
+  unsigned found;
+  unsigned long long seen;
+  int back = 0;  // windows walked past
+  while (true) {
+    const long long gg = static_cast<long long>(g) - 1 - 32ll * back - lane;
+    const bool start = gg < 0;
+    seen = 0;
+    bool slide = false;
+    while (true) {
+      if (!start && state_of(seen, epoch) != STATE_PREFIX) seen = load_relaxed(group_status + row_group + gg);
+      const unsigned state = state_of(seen, epoch);
+      found = __ballot_sync(0xffffffffu, start || state == STATE_PREFIX);
+      const unsigned ready = __ballot_sync(0xffffffffu, start || state != 0);
+      if (found != 0) {
+        const int q = __ffs(found) - 1;
+        if ((ready & ((2u << q) - 1u)) == ((2u << q) - 1u)) break;  // lanes 0..q all known
+      } else if (ready == 0xffffffffu) {
+        slide = true;
+        break;
+      }
+    }
+    if (!slide) break;
+    ++back;
+  }
+  const int q = __ffs(found) - 1;
+  const long long gg = static_cast<long long>(g) - 1 - 32ll * back - lane;
+  const A v = value_seen<A>(lane <= q && gg >= 0, seen, (lane == q ? bases : sums) + row_group + gg);
+  b_g = fold_lanes<OP>(scan_identity<OP, A>(), lane <= q && gg >= 0 ? v : scan_identity<OP, A>());
+  if (back > 0) b_g = fold_windows<OP>(b_g, sums, row_group, g, back, lane);
+  if (first && lane == 0) publish(group_status + row_group + g - 1, bases + row_group + g - 1, epoch, STATE_PREFIX, b_g);
+  return b_g;
+}
+
 // Blocks and resident blocks. A tile spends much of its life in its look-back and its two passes over the
 // stage, moving no data, so the scan's speed follows how many tiles are in flight at once: with 256-thread
 // blocks, eight an SM (all thread slots), the memory sat half idle even with every look-back wait removed
@@ -295,111 +435,24 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
       running(h + SCAN_THREADS * j, s);
       u = s[SCAN_ITEMS - 1];
     }
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const A up = __shfl_up_sync(0xffffffffu, u, d);
-      if (lane >= d) u = scan_op<OP>(up, u);
-    }
-    before[j] = __shfl_up_sync(0xffffffffu, u, 1);
-    if (lane == 0) before[j] = scan_identity<OP, A>();
+    u = lane_ladder<OP>(u, lane, before[j]);
     if (lane == 31) warp_total[warp + SCAN_THREADS / 32 * j] = u;
   }
   __syncthreads();
 
   if (warp == 0) {
     // W_w for this warp's lanes w < 8 (in order), the aggregate, then the look-back.
-    A aggregate = scan_identity<OP, A>();
-    A mine = scan_identity<OP, A>();
-#pragma unroll
-    for (int w = 0; w < SCAN_WARPS; ++w) {
-      if (w == lane) mine = aggregate;
-      aggregate = w == 0 ? warp_total[0] : scan_op<OP>(aggregate, warp_total[w]);
-    }
-    __syncwarp();  // every lane has read the totals before they are overwritten
-    if (lane < SCAN_WARPS) warp_total[lane] = mine;  // now the exclusive W_w
-    // Q_t: the fold of this tile's group's earlier aggregates, lane l holding A_{t-1-l} (l < i).
+    const A aggregate = tile_aggregate<OP>(warp_total, lane);
     const unsigned i = t & (SCAN_GROUP - 1), g = t / SCAN_GROUP;
     if (lane == 0 && i < SCAN_GROUP - 1 && t + 1 < per_row) {  // a later tile of the group reads it
       publish(status + tile, aggregates + tile, p.epoch, STATE_AGGREGATE, aggregate);
     }
-    A local = scan_identity<OP, A>();
-    if (i > 0) {
-      const bool mine = static_cast<unsigned>(lane) < i;
-      unsigned long long seen = 0;
-      while (true) {
-        if (mine && state_of(seen, p.epoch) == 0) seen = load_relaxed(status + tile - 1 - lane);
-        if (__all_sync(0xffffffffu, !mine || state_of(seen, p.epoch) != 0)) break;
-      }
-      const A v = value_seen<A>(mine, seen, aggregates + tile - 1 - lane);
-      if (mine) local = v;
-    }
-    const A q_t = fold_lanes<OP>(scan_identity<OP, A>(), local);  // lanes i.. hold the identity
-    const long long groups_per_row = (static_cast<long long>(per_row) + SCAN_GROUP - 1) / SCAN_GROUP;
-    const long long row_group = static_cast<long long>(row) * groups_per_row;  // the row's group 0
+    const A q_t = group_fold<OP>(status, aggregates, tile, i, p.epoch, lane);
+    const long long row_group = row_group_of(row, per_row);
     if (i == SCAN_GROUP - 1 && lane == 0) {  // the group's total, S_g: it needs no other group
-      const A total = scan_op<OP>(q_t, aggregate);
-      if constexpr (kPacked<A>) {  // for a walk that passes this group later (read after its fence); an
-        sums[row_group + g] = total;  // 8-byte value is written there and fenced by publish itself
-        __threadfence();
-      }
-      publish(group_status + row_group + g, sums + row_group + g, p.epoch, STATE_AGGREGATE, total);
+      publish_total(group_status, sums, row_group + g, p.epoch, scan_op<OP>(q_t, aggregate));
     }
-
-    // B_g, the fold of the row's earlier group totals, by a look-back over groups: lane l watches group
-    // g - 1 - 32w - l in window w; a group shows its total S (STATE_AGGREGATE) once its last tile has it and
-    // B_{g+1} (STATE_PREFIX) once the first tile of the next group has folded it. The nearest B found and
-    // the totals after it are combined forward, which is the same fold whichever B it was. Places before the
-    // row's first group stand for B_0, the identity, so the walk always ends within the row; it moves one
-    // window back only when a window shows 32 totals and no B (far behind, which the one-window step
-    // covers in the common case: 32 groups are 1024 tiles).
-    A b_g = scan_identity<OP, A>();
-    if (g > 0) {
-      unsigned found;
-      unsigned long long seen;
-      int back = 0;  // windows walked past
-      while (true) {
-        const long long gg = static_cast<long long>(g) - 1 - 32ll * back - lane;
-        const bool start = gg < 0;
-        seen = 0;
-        bool slide = false;
-        while (true) {
-          if (!start && state_of(seen, p.epoch) != STATE_PREFIX) seen = load_relaxed(group_status + row_group + gg);
-          const unsigned state = state_of(seen, p.epoch);
-          found = __ballot_sync(0xffffffffu, start || state == STATE_PREFIX);
-          const unsigned ready = __ballot_sync(0xffffffffu, start || state != 0);
-          if (found != 0) {
-            const int q = __ffs(found) - 1;
-            if ((ready & ((2u << q) - 1u)) == ((2u << q) - 1u)) break;  // lanes 0..q all known
-          } else if (ready == 0xffffffffu) {
-            slide = true;
-            break;
-          }
-        }
-        if (!slide) break;
-        ++back;
-      }
-      const int q = __ffs(found) - 1;
-      const long long gg = static_cast<long long>(g) - 1 - 32ll * back - lane;
-      const A v = value_seen<A>(lane <= q && gg >= 0, seen, (lane == q ? bases : sums) + row_group + gg);
-      b_g = fold_lanes<OP>(scan_identity<OP, A>(), lane <= q && gg >= 0 ? v : scan_identity<OP, A>());
-      // The newer windows (all totals, read from sums after a fence), up to kLoads of them loaded at once:
-      // their latencies overlap.
-      constexpr int kLoads = sizeof(A) == 4 ? 4 : 2;
-      if (back > 0) __threadfence();
-      for (int w0 = back - 1; w0 >= 0; w0 -= kLoads) {
-        A a[kLoads];
-#pragma unroll
-        for (int u = 0; u < kLoads; ++u) {
-          const long long at = row_group + static_cast<long long>(g) - 1 - 32ll * (w0 - u) - lane;
-          a[u] = w0 - u >= 0 ? __ldcg(sums + at) : scan_identity<OP, A>();
-        }
-#pragma unroll
-        for (int u = 0; u < kLoads; ++u) b_g = fold_lanes<OP>(b_g, a[u]);
-      }
-      if (i == 0 && lane == 0) {  // B_g for the tiles of this group still looking
-        publish(group_status + row_group + g - 1, bases + row_group + g - 1, p.epoch, STATE_PREFIX, b_g);
-      }
-    }
+    const A b_g = group_base<OP>(group_status, sums, bases, row_group, g, i == 0, p.epoch, lane);
     if (lane == 0) tile_prefix = scan_op<OP>(b_g, q_t);
   }
   __syncthreads();
@@ -440,5 +493,170 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
     *to = stage_out[slot<O>(e)];
   }
 }
+
+// scan_ahead: lines of unit stride whose result has x's type, float32, float16 or bfloat16 (accumulated in
+// float32), their starts 16-byte aligned. scan_tiles holds a tile in shared memory from its loads through
+// its look-back, whose waits (on the group's earlier tiles, drawn just before it and still loading, then on
+// the group prefixes) took half a tile's life, so its speed followed how many tiles an SM could hold
+// (bench/NOTES.md). Here a block stays resident and walks tiles in the order it draws them, one tile
+// behind: in each round it reads the tile just drawn into registers and publishes its aggregate at once
+// (phase A), then looks back for the tile of the round before, whose predecessors have by then had a round
+// to publish theirs, and writes that tile's results from a second read of its elements (phase B: L1 or L2
+// serves it, the first read having just passed). Phase B's loads and all stores are streaming
+// (evict-first) so that they leave L2 to the tiles still to be read again: measured, plain loads and stores
+// ran at 44% of the copy against 66%. The same expression as scan_tiles, thread h being definition thread
+// h (256 threads), so the same bits.
+constexpr int SCAN_AHEAD_BLOCKS = 5;  // cukern/scan.py AHEAD_BLOCKS: resident blocks an SM (float32 cumsum:
+                                      // six and more ran slower, bench/NOTES.md)
+
+// Definition thread h's 16 consecutive elements of a tile of `count` (e0 = 16 h), widened to float: 16-byte
+// loads where the run lies in the tile and the tile starts 16-byte aligned, else one by one, the identity
+// past the end. `again`: the second read, streaming.
+template <typename T, int OP, bool again>
+__device__ __forceinline__ void load_run(float (&v)[SCAN_ITEMS], const T* tile, int e0, int count) {
+  using Run = Pack<T, SCAN_ITEMS>;
+  if (e0 + SCAN_ITEMS <= count && (reinterpret_cast<unsigned long long>(tile) & 15) == 0) {
+    Run r;
+    const auto* from = reinterpret_cast<const typename Run::W*>(tile + e0);
+#pragma unroll
+    for (int i = 0; i < Run::kWords; ++i) r.w[i] = again ? __ldcs(from + i) : from[i];
+#pragma unroll
+    for (int k = 0; k < SCAN_ITEMS; ++k) v[k] = to_float(r.v[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < SCAN_ITEMS; ++k) v[k] = e0 + k < count ? to_float(tile[e0 + k]) : scan_identity<OP, float>();
+  }
+}
+
+// The results of load_run's elements, each rounded once to T, written the same way (streaming).
+template <typename T>
+__device__ __forceinline__ void store_run(T* tile, const float (&v)[SCAN_ITEMS], int e0, int count) {
+  using Run = Pack<T, SCAN_ITEMS>;
+  if (e0 + SCAN_ITEMS <= count && (reinterpret_cast<unsigned long long>(tile) & 15) == 0) {
+    Run r;
+    round_into(r, v);
+    auto* to = reinterpret_cast<typename Run::W*>(tile + e0);
+#pragma unroll
+    for (int i = 0; i < Run::kWords; ++i) __stcs(to + i, r.w[i]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < SCAN_ITEMS; ++k) {
+      if (e0 + k < count) tile[e0 + k] = from_float<T>(v[k]);
+    }
+  }
+}
+
+template <typename T, int OP>
+__global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(SCAN_AHEAD_BLOCKS))
+    scan_ahead(T* out, const T* x, unsigned* counter, unsigned long long* status, float* aggregates,
+               unsigned long long* group_status, float* sums, float* bases, const __grid_constant__ ScanParams p) {
+  using A = float;
+  // By round parity: the warps' totals, then the exclusive W_w (read by the next round's phase B); the drawn
+  // tile; Q_t of a group's last tile (formed in its phase A for the group's total).
+  __shared__ A warp_total[2][SCAN_WARPS];
+  __shared__ unsigned drawn[2];
+  __shared__ A last_fold[2];
+  __shared__ A tile_prefix;
+  const int h = static_cast<int>(threadIdx.x);
+  const int lane = h & 31, warp = h >> 5;
+  const unsigned tiles = static_cast<unsigned>(p.tiles);
+  const unsigned per_row = static_cast<unsigned>(p.tiles_per_row);
+  const unsigned inner = static_cast<unsigned>(p.inner);
+  // Tiles are drawn in order from one counter, by thread 32 (warp 0 is the one that looks back), the next
+  // while phase B runs. Every block draws exactly one number past the last tile, after which it stops: the
+  // launch's last draw is tiles + gridDim.x - 1, and its drawer resets the counter for the next launch.
+  // A tile is drawn only by a running block, and its phase A waits on earlier tiles only, so every wait
+  // ends, however many blocks are resident.
+  const auto draw = [&](int at) {
+    const unsigned d = atomicAdd(counter, 1u);
+    drawn[at] = d;
+    if (d == tiles + gridDim.x - 1) *counter = 0;
+  };
+  // tile -> (its row, its place t in the row, where its elements are, how many)
+  const auto locate = [&](unsigned tile, unsigned& row, unsigned& t, const T*& from, T*& to, int& count) {
+    row = tile / per_row;
+    t = tile - row * per_row;
+    const unsigned rq = row / inner, rr = row - rq * inner;
+    const long long first = static_cast<long long>(t) * SCAN_TILE;
+    from = x + static_cast<long long>(rq) * p.x_s0 + static_cast<long long>(rr) * p.x_s1 + first;
+    to = out + static_cast<long long>(rq) * p.o_s0 + static_cast<long long>(rr) * p.o_s1 + first;
+    const long long left = p.n - first;
+    count = left < SCAN_TILE ? static_cast<int>(left) : SCAN_TILE;
+  };
+  if (h == 32) draw(0);
+  __syncthreads();
+  unsigned prev = tiles;  // the tile of the round before (none yet)
+  A before = scan_identity<OP, A>();  // its L_h
+  for (int round = 0;; ++round) {
+    const int par = round & 1;
+    const unsigned cur = drawn[par];
+    unsigned row, t;
+    const T* from;
+    T* to;
+    int count;
+    // Phase A: cur's thread total, lanes' ladder and warp totals.
+    A before_cur = scan_identity<OP, A>();
+    if (cur < tiles) {
+      locate(cur, row, t, from, to, count);
+      float v[SCAN_ITEMS];
+      load_run<T, OP, false>(v, from, SCAN_ITEMS * h, count);
+      A u = v[0];
+#pragma unroll
+      for (int k = 1; k < SCAN_ITEMS; ++k) u = scan_op<OP>(u, v[k]);
+      u = lane_ladder<OP>(u, lane, before_cur);
+      if (lane == 31) warp_total[par][warp] = u;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      // cur's aggregate, published at once, and its group's total if it is the group's last tile (whose
+      // earlier tiles were all drawn before it: their phase A needs nothing of it)
+      if (cur < tiles) {
+        const A aggregate = tile_aggregate<OP>(warp_total[par], lane);
+        const unsigned tile = cur, i = t & (SCAN_GROUP - 1);
+        if (lane == 0 && i < SCAN_GROUP - 1 && t + 1 < per_row) {
+          publish(status + tile, aggregates + tile, p.epoch, STATE_AGGREGATE, aggregate);
+        }
+        if (i == SCAN_GROUP - 1) {
+          const A q_t = group_fold<OP>(status, aggregates, tile, i, p.epoch, lane);
+          if (lane == 0) {
+            last_fold[par] = q_t;
+            publish_total(group_status, sums, row_group_of(row, per_row) + t / SCAN_GROUP, p.epoch,
+                          scan_op<OP>(q_t, aggregate));
+          }
+        }
+      }
+      // prev's prefix P = B_g (+) Q_t
+      if (prev < tiles) {
+        const unsigned prow = prev / per_row, pt = prev - prow * per_row;
+        const unsigned i = pt & (SCAN_GROUP - 1), g = pt / SCAN_GROUP;
+        const A q_t = i == SCAN_GROUP - 1 ? last_fold[par ^ 1] : group_fold<OP>(status, aggregates, prev, i, p.epoch, lane);
+        const A b_g = group_base<OP>(group_status, sums, bases, row_group_of(prow, per_row), g, i == 0, p.epoch, lane);
+        if (lane == 0) tile_prefix = scan_op<OP>(b_g, q_t);
+      }
+    }
+    __syncthreads();
+    if (h == 32 && cur < tiles) draw(par ^ 1);
+    // Phase B: prev's results, out = ((P (+) W_w) (+) L_h) (+) s_k, from its elements read again.
+    if (prev < tiles) {
+      locate(prev, row, t, from, to, count);
+      float v[SCAN_ITEMS];
+      load_run<T, OP, true>(v, from, SCAN_ITEMS * h, count);
+      const A base = scan_op<OP>(scan_op<OP>(tile_prefix, warp_total[par ^ 1][warp]), before);
+      A s = v[0];
+      v[0] = scan_op<OP>(base, s);
+#pragma unroll
+      for (int k = 1; k < SCAN_ITEMS; ++k) {
+        s = scan_op<OP>(s, v[k]);
+        v[k] = scan_op<OP>(base, s);
+      }
+      store_run(to, v, SCAN_ITEMS * h, count);
+    }
+    if (cur >= tiles) break;
+    prev = cur;
+    before = before_cur;
+    __syncthreads();  // tile_prefix and this round's draw, before the next round reads or writes them
+  }
+}
+
 
 }  // namespace cukern

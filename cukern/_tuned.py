@@ -4,7 +4,7 @@ Each tunable op declares a :class:`Rule`: its op name, its default knobs, how a 
 object, and how a shape maps to the cache key's bucket (and, for batch-invariant ops, to a family). The op
 calls :func:`lookup` with its rule; the tuner (``cukern.lab.tune``) writes entries keyed by the same rule.
 Entries live in ``tuning.json`` in :func:`cache_dir`, keyed by device name, op, dtype and bucket; the file is
-read once per process and each (device, op, dtype, shape) is resolved once.
+read once per process and each (device, rule, dtype, shape) is resolved once.
 
 Batch invariance: an op whose results must not depend on the batch names the knobs that decide the
 reduction order in ``Rule.invariant``. A bucket without its own entry whose ``family`` has been tuned in
@@ -33,11 +33,13 @@ CACHE_VERSION = 1
 CACHE_FILE = "tuning.json"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Rule:
     """How one op keys its tuning cache entries. ``default``: the heuristic's knobs object; ``make``: dict ->
     knobs object (raises TypeError or ValueError for a dict that does not fit); ``bucket(shape)``: the key's
-    shape part; ``invariant`` and ``family(shape)``: see the module notes."""
+    shape part; ``invariant`` and ``family(shape)``: see the module notes. Rules compare and hash by identity,
+    and :func:`lookup` resolves each rule on its own: two rules of one op (a variant of the op reading its
+    entries) may have different defaults."""
 
     op: str
     default: object
@@ -227,10 +229,10 @@ def effective_entry(rule: Rule, cache: TuningCache, device: str, dtype, shape) -
 
 def lookup(rule: Rule, device_id: int, dtype, shape):
     """The knobs for this call: the tuning cache's (the op's own knobs object), else ``rule.default``. One
-    dict lookup once a (device, op, dtype, shape) has been seen; the file is read once per process."""
+    dict lookup once a (device, rule, dtype, shape) has been seen; the file is read once per process."""
     if not _enabled:
         return rule.default
-    key = (device_id, rule.op, dtype, shape)
+    key = (device_id, rule, dtype, shape)
     try:
         return _resolved[key]
     except KeyError:

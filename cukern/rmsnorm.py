@@ -145,14 +145,19 @@ DEFAULT_KNOBS = Knobs()
 FP8_DEFAULT_KNOBS = Knobs(waves=4)
 
 
-def _tuning_rule(op: str) -> _tuned.Rule:
+def _tuning_rule(op: str, default: Knobs = DEFAULT_KNOBS) -> _tuned.Rule:
     """Cache entries per hidden size and power-of-two row bucket. Buckets of one hidden size may hold
-    different knobs: none of them decides a row's summation order (no ``invariant`` knobs)."""
-    return _tuned.Rule(op, DEFAULT_KNOBS, lambda d: Knobs(**d),
+    different knobs: none of them decides a row's summation order (no ``invariant`` knobs). ``default``: the
+    knobs where the cache has no entry."""
+    return _tuned.Rule(op, default, lambda d: Knobs(**d),
                        bucket=lambda shape: f"hidden={shape[-1]},rows<={_tuned.rows_bucket(math.prod(shape[:-1]))}")
 
 
 TUNING = {False: _tuning_rule("rms_norm"), True: _tuning_rule("fused_add_rms_norm")}
+# The float8 outputs read the entries of their op (rms_norm, fused_add_rms_norm) and take an entry as it is;
+# where there is none, rms_norm to float8 has its own default (the fused form, not measured otherwise, keeps
+# the heuristic's).
+FP8_TUNING = {False: _tuning_rule("rms_norm", FP8_DEFAULT_KNOBS), True: TUNING[True]}
 
 
 def plan(hidden: int, rows: int, vec: int, itemsize: int, sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS,
@@ -547,12 +552,6 @@ class _Fp8Call:
 _fp8_calls = CallCache()
 
 
-def fp8_knobs(fused: bool, looked_up: Knobs) -> Knobs:
-    """The knobs of a float8 call from those the tuning cache gave its op: the cache's own entry as it is, the
-    heuristic's (no entry) as :data:`FP8_DEFAULT_KNOBS` without the residual."""
-    return FP8_DEFAULT_KNOBS if looked_up is DEFAULT_KNOBS and not fused else looked_up
-
-
 def _plan_fp8_call(fused: bool, x, residual, weight, out, scale, eps, offset, knobs: Knobs | None):
     """Every check of a float8 call (the scale, the arrays, eps and offset), then its plan and kernel: the
     :class:`_Fp8Call` and ``(x, residual, weight, out)`` as CuPy arrays."""
@@ -571,7 +570,7 @@ def _plan_fp8_call(fused: bool, x, residual, weight, out, scale, eps, offset, kn
     if x.size == 0:
         return _Fp8Call(None, None, device, x.shape, per_token, (), aliasing, None), arrays
     if knobs is None:
-        knobs = fp8_knobs(fused, _tuned.lookup(TUNING[fused], device, x.dtype, x.shape))
+        knobs = _tuned.lookup(FP8_TUNING[fused], device, x.dtype, x.shape)
     hidden, lead = x.shape[-1], x.shape[:-1]
     planned_out = out if out is not None else ArraySpec.fresh(x.shape, np.uint8)
     vec = vector_width(hidden, [residual, x] if fused else [x], weight)

@@ -40,7 +40,7 @@ import cukern._check as _check
 
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, dtype_name, parse_dtype
-from ._launch import CallCache, LaunchConfig, Params, launch, on_device, struct_argument
+from ._launch import CallCache, LaunchConfig, Params, launch, on_device, sm_count, struct_argument
 from ._launch import cupy as _cupy
 from ._layout import collapse
 
@@ -48,6 +48,7 @@ SOURCE = "scan"
 BLOCK, ITEMS = 256, 16  # SCAN_BLOCK, SCAN_ITEMS in cuda_src/scan.cu: the definition's threads and their elements
 TILE = BLOCK * ITEMS
 GROUP = 32  # SCAN_GROUP: tiles a group
+AHEAD_BLOCKS = 5  # SCAN_AHEAD_BLOCKS: scan_ahead's resident blocks an SM, its grid's unit
 SCAN_SUM, SCAN_PROD = 0, 1
 OPS = {"cumsum": SCAN_SUM, "cumprod": SCAN_PROD}
 _F32, _F64, _F16, _I32, _I64, _BOOL = (np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int32, np.int64,
@@ -56,6 +57,7 @@ DEFAULT_DTYPE = {_F32: _F32, _F64: _F64, _F16: _F16, BFLOAT16: BFLOAT16, _I32: _
 # (input, result) pairs with a kernel: each input's default, and float32 scanned in float64.
 PAIRS = tuple(DEFAULT_DTYPE.items()) + ((_F32, _F64),)
 DTYPES = tuple(DEFAULT_DTYPE)
+AHEAD_DTYPES = (_F32, _F16, BFLOAT16)  # scan_ahead's: each scanned into itself, accumulated in float32
 
 # The kernel's scalars, one struct (``ScanParams`` in cuda_src/scan.cu; its unsigned epoch, below 2^30, packs
 # as an i32).
@@ -94,8 +96,10 @@ def normalize_axis(axis, ndim: int):
 @dataclass(frozen=True)
 class Plan:
     """One call's launch: ``rows`` lines of ``n`` elements, line r of x at ``r // inner * x_s0 + r % inner *
-    x_s1`` with elements ``x_step`` apart (out likewise), ``tiles_per_row`` tiles a line, one block a tile.
-    ``copy``: x is first copied to C-contiguous and the scan goes into a C-contiguous temporary."""
+    x_s1`` with elements ``x_step`` apart (out likewise), ``tiles_per_row`` tiles a line. ``copy``: x is first
+    copied to C-contiguous and the scan goes into a C-contiguous temporary. ``kernel``: "tiles" (scan_tiles,
+    one block a tile) or "ahead" (scan_ahead, :data:`AHEAD_BLOCKS` resident blocks an SM of ``sm_count``
+    walking the tiles); both compute the same expression."""
 
     rows: int
     n: int
@@ -113,10 +117,16 @@ class Plan:
         return self.rows * self.tiles_per_row
 
     threads: int = BLOCK
+    kernel: str = "tiles"
+    sm_count: int = 132
+
+    @property
+    def grid(self) -> int:
+        return min(self.tiles, AHEAD_BLOCKS * self.sm_count) if self.kernel == "ahead" else self.tiles
 
     @property
     def config(self) -> LaunchConfig:
-        return LaunchConfig(grid=(self.tiles,), block=(self.threads,))
+        return LaunchConfig(grid=(self.grid,), block=(self.threads,))
 
 
 def threads(dtype, out_dtype) -> int:
@@ -127,13 +137,32 @@ def threads(dtype, out_dtype) -> int:
     return 128 if size == np.dtype(out_dtype).itemsize and size >= 4 else BLOCK
 
 
-def instantiation(dtype, out_dtype, op: int) -> Instantiation:
+def instantiation(dtype, out_dtype, op: int, kernel: str = "tiles") -> Instantiation:
+    if kernel == "ahead":
+        return Instantiation(SOURCE, "scan_ahead", (np.dtype(dtype), op))
     return Instantiation(SOURCE, "scan_tiles", (np.dtype(dtype), np.dtype(out_dtype), op, threads(dtype, out_dtype)))
 
 
 def instantiations() -> list:
-    """One kernel per (input, result) pair of :data:`PAIRS` and op: all that :func:`plan`'s launches use."""
-    return [instantiation(t, o, op) for t, o in PAIRS for op in (SCAN_SUM, SCAN_PROD)]
+    """One scan_tiles kernel per (input, result) pair of :data:`PAIRS` and op, and scan_ahead per op: all that
+    :func:`plan`'s launches use."""
+    return ([instantiation(t, o, op) for t, o in PAIRS for op in (SCAN_SUM, SCAN_PROD)]
+            + [instantiation(t, t, op, "ahead") for t in AHEAD_DTYPES for op in (SCAN_SUM, SCAN_PROD)])
+
+
+def kernel_for(dtypes, x: tuple, o: tuple, vector: bool) -> str:
+    """The kernel: "ahead" for lines of an :data:`AHEAD_DTYPES` type scanned into the same type, read and
+    written with unit steps, each line starting 16-byte aligned (``vector``: x's and out's data are, and every
+    line stride is a multiple of 16 bytes), else "tiles". scan_ahead reads a tile twice (the second time from
+    L1 or L2) as 16-byte vectors; a line that it would read one element at a time stays with scan_tiles,
+    which stages it through shared memory."""
+    if dtypes is None or not vector:
+        return "tiles"
+    t, o_dtype = (np.dtype(d) for d in dtypes)
+    if t != o_dtype or t not in AHEAD_DTYPES or x[2] != 1 or o[2] != 1:
+        return "tiles"
+    per_vector = 16 // t.itemsize
+    return "tiles" if any(s % per_vector for s in x[:2] + o[:2]) else "ahead"
 
 
 def _contiguous(shape) -> tuple:
@@ -161,10 +190,13 @@ def _lines(shape, x_strides, o_strides, axis):
     return rows, shape[axis], inner, xl + (x_strides[axis],), ol + (o_strides[axis],)
 
 
-def plan(shape, axis=None, *, x_strides=None, out_strides=None, aligned: bool = True, dtypes=None) -> Plan:
+def plan(shape, axis=None, *, x_strides=None, out_strides=None, aligned: bool = True, dtypes=None,
+         vector: bool = True, sm_count: int = 132) -> Plan:
     """The launch scanning ``axis`` (None or a normalized int) of an array of ``shape``; strides in elements
     (default C-contiguous; ``out_strides``: the destination's, for ``axis=None`` those of an array of
-    ``shape``, the flattened result's order); ``dtypes``: (x's, the result's), for the block size. Pure."""
+    ``shape``, the flattened result's order); ``dtypes``: (x's, the result's), for the kernel and its block
+    size; ``vector``: x's and out's data start 16-byte aligned; ``sm_count``: the device's SMs (the grid of
+    scan_ahead). Pure."""
     shape = tuple(shape)
     c = _contiguous(shape)
     xs = c if x_strides is None else tuple(x_strides)
@@ -176,7 +208,9 @@ def plan(shape, axis=None, *, x_strides=None, out_strides=None, aligned: bool = 
     rows, n, inner, xl, ol = laid
     if rows * -(-n // TILE) >= 2**31:
         raise ValueError(f"{rows} lines of {n} elements make more than 2**31 - 1 tiles")
-    return Plan(rows, n, copy, inner, xl, ol, BLOCK if dtypes is None else threads(*dtypes))
+    kernel = kernel_for(dtypes, xl, ol, vector or copy)
+    block = BLOCK if dtypes is None or kernel == "ahead" else threads(*dtypes)
+    return Plan(rows, n, copy, inner, xl, ol, block, kernel, sm_count)
 
 
 def bytes_moved(shape, dtype, out_dtype=None) -> int:
@@ -261,12 +295,14 @@ def _prepare(op: str, x, axis, dtype, out) -> _Call:
         out_strides = tuple(out.strides[0] // out.itemsize * c for c in _contiguous(x.shape))
     if out is not None and (any(s % out.itemsize for s in out.strides) or out.data.ptr % out.itemsize):
         aligned = False
-    pl = plan(x.shape, a, x_strides=x_strides, out_strides=out_strides, aligned=aligned, dtypes=(x.dtype, o))
+    vector = x.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+    pl = plan(x.shape, a, x_strides=x_strides, out_strides=out_strides, aligned=aligned, dtypes=(x.dtype, o),
+              vector=vector, sm_count=sm_count(x.data.device_id))
     (x_s0, x_s1, x_step), (o_s0, o_s1, o_step) = pl.x, pl.o
     fields = {"inner": pl.inner, "x_s0": x_s0, "x_s1": x_s1, "x_step": x_step, "o_s0": o_s0, "o_s1": o_s1,
               "o_step": o_step, "n": pl.n, "tiles_per_row": pl.tiles_per_row, "tiles": pl.tiles}
     with on_device(x.data.device_id):
-        kernel = get_kernel(instantiation(x.dtype, o, OPS[op])) if pl.tiles else None
+        kernel = get_kernel(instantiation(x.dtype, o, OPS[op], pl.kernel)) if pl.tiles else None
     return _Call(kernel, pl, fields, o, shape)
 
 

@@ -84,6 +84,21 @@ def test_rms_norm_card_is_the_planners_launch():
                                  "small_block": rmsnorm.DEFAULT_KNOBS.small_block, "waves": rmsnorm.DEFAULT_KNOBS.waves}
 
 
+def test_float8_cards_are_the_float8_calls_launch():
+    """The float8 cards plan with the float8 call's knobs (4 waves without the residual where the tuning cache
+    has no entry), name the float8 emulator, and say that the wide kernel reads a row twice."""
+    for fused, op in ((False, "rms_norm_fp8"), (True, "fused_add_rms_norm_fp8")):
+        d = card.resolve(op, (16384, 4096), "bfloat16", H200).described
+        knobs = rmsnorm.Knobs(waves=8 if fused else 4)
+        p = rmsnorm.plan(4096, 16384, 8, 2, H200.sm_count, knobs, fused=fused)
+        (ln,) = d.launches
+        assert (ln.grid, ln.block, ln.inst) == (p.grid, p.block, p.instantiation(BFLOAT16, BFLOAT16, fused, fp8=True))
+        assert d.knobs["waves"] == knobs.waves
+        assert "cukern.reference.rms_norm_fp8_emulated" in d.accumulation["batch_invariant"]
+        wide = card.resolve(op, (64, 65536), "bfloat16", H200).described
+        assert wide.launches[0].role == "wide kernel" and "read twice" in wide.accumulation["passes"]
+
+
 def test_unaligned_hidden_gets_element_accesses():
     c = card.resolve("rms_norm", (64, 4095), "bfloat16", H200).described
     assert c.traffic["access_bytes"] == 2 and "access_note" in c.traffic

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 from _support import ARCHS, compiled, ptxas_ran, tolerance
 
-from cukern import reference, rmsnorm
+from cukern import _tuned, reference, rmsnorm
 from cukern._compile import compile_program, read_source
 from cukern._dtypes import BFLOAT16, FLOAT_TYPES
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 FP8 = rmsnorm.FLOAT8_E4M3FN
+LOOKUP = _tuned.lookup  # the real one, which the fake GPU below replaces
 
 
 # ---- the conversion ---------------------------------------------------------------------------------
@@ -145,15 +146,6 @@ def test_fp8_kernels_take_the_plans_of_the_plain_ones():
             assert wide_weight in insts
     fp8 = [i for i in insts if "fp8" in i.name]
     assert len(fp8) <= 100 and {i.args[0] for i in fp8} == {t}, "keep the float8 table to bfloat16 x"
-
-
-def test_fp8_default_knobs():
-    """Without a tuning cache entry rms_norm to float8 caps its grid at 4 waves (measured faster than the bf16
-    output's 8); the fused form keeps the heuristic's; a cache entry is taken as it is."""
-    assert rmsnorm.fp8_knobs(False, rmsnorm.DEFAULT_KNOBS) == rmsnorm.Knobs(waves=4)
-    assert rmsnorm.fp8_knobs(True, rmsnorm.DEFAULT_KNOBS) is rmsnorm.DEFAULT_KNOBS
-    tuned = rmsnorm.Knobs(waves=8)
-    assert rmsnorm.fp8_knobs(False, tuned) is tuned
 
 
 def test_fp8_params_match_the_struct_the_kernel_declares():
@@ -287,7 +279,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(rmsnorm._check, "check_same_device", lambda arrays: 0)
     monkeypatch.setattr(rmsnorm, "on_device", lambda device: rmsnorm._NO_SWITCH)
     monkeypatch.setattr(rmsnorm, "sm_count", lambda device: 132)
-    monkeypatch.setattr(rmsnorm._tuned, "lookup", lambda *a: rmsnorm.DEFAULT_KNOBS)
+    monkeypatch.setattr(rmsnorm._tuned, "lookup", lambda rule, *a: rule.default)
     monkeypatch.setattr(rmsnorm, "get_kernel", lambda inst: SimpleNamespace(kernel=inst.expression))
     monkeypatch.setattr(rmsnorm, "struct_argument", lambda struct: struct)
     monkeypatch.setattr(rmsnorm, "launch", launch)
@@ -325,6 +317,48 @@ def test_fp8_call_plumbing(fake_gpu):
     fake_gpu.clear()
     q, s = rmsnorm.rms_norm(_Array((4, 0), BFLOAT16, 1 << 20), out_dtype=FP8, scale="per_token")
     assert fake_gpu == [] and s.shape == (4,) and s.filled == 2.0**-126
+
+
+def test_fp8_knobs_without_and_with_a_cache_entry(fake_gpu, monkeypatch, tmp_path):
+    """Without a tuning cache entry rms_norm to float8 caps its grid at 4 waves (measured faster than the bf16
+    output's 8) and the fused form keeps the heuristic's 8; an entry of the op (rms_norm, fused_add_rms_norm:
+    the float8 forms read those) is taken as it is, even one equal to the heuristic's knobs. The plain op's
+    lookup of the same shape does not answer for the float8 one."""
+    monkeypatch.setattr(rmsnorm._tuned, "lookup", LOOKUP)
+    monkeypatch.setenv("CUKERN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(_tuned._device_names, 0, "Fake GPU")
+    shape = (16384, 4096)
+    x, r = _Array(shape, BFLOAT16, 1 << 20), _Array(shape, BFLOAT16, 1 << 28)
+    w = _Array(shape[-1:], BFLOAT16, 1 << 29)
+
+    def grid(fused):
+        fake_gpu.clear()
+        if fused:
+            rmsnorm.fused_add_rms_norm(x, r, w, out_dtype=FP8, scale="per_token")
+        else:
+            rmsnorm.rms_norm(x, w, out_dtype=FP8, scale="per_token")
+        (_, config, _, _), = fake_gpu
+        return config.grid
+
+    def planned(waves, fused):
+        return (rmsnorm.plan(4096, 16384, 8, 2, 132, rmsnorm.Knobs(waves=waves), fused=fused).grid,)
+
+    assert planned(4, False) != planned(8, False)
+    _tuned.reset()
+    try:
+        assert _tuned.lookup(rmsnorm.TUNING[False], 0, BFLOAT16, shape) == rmsnorm.Knobs(waves=8)
+        assert grid(False) == planned(4, False) and grid(True) == planned(8, True)
+        cache = _tuned.TuningCache()
+        for op in ("rms_norm", "fused_add_rms_norm"):
+            cache.put({"device": "Fake GPU", "op": op, "dtype": "bfloat16", "bucket": "hidden=4096,rows<=16384",
+                       "knobs": {"items_target": 4, "small_block": 128, "waves": 8}})
+        cache.save()
+        _tuned.reset()
+        assert grid(False) == planned(8, False) and grid(True) == planned(8, True)
+        with _tuned.heuristic_only():
+            assert grid(False) == planned(4, False) and grid(True) == planned(8, True)
+    finally:
+        _tuned.reset()
 
 
 # ---- on the GPU ---------------------------------------------------------------------------------------

@@ -52,8 +52,25 @@ def test_threads_a_tile_follow_the_dtypes():
     f32, f64, i32, i64 = (np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
     assert C.threads(f32, f32) == C.threads(f64, f64) == C.threads(i64, i64) == 128
     assert C.threads(f32, f64) == C.threads(i32, i64) == C.threads(np.bool_, i64) == C.threads(BFLOAT16, BFLOAT16) == 256
-    assert C.plan((5000,), None, dtypes=(f32, f32)).config.block == (128,)
-    assert all(i.args[-1] == C.threads(i.args[0], i.args[1]) for i in C.instantiations())
+    assert C.plan((5000,), None, dtypes=(f32, f32), vector=False).config.block == (128,)
+    assert all(i.args[-1] == C.threads(i.args[0], i.args[1]) for i in C.instantiations() if i.name == "scan_tiles")
+
+
+def test_float32_lines_of_unit_step_and_16_byte_starts_go_ahead():
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    p = C.plan((1 << 28,), None, dtypes=(f32, f32), sm_count=108)
+    assert p.kernel == "ahead" and p.config.grid == (C.AHEAD_BLOCKS * 108,) and p.config.block == (C.BLOCK,)
+    assert C.plan((3, 4096), 1, dtypes=(f32, f32)).config.grid == (3,)  # never more blocks than tiles
+    assert C.plan((40, 4096 * 8), 1, dtypes=(f32, f32)).kernel == "ahead"
+    assert C.plan((40, 4100), 1, dtypes=(f32, f32)).kernel == "ahead"  # lines 4100 floats apart: 16-byte starts
+    for tiles in [C.plan((3, 10007), 1, dtypes=(f32, f32)),  # lines 10007 floats apart
+                  C.plan((64, 512), 0, dtypes=(f32, f32)),  # elements 512 apart
+                  C.plan((1 << 20,), None, dtypes=(f32, f32), vector=False),
+                  C.plan((1 << 20,), None, dtypes=(f32, f64)), C.plan((1 << 20,), None, dtypes=(f64, f64)),
+                  C.plan((40, 4100), 1, dtypes=(BFLOAT16, BFLOAT16))]:  # 8200 bytes apart
+        assert tiles.kernel == "tiles" and tiles.config.grid == (tiles.tiles,)
+    assert C.plan((64, 1000), 1, x_strides=(1, 64), aligned=True, dtypes=(f32, f32)).kernel == "tiles"
+    assert C.plan((40, 4104), 1, dtypes=(np.float16, np.float16)).kernel == "ahead"
 
 
 def test_lines_and_layouts():
@@ -79,7 +96,9 @@ def test_result_dtypes():
 
 def test_instantiations_are_the_pairs():
     insts = C.instantiations()
-    assert len(insts) == len(set(insts)) == 2 * len(C.PAIRS)
+    assert len(insts) == len(set(insts)) == 2 * (len(C.PAIRS) + len(C.AHEAD_DTYPES))
+    assert {i.args for i in insts if i.name == "scan_ahead"} == {(t, op) for t in C.AHEAD_DTYPES
+                                                                  for op in (C.SCAN_SUM, C.SCAN_PROD)}
 
 
 def test_bytes_moved():
@@ -177,6 +196,18 @@ def test_float32_tiles_fit_twelve_an_sm_90():
         r = res[c.lowered[inst.expression]]
         assert 12 * 128 * r["registers"] <= 64 * 1024, (inst.expression, r)
         assert 12 * (r["shared"] + 1024) <= 228 * 1024, (inst.expression, r)
+
+
+@pytest.mark.nvrtc(C.SOURCE)
+def test_float32_ahead_fits_its_resident_blocks_on_sm_90():
+    """scan_ahead's grid is AHEAD_BLOCKS blocks an SM (cukern/scan.py `Plan.grid`): that many fit by
+    registers."""
+    c = compiled(C.SOURCE, "sm_90")
+    res = c.resources()
+    for inst in C.instantiations():
+        if inst.name == "scan_ahead":
+            r = res[c.lowered[inst.expression]]
+            assert C.AHEAD_BLOCKS * C.BLOCK * r["registers"] <= 64 * 1024, (inst.expression, r)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -284,3 +315,24 @@ def test_more_than_2_31_elements():
     n = (1 << 31) + 5
     r = C.cumsum(cupy.ones(n, np.bool_))
     assert r.dtype == np.int64 and int(r[-1]) == n and int(r[(1 << 31) + 1]) == (1 << 31) + 2 and int(r[0]) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", C.AHEAD_DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("sms", [1, 7, 132])
+def test_ahead_gives_the_same_bits_on_any_grid(op, sms, dtype, rng, monkeypatch):
+    """scan_ahead's blocks walk the tiles in the order they draw them: a grid of 5 blocks (one SM's), 35 or
+    the H200's 660 gives the emulator's bits, on lines of whole and partial tiles, several to a launch."""
+    import cupy
+
+    monkeypatch.setattr(C, "sm_count", lambda device: sms)
+    monkeypatch.setattr(C, "_calls", C.CallCache())
+    for shape in [(3 * 4096 * 32 + 5,), (7, 4096 * 40), (300, 4104), (2, 4096 * 33 + 8)]:
+        xh = _values(rng, shape, dtype, op)
+        x = cupy.asarray(xh)
+        axis = None if len(shape) == 1 else 1
+        assert C._prepare(op, x, axis, None, None).plan.kernel == "ahead"
+        _check(op, x, xh, axis)
+        y = x.copy()
+        assert same_bits(getattr(C, op)(y, axis=axis, out=y), getattr(R, f"{op}_emulated")(xh, axis))

@@ -83,27 +83,41 @@ template <int G, typename C, typename T> __device__ __forceinline__ T group_tree
 }
 
 // The tree over a block of BLOCK threads (a power of two, at least 32) holding N values each: value n of
-// thread t is leaf n * BLOCK + t. Each warp forms its subtrees, lane 0 stores them, and every thread then
-// completes the tree over the N * BLOCK / 32 warp values, so every thread gets the result. scratch holds
-// 2 * span * BLOCK / 32 values; `parity` as for block_reduce. A kernel that reduces different counts of
-// values a thread through one scratch passes the largest as `span`, so that each parity's slots are the same
-// span whatever the count (else parity 1's slots of a short call would lie inside parity 0's of a long one,
-// still being read).
+// thread t is leaf n * BLOCK + t, so warp w's subtree over value n is the tree's (n * BLOCK / 32 + w)-th
+// subtree of 32 leaves. It is formed in two steps around one barrier. store_warp_subtrees: each warp forms
+// its N subtrees and lane 0 stores subtree n in slot[n * BLOCK / 32 + warp]. load_warp_subtrees, after a
+// __syncthreads: every thread reads the N * BLOCK / 32 slots back, in leaf order, for tree_reduce to complete
+// the tree, so every thread gets the result. A kernel that reduces something else beside the tree
+// (rms_norm.cu's float8 max) calls these itself, storing its own values in further slots before the same
+// barrier.
 template <int BLOCK, typename C, int N, typename T>
-__device__ __forceinline__ T block_tree_reduce(const T (&v)[N], T* scratch, int parity, int span = N) {
+__device__ __forceinline__ void store_warp_subtrees(const T (&v)[N], T* slot) {
   constexpr int kWarps = BLOCK / 32;
   static_assert(kWarps > 0 && (kWarps & (kWarps - 1)) == 0, "a power-of-two number of warps");
-  T* slot = scratch + parity * span * kWarps;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     const T s = group_tree_reduce<32, C>(v[n]);
     if ((threadIdx.x & 31) == 0) slot[n * kWarps + warp] = s;
   }
-  __syncthreads();
-  T all[N * kWarps];
+}
+
+template <int M, typename T> __device__ __forceinline__ void load_warp_subtrees(const T* slot, T (&all)[M]) {
 #pragma unroll
-  for (int i = 0; i < N * kWarps; ++i) all[i] = slot[i];
+  for (int i = 0; i < M; ++i) all[i] = slot[i];
+}
+
+// Both steps with their barrier. scratch holds 2 * span * BLOCK / 32 values; `parity` as for block_reduce.
+// A kernel that reduces different counts of values a thread through one scratch passes the largest as
+// `span`, so that each parity's slots are the same span whatever the count (else parity 1's slots of a short
+// call would lie inside parity 0's of a long one, still being read).
+template <int BLOCK, typename C, int N, typename T>
+__device__ __forceinline__ T block_tree_reduce(const T (&v)[N], T* scratch, int parity, int span = N) {
+  T* slot = scratch + parity * span * (BLOCK / 32);
+  store_warp_subtrees<BLOCK, C>(v, slot);
+  __syncthreads();
+  T all[N * (BLOCK / 32)];
+  load_warp_subtrees(slot, all);
   return tree_reduce<C>(all);
 }
 

@@ -203,8 +203,7 @@ def _describe(fused: bool, fp8: bool = False):
     """The card of one op; ``fp8``: float8 outputs with per-token scales."""
 
     def describe(shape, dt, params, device, knobs):
-        knobs = rmsnorm.DEFAULT_KNOBS if knobs is None else knobs
-        knobs = rmsnorm.fp8_knobs(fused, knobs) if fp8 else knobs
+        knobs = (rmsnorm.FP8_TUNING if fp8 else rmsnorm.TUNING)[fused].default if knobs is None else knobs
         w_dt = parse_dtype(params["weight_dtype"] or dtype_name(dt))
         hidden, rows, size = shape[-1], math.prod(shape[:-1]), dt.itemsize
         vec = rmsnorm.vector_width(hidden, [ArraySpec.fresh(shape, dt)], ArraySpec.fresh((hidden,), w_dt))
@@ -256,13 +255,15 @@ def _describe(fused: bool, fp8: bool = False):
             combine += f", then a tree over the thread's {p.groups} groups"
         classes = rmsnorm.tree_classes(hidden)
         rounding = "output rounded once to " + dtype_name(dt)
+        emulator = "rms_norm_fp8_emulated" if fp8 else "rms_norm_emulated"
         if fp8:
             rounding = ("each row's amax of |y| (a max: no order to fix) combined by the same helpers in the same "
                         "pass, scale max(amax / 448, 2^-126), y times its correctly rounded reciprocal rounded "
                         "to float8 e4m3fn (saturating, the same byte on every GPU)")
         passes = "one launch; the row never leaves registers" if p.kernel == "rows" else "one launch; the row is read twice"
         if fp8 and p.kernel == "wide":
-            passes = "one launch; the row is read three times (sum of squares, amax, scale)"
+            passes = ("one launch; the row is read twice (sum of squares with max |x * (offset + weight)| beside "
+                      "it, then the float8 bytes)")
         accumulation = {"reduces": f"sum of squares of each row's {hidden} elements of {tensors}",
                         "precision": ("float32 (inputs widened on load), every product and sum rounded (no fused "
                                       "multiply-add), 1 / sqrt(ss / hidden + eps) correctly rounded step by step, "
@@ -275,7 +276,7 @@ def _describe(fused: bool, fp8: bool = False):
                         "passes": passes,
                         "batch_invariant": ("yes, and more: a row's bits depend on its values, hidden, the dtypes, "
                                             "eps and offset only, not on rows, knobs, grid, alignment, SM count or "
-                                            "GPU (cukern.reference.rms_norm_emulated gives them on the host)")}
+                                            f"GPU (cukern.reference.{emulator} gives them on the host)")}
         return card.Described(
             launches=[card.Launch(inst, p.grid, p.block, f"{p.kernel} kernel")], tile=tile, traffic=traffic,
             accumulation=accumulation, knobs=dataclasses.asdict(knobs), bytes=nbytes, bytes_written=written,

@@ -36,22 +36,30 @@ def _describe(name: str):
         axis = scan.normalize_axis(bench.parse_axis(params.get("axis")), len(shape))
         o = scan.result_dtype(dt)
         pl = scan.plan(shape, axis, dtypes=(dt, o))
+        ahead = pl.kernel == "ahead"
         launches = []
         if pl.tiles:
-            launches.append(card.Launch(scan.instantiation(dt, o, scan.OPS[name]), pl.tiles, pl.threads,
-                                        "one tile a block, decoupled look-back"))
-        tile = {"grid": pl.tiles, "block": pl.threads, "lines": pl.rows, "elements_per_line": pl.n,
-                "tile_elements": scan.TILE, "one_block_computes": f"one tile of {scan.TILE} elements of a line",
+            launches.append(card.Launch(scan.instantiation(dt, o, scan.OPS[name], pl.kernel), pl.grid, pl.threads,
+                                        "resident blocks walking the tiles, each tile's aggregate a round ahead of "
+                                        "its scan" if ahead else "one tile a block, decoupled look-back"))
+        block_computes = (f"tiles of {scan.TILE} elements in the order it draws them, {scan.AHEAD_BLOCKS} blocks "
+                          "an SM" if ahead else f"one tile of {scan.TILE} elements of a line")
+        tile = {"grid": pl.grid, "block": pl.threads, "lines": pl.rows, "elements_per_line": pl.n,
+                "tile_elements": scan.TILE, "one_block_computes": block_computes,
                 "one_thread_computes": (f"{scan.BLOCK // pl.threads} run(s) of {scan.ITEMS} consecutive elements "
                                         f"(threads h + {pl.threads} j of the {scan.BLOCK}-thread definition)")}
         nbytes = scan.bytes_moved(shape, dt)
         written = int(np.prod(shape)) * o.itemsize
         traffic = {"bytes_read": nbytes - written, "bytes_written": written,
                    "counted_by": "cukern.scan.bytes_moved(shape, dtype)",
-                   "access_bytes": f"{dt.itemsize} B in, {o.itemsize} B out, staged through shared memory",
-                   "coalesced": "yes for a unit-stride line: a warp moves 32 consecutive elements",
-                   "re_read": ["the group's earlier tiles' and a few earlier groups' status words and values (8 bytes, "
-                               "16 for 8-byte accumulators) from L2 during the look-back"]}
+                   "access_bytes": ("16 B vectors into registers, a thread's 16 consecutive elements" if ahead else
+                                    f"{dt.itemsize} B in, {o.itemsize} B out, staged through shared memory"),
+                   "coalesced": ("each thread's 64 bytes in four 16-byte accesses; a warp's 2 KiB whole" if ahead
+                                 else "yes for a unit-stride line: a warp moves 32 consecutive elements"),
+                   "re_read": (["each tile's elements a second time, a round after the first, from L1 or L2 "
+                                "(streaming loads and stores keep them there)"] if ahead else [])
+                              + ["the group's earlier tiles' and a few earlier groups' status words and values (8 "
+                                 "bytes, 16 for 8-byte accumulators) from L2 during the look-back"]}
         acc = "float64" if o == np.float64 else "int64" if o.kind in "iu" else "float32"
         accumulation = {"reduces": f"{name} over lines of {pl.n:,} elements", "precision": f"{acc} accumulators",
                         "order": (f"fixed by the tile of {scan.TILE}: a thread's 16 in order, the lanes' ladder, the "
@@ -69,7 +77,8 @@ def _describe(name: str):
             return lambda: fn(x, axis=axis)
 
         return card.Described(launches=launches, tile=tile, traffic=traffic, accumulation=accumulation,
-                              knobs={"block": pl.threads, "items": scan.TILE // pl.threads}, bytes=nbytes, bytes_written=written,
+                              knobs={"kernel": pl.kernel, "block": pl.threads, "items": scan.TILE // pl.threads},
+                              bytes=nbytes, bytes_written=written,
                               flops=int(np.prod(shape)), measure=measure, notes=notes)
 
     return describe
