@@ -5,7 +5,7 @@ Covers odd and empty sizes, misaligned and strided views, both RMSNorm kernels, 
 place, NeoX and GPT-J rotation with partial rotary_dim, GQA, fused-qkv views and the position check, every
 reduction layout (full, rows, columns in one and two passes, strided, size-1 axis, copied) with negative
 and padded strides, QK-norm + RoPE, float8 outputs, cache-free and multimodal rotation, arg-reductions,
-segmented reductions, scans, and a CUDA graph of the capturable calls replayed. Exits non-zero on any Python
+segmented reductions, scans (both scan kernels), and a CUDA graph of the capturable calls replayed. Exits non-zero on any Python
 error.
 
 Every input is filled before use, so initcheck can only report memory a kernel reads that nobody wrote.
@@ -221,6 +221,12 @@ def science_cases():
             for fn in (cukern.segment_sum, cukern.segment_max, cukern.segment_min, cukern.segment_mean):
                 run(fn, x, offsets)
                 run(fn, x[:, :7], offsets.astype(I32))
+    for dtype in FLOATS:  # scan_ahead: rows of unit stride with 16-byte aligned starts, several a launch
+        x = dev((6, 4104), dtype)
+        run(cukern.cumsum, x, axis=1)
+        run(cukern.cumprod, x * 0 + 1, axis=1)
+        y = x.copy()
+        run(cukern.cumsum, y, axis=1, out=y)
     run(cukern.argmax, dev(100003, F32))
     run(cukern.cumsum, dev(100003, F32))
     run(cukern.cumsum, dev((0, 5), F32), axis=0)

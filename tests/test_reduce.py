@@ -79,18 +79,37 @@ def _same_or_nan(a, b) -> bool:
     return a.tobytes() == b.tobytes()
 
 
+def _extreme(a, b, larger: bool):
+    """reduce.cu's Max (``larger``) or Min of two scalars, as reference._tree_max / _tree_min give them
+    (test_scalar_extremes_are_the_references checks that on every pair of special values): a NaN operand
+    gives a NaN (their sum), of two equal values max keeps +0 over -0 and min -0 over +0. Scalar
+    comparisons, where the reference's array selects cost the simulations below most of their time."""
+    if a != a or b != b:
+        return a + b
+    if a == b:
+        return (b if np.signbit(a) else a) if larger else (a if np.signbit(a) else b)
+    return (a if a > b else b) if larger else (a if a < b else b)
+
+
 class _Tree:
     """One op's combine and identity in the accumulator dtype ``a``, applied as reduce.cu applies them,
-    and the kernels' building blocks (common/reduce.cuh) on Python lists of values."""
+    and the kernels' building blocks (common/reduce.cuh) on Python lists of values. ``combine`` is the
+    reference's (array) combine, for the emulator; a call combines two scalars (max and min by _extreme)."""
+
+    larger = None  # max: True, min: False (_extreme), else the combine itself
 
     def __init__(self, op: int, a):
         self.a = np.dtype(a)
         self.combine = {P.OP_MAX: reference._tree_max, P.OP_MIN: reference._tree_min}.get(op, reference._tree_sum)
         self.identity = self.a.type({P.OP_MAX: -np.inf, P.OP_MIN: np.inf}.get(op, 0))
+        self.larger = {P.OP_MAX: True, P.OP_MIN: False}.get(op)
 
     def __call__(self, a, b):
+        a, b = self.a.type(a), self.a.type(b)
+        if self.larger is not None:
+            return _extreme(a, b, self.larger)
         with np.errstate(invalid="ignore", over="ignore"):
-            return self.a.type(self.combine(self.a.type(a), self.a.type(b)))
+            return self.a.type(self.combine(a, b))
 
     def chain(self, values):
         """A chain's value from its present elements (m order): added one after another into the identity
@@ -272,6 +291,16 @@ def _awkward(rng, n: int, a, op: int):
     if op in (P.OP_MAX, P.OP_MIN) and n > 3 and rng.random() < 0.3:
         v[int(rng.integers(n))] = np.nan
     return v
+
+
+@pytest.mark.parametrize("a", [np.float32, np.float64])
+def test_scalar_extremes_are_the_references(a):
+    special = [np.nan, -np.inf, -1.5, -0.0, 0.0, 1.5, np.inf]
+    for op, larger in ((reference._tree_max, True), (reference._tree_min, False)):
+        for x in special:
+            for y in special:
+                x_, y_ = a(x), a(y)
+                assert _same_or_nan(_extreme(x_, y_, larger), op(np.asarray(x_), np.asarray(y_))), (x, y, larger)
 
 
 def test_emulator_is_the_documented_tree(rng):
