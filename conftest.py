@@ -17,8 +17,18 @@ HAS_GPU = _gpu_available()
 
 
 def pytest_collection_modifyitems(config, items):
-    # Tests that wait on NVRTC go last: the workers compile (see pytest_collection_finish) while the rest run.
-    items.sort(key=lambda item: item.get_closest_marker("nvrtc") is not None)
+    # Tests that wait on NVRTC go last: the workers compile (see pytest_collection_finish) while the rest run,
+    # biggest family first, so those tests follow that order: each family's checks then run while the
+    # workers compile the smaller ones, rather than all of them after the last compile.
+    def order(item):
+        mark = item.get_closest_marker("nvrtc")
+        if mark is None:
+            return (0, 0)
+        import _support
+
+        return (1, -max(len(_support.checked_instantiations(s)) for s in mark.args))
+
+    items.sort(key=order)
     if HAS_GPU:
         return
     skip = pytest.mark.skip(reason="no CUDA GPU")

@@ -50,8 +50,8 @@
 //    tree, so any of them gives the same bits (cukern/reduce_plan.py `Knobs`).
 // 6. Profile: one add per element against sizeof(T) bytes: memory-bound; the target is the copy bandwidth.
 //    var adds a subtraction, a square and two adds per element and a division per chain (the full merge
-//    per element cost a division each); logsumexp an exp per element (for float a compare, thirteen float
-//    operations, ten of them fused multiply-adds, and two integer ones: no rounding or conversion
+//    per element cost a division each); logsumexp an exp per element (for float a compare, twelve float
+//    operations, nine of them fused multiply-adds, and two integer ones: no rounding or conversion
 //    instruction), with no merge and its selects per element. Both hold a chain's eight loads at once, which
 //    is why their rows kernels keep more registers (row_min_blocks).
 #include "common/bounds.cuh"
@@ -263,9 +263,12 @@ template <> struct ExpLog<float> {
   static constexpr float kMagic = 0x1.8p+23f;  // v + kMagic rounds v to an integer, ties to even, for |v| < 2^22
   static constexpr float kLn2Hi = 0x1.62e4p-1f;  // 15 bits: k * kLn2Hi is exact for |k| < 2^8
   static constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
-  static constexpr int kExpTerms = 8;  // Taylor terms 1 / k!, k = 0..7, for |r| <= ln2 / 2
-  static constexpr float kExp[kExpTerms] = {0x1p+0f, 0x1p+0f, 0x1p-1f, 0x1.555556p-3f, 0x1.555556p-5f,
-                                            0x1.111112p-7f, 0x1.6c16c2p-10f, 0x1.a01a02p-13f};
+  // e^r for |r| <= ln2 / 2: a degree-6 polynomial fitted to e^r's relative error (1 + r + c2 r^2 + ..., the
+  // c_k rounded to float), seven terms where the Taylor series needs eight: one fused multiply-add an
+  // element fewer, and the exp within 0.88 ulp of e^d (0.91 with Taylor's; bench/NOTES.md)
+  static constexpr int kExpTerms = 7;
+  static constexpr float kExp[kExpTerms] = {0x1p+0f, 0x1p+0f, 0x1.fffffcp-2f, 0x1.555492p-3f, 0x1.5558f2p-5f,
+                                            0x1.1239e2p-7f, 0x1.6a2434p-10f};
   static constexpr float kSqrtHalf = 0x1.6a09e6p-1f;
   static constexpr int kLogTerms = 5;  // atanh series 1 / (2k + 1), k = 0..4, for |u| <= 0.172
   static constexpr float kLog[kLogTerms] = {0x1p+0f, 0x1.555556p-2f, 0x1.99999ap-3f, 0x1.24924ap-3f, 0x1.c71c72p-4f};
@@ -448,14 +451,10 @@ template <typename I> __device__ __forceinline__ int chain_count(I left) {
 
 // logsumexp's chain maximum. Only its value reaches the result, never the sign of a zero maximum (x - m and
 // the finish m + log(s) give the same bits for m = +0 and -0: log(s) >= +0) nor a NaN's payload (the GPU's
-// arithmetic gives one NaN pattern), so float takes PTX max.NaN, one instruction where Max::apply's NumPy
-// rules (+0 over -0, the NaN as a sum) take about seven.
+// arithmetic gives one NaN pattern), so float takes common/reduce.cuh's max_nan, one instruction where
+// Max::apply's NumPy rules (+0 over -0, the NaN as a sum) take about seven.
 template <typename S> __device__ __forceinline__ S chain_max(S a, S b) { return Max::apply(a, b); }
-template <> __device__ __forceinline__ float chain_max(float a, float b) {
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
+template <> __device__ __forceinline__ float chain_max(float a, float b) { return max_nan(a, b); }
 
 // The state of one chain of var or logsumexp from its `count` present elements x[0 .. count) (m order) at
 // once, instead of lifting each element and merging it in with the full Chan or LogSumExp merge (a division,

@@ -99,19 +99,8 @@ struct Fp8Out {
   float scale;
 };
 
-// max with NaN propagation (PTX max.NaN, sm_80 and newer): a row holding a NaN gets a NaN amax, hence a
-// NaN scale and NaN outputs, rather than the NaN being skipped as fmaxf would.
-__device__ __forceinline__ float max_nan(float a, float b) {
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-
-__device__ __forceinline__ float min_nan(float a, float b) {
-  float r;
-  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
+// The amax takes common/reduce.cuh's max_nan: a row holding a NaN gets a NaN amax, hence a NaN scale and
+// NaN outputs, rather than the NaN being skipped as fmaxf would.
 
 // The per-token amax combine for common/reduce.cuh: values are |t| >= +0, so +0 is the identity and max is
 // exact and commutative, NaN or not: any tree over the row gives the same amax.
@@ -320,8 +309,8 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
         }
       }
     }
-    // float8: every t of the thread, held from here to the bytes in place of the packed row, and its max |t|
-    // (per token). Past the row t = 0 * (offset + 0), which leaves the max as it is.
+    // float8: every t of the thread, held from here to the bytes in place of the packed row, and (per token
+    // only) its max |t|. Past the row t = 0 * (offset + 0), which leaves the max as it is.
     float acc[GROUPS][VEC];
     float t[kFp8 ? ITEMS : 1][VEC];
     float tmax = 0.f;
@@ -332,8 +321,11 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
         const float f = to_float(a[k].v[j]);
         acc[k % GROUPS][j] = k < GROUPS ? __fmul_rn(f, f) : square_add(acc[k % GROUPS][j], f);
       }
-      if constexpr (kFp8) {
-        weighted(t[k], a[k], wq[k], weight != nullptr, offset, unweighted);
+      if constexpr (kFp8) weighted(t[k], a[k], wq[k], weight != nullptr, offset, unweighted);
+    }
+    if (per_token) {
+#pragma unroll
+      for (int k = 0; k < (kFp8 ? ITEMS : 0); ++k) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) tmax = max_nan(tmax, fabsf(t[k][j]));
       }

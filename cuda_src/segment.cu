@@ -32,7 +32,7 @@
 //    a stack per warp (tree_push / tree_result). Cols: all 32 chains of a leaf in one thread's registers,
 //    the leaf by tree_reduce, leaves by a stack per thread in shared memory. No atomics.
 // 4. Staging: registers; shared memory for the leaf stacks (SEG_STACK_DEPTH levels a warp or a thread).
-// 5. Tuning: none: the launch follows from the shape (which kernel, blocks of 256 / 128 threads, the
+// 5. Tuning: none: the launch follows from the shape (which kernel, blocks of 64 / 128 threads, the
 //    warp kernel's run: enough warps for any GPU, cukern/segment.py RUN_WARPS).
 // 6. Profile: one combine an element against sizeof(T) bytes: memory-bound; the target is the copy
 //    bandwidth.
@@ -46,7 +46,9 @@ constexpr int SEG_CHAINS = 32;
 constexpr int SEG_CHAIN_LENGTH = 8;
 constexpr int SEG_LEAF = SEG_CHAINS * SEG_CHAIN_LENGTH;
 constexpr int SEG_STACK_DEPTH = 35;  // groups of 8 chains of segments up to 2^40 rows
-constexpr int SEG_WARP_BLOCK = 256;  // cukern/segment.py WARP_BLOCK
+// Two warps a block: runs of random-length segments end at different times, and a block's slot frees only
+// when its last warp ends; 256-thread blocks left 67.6% of the copy, 64-thread ones 71.2% (bench/NOTES.md).
+constexpr int SEG_WARP_BLOCK = 64;  // cukern/segment.py WARP_BLOCK
 constexpr int SEG_COL_BLOCK = 128;   // cukern/segment.py COL_BLOCK
 constexpr int SEG_GROUP = 8;         // chains segment_cols holds at once
 

@@ -121,11 +121,13 @@ class Compiled:
 
     def kernel_ptx(self, inst: Instantiation) -> str:
         """The PTX of one instantiation's kernel: its ``.entry`` up to the next one."""
-        name = self.lowered[inst.expression]
-        m = re.search(rf"\.entry {re.escape(name)}\((.*?)(?=\.entry |\Z)", self.ptx, re.S)
-        if m is None:
+        head = f".entry {self.lowered[inst.expression]}("
+        start = self.ptx.find(head)
+        if start < 0:
             raise KeyError(f"{inst.expression} is not in this program's PTX")
-        return m.group(1)
+        start += len(head)
+        end = self.ptx.find(".entry ", start)  # a plain search: a regex took seconds over a family's PTX
+        return self.ptx[start:] if end < 0 else self.ptx[start:end]
 
     def resources(self) -> dict:
         """Per lowered kernel name: registers, spill bytes, stack frame and static shared memory, read

@@ -716,7 +716,8 @@ def var(x, axis=None, *, dtype=None, ddof=0, keepdims=False, out=None):
     """Variance over ``axis``: ``sum_i (x[i] - mean)**2 / (n - ddof)``, in one pass.
 
     The result dtype is x's for floating x, float64 for integer and bool x (as ``numpy.var``); ``dtype`` may
-    also be float64 (accumulating in float64). Half types accumulate in float32. ``ddof`` (an int or a
+    be any float type, x converted to it first (one more pass), as NumPy computes in it: float64
+    accumulates in float64, the half types in float32. ``ddof`` (an int or a
     float): ``n - ddof <= 0`` gives inf or NaN with NumPy's RuntimeWarning; an empty slice gives NaN; an
     infinity or a NaN in a slice gives NaN. Each slice's values are shifted by its first element and merged
     as (count, mean, M2) along the one tree (module notes), so an offset far above the spread costs no
@@ -775,8 +776,8 @@ def _nan_minmax(name: str, x, axis, dtype, keepdims, out):
         if bool(cp.any(cp.isnan(r))):
             warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=3)
         return r
-    if r.dtype not in FLOATS or x.dtype not in FLOATS:
-        return r
+    if (r.dtype not in FLOATS and r.dtype not in COMPLEX) or x.dtype not in FLOATS:
+        return r  # a result that cannot hold a NaN (an integer dtype= or out)
     identity = -np.inf if name == "nanmax" else np.inf
     if bool(cp.any((r == identity) | cp.isnan(r))):
         empty = _reduce("count_not_nan", x, axis, None, keepdims, None) == 0

@@ -330,7 +330,7 @@ def targets(op: str, dtype) -> tuple:
     """The ``dtype=`` values ``op`` takes for input ``dtype``: NumPy's, but for the refusals named in the
     TypeError (:func:`result_dtype`). Sums, means, sums of squares and products take every numeric type and
     bool (a complex input only complex ones), maxima and minima any (a conversion of the result), norms the
-    float types, var and std the kernels' own dtype; counts none."""
+    float types, as do var and std; logsumexp its default; counts none."""
     t = np.dtype(dtype)
     if op in COUNT_OPS:
         return ()
@@ -340,9 +340,9 @@ def targets(op: str, dtype) -> tuple:
         return COMPLEX if t in COMPLEX else NUMERIC
     if op == "nansum":
         return EVERY_INT + FLOATS  # a bool target would be an "any" of the non-NaN values: not kept
-    if op == "norm":
-        return FLOATS
-    return (default_dtype(op, t),)  # var, std, logsumexp
+    if op in ("norm",) + VAR_OPS:
+        return FLOATS  # var and std of another float type: x converted to it first, as NumPy computes in it
+    return (default_dtype(op, t),)  # logsumexp
 
 
 def result_dtype(op: str, dtype, requested=None) -> np.dtype:

@@ -59,6 +59,14 @@ def rms_norm_sum_of_squares_emulated(x):
     return part[..., 0]
 
 
+def _rms_inv(v, eps):
+    """``inv = 1 / sqrt(ss / hidden + eps)`` of float32 rows ``v``, one correctly rounded float32 step at a
+    time, ``ss`` from :func:`rms_norm_sum_of_squares_emulated` (an empty row's is 0)."""
+    ss = rms_norm_sum_of_squares_emulated(v) if v.shape[-1] else np.zeros(v.shape[:-1], np.float32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return np.float32(1) / np.sqrt(ss / np.float32(v.shape[-1]) + np.float32(float(eps)))
+
+
 def rms_norm_emulated(x, weight=None, eps=1e-6, offset=0.0):
     """The bits :func:`cukern.rms_norm` writes, as a NumPy array of x's dtype, from nothing but the values,
     the dtypes, ``eps`` and ``offset`` (no launch parameter exists here to pass): ``ss`` from
@@ -68,10 +76,8 @@ def rms_norm_emulated(x, weight=None, eps=1e-6, offset=0.0):
     payload may differ from the GPU's. Reads x, weight; writes out."""
     x = _numpy(x)
     v = x.astype(np.float32)
-    ss = rms_norm_sum_of_squares_emulated(v)
-    one = np.float32(1)
-    inv = one / np.sqrt(ss / np.float32(v.shape[-1]) + np.float32(float(eps)))
-    w = one if weight is None else _numpy(weight).astype(np.float32)
+    inv = _rms_inv(v, eps)
+    w = np.float32(1) if weight is None else _numpy(weight).astype(np.float32)
     return ((v * inv[..., None]) * (np.float32(float(offset)) + w)).astype(x.dtype)
 
 
@@ -109,10 +115,9 @@ def rms_norm_fp8_values_emulated(x, weight=None, eps=1e-6, offset=0.0, scale="pe
     """``(v, s)``: the float32 values the float8 kernels convert to e4m3 and the scales, as
     :func:`rms_norm_fp8_emulated` defines them (``v = y * (1 / s)``)."""
     v = _numpy(x).astype(np.float32)
-    ss = rms_norm_sum_of_squares_emulated(v) if v.shape[-1] else np.zeros(v.shape[:-1], np.float32)
+    inv = _rms_inv(v, eps)
     one = np.float32(1)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        inv = one / np.sqrt(ss / np.float32(v.shape[-1]) + np.float32(float(eps)))
         w = one if weight is None else _numpy(weight).astype(np.float32)
         t = v * (np.float32(float(offset)) + w)
         if isinstance(scale, str):
@@ -1093,8 +1098,8 @@ _EXPLOG = {
     np.dtype(np.float32): {
         "underflow": -104.0, "inv_ln2": "0x1.715476p+0", "magic": "0x1.8p+23", "ln2_hi": "0x1.62e4p-1",
         "ln2_lo": "0x1.7f7d1cp-20",
-        "exp": ["0x1p+0", "0x1p+0", "0x1p-1", "0x1.555556p-3", "0x1.555556p-5", "0x1.111112p-7", "0x1.6c16c2p-10",
-                "0x1.a01a02p-13"],
+        "exp": ["0x1p+0", "0x1p+0", "0x1.fffffcp-2", "0x1.555492p-3", "0x1.5558f2p-5", "0x1.1239e2p-7",
+                "0x1.6a2434p-10"],
         "sqrt_half": "0x1.6a09e6p-1",
         "log": ["0x1p+0", "0x1.555556p-2", "0x1.99999ap-3", "0x1.24924ap-3", "0x1.c71c72p-4"]},
     np.dtype(np.float64): {

@@ -15,12 +15,14 @@ and written, one cache row of ``rot`` values and one position per token.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import numbers
 import threading
 from dataclasses import dataclass
 from fractions import Fraction
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -602,14 +604,20 @@ def _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, che
 class _NoCache:
     """What :func:`_validate` reads of a cache, for a call that has none: one float32 row of ``rot`` values
     (rounded up to even) on query's device, so only the checks of positions, query, key and rotary_dim can
-    fail."""
+    fail. Made once per (rot, device) by :func:`_no_cache`: every call reads one for its key."""
 
     def __init__(self, rot: int, device: int):
         width = rot + rot % 2
         self.shape, self.strides, self.dtype, self.itemsize = (1, width), (4 * width, 4), _F32, 4
         self.ndim, self.size = 2, width
-        self.data = type("Pointer", (), {"ptr": 0, "device_id": device})()
-        self.device = type("Device", (), {"id": device})()
+        self.data = SimpleNamespace(ptr=0, device_id=device)
+        self.device = SimpleNamespace(id=device)
+
+
+@functools.lru_cache(maxsize=256)
+def _no_cache(rot: int, device: int) -> _NoCache:
+    # one object per (rot, device): a call building its own spent about 12 µs of host time (bench/NOTES.md)
+    return _NoCache(rot, device)
 
 
 _tables = CallCache(limit=256)
@@ -696,7 +704,7 @@ def rotary_embedding_positions(positions, query, key, *, rotary_dim: int, base: 
     """
     positions, query, key, _ = _arrays(positions, query, key, None)
     rot = _int_arg(rotary_dim, "rotary_dim")
-    ck, offset = _call_key(positions, query, key, _NoCache(rot, query.data.device_id), is_neox, rot, False, None)
+    ck, offset = _call_key(positions, query, key, _no_cache(rot, query.data.device_id), is_neox, rot, False, None)
     ck = (ck, base, _scaling_key(scaling), max_position)
     call = _positions_calls.get(ck)
     if call is _MISSING:
@@ -726,7 +734,7 @@ def _plan_positions_call(ck, positions, query, key, rot, base, scaling, is_neox,
         max_position = _int_arg(max_position, "max_position")
     if not isinstance(base, numbers.Real) or isinstance(base, bool):
         raise TypeError(f"base must be a real number, got {type(base).__name__}")
-    args = _validate(positions, query, key, _NoCache(rot, query.data.device_id), rot)
+    args = _validate(positions, query, key, _no_cache(rot, query.data.device_id), rot)
     q, k, pos = args.query, args.key, args.positions
     tokens, nh = q.shape[0], q.shape[1]
     nkv = 0 if k is None else k.shape[1]

@@ -144,8 +144,8 @@ def instantiation(dtype, out_dtype, op: int, kernel: str = "tiles") -> Instantia
 
 
 def instantiations() -> list:
-    """One scan_tiles kernel per (input, result) pair of :data:`PAIRS` and op, and scan_ahead per op: all that
-    :func:`plan`'s launches use."""
+    """One scan_tiles kernel per (input, result) pair of :data:`PAIRS` and op, and one scan_ahead kernel per
+    type of :data:`AHEAD_DTYPES` and op: all that :func:`plan`'s launches use."""
     return ([instantiation(t, o, op) for t, o in PAIRS for op in (SCAN_SUM, SCAN_PROD)]
             + [instantiation(t, t, op, "ahead") for t in AHEAD_DTYPES for op in (SCAN_SUM, SCAN_PROD)])
 
@@ -318,6 +318,8 @@ def _validate_out(out, call: _Call, x):
 def _run(op: str, x, axis, dtype, out):
     cp = _cupy()
     x = _check.as_array(x, "x")
+    if x.ndim == 0:
+        x = x.reshape(1)  # NumPy scans a 0-d array as one of shape (1,): axis 0, -1 or None
     key = None
     call = _MISSING
     if (axis is None or type(axis) is int) and (dtype is None or isinstance(dtype, (str, type, np.dtype))) and (

@@ -1,9 +1,12 @@
-"""The command line, run as a user would, in a subprocess; and the edges a new user meets first: one-line
-errors with exit status 2, and a GPU asked for where there is none."""
+"""The command line, called in this process through ``cukern.lab.cli.main`` (and in a subprocess for what
+only a real process shows: that ``python -m cukern.lab`` runs, and what a user sees on stderr); and the
+edges a new user meets first: one-line errors with exit status 2, and a GPU asked for where there is none."""
 
 import json
+import runpy
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +14,21 @@ from conftest import HAS_GPU
 
 
 def cukern(*args):
+    """``python -m cukern.lab ARGS`` in a process of its own, as a user runs it."""
     return subprocess.run([sys.executable, "-m", "cukern.lab", *args], capture_output=True, text=True, timeout=600)
+
+
+def lab(capsys, *args):
+    """``(exit status, stdout, stderr)`` of the same command called in this process (a subprocess costs a
+    second of imports)."""
+    from cukern.lab import cli
+
+    try:
+        code = cli.main(list(args))
+    except SystemExit as stop:  # argparse's own exits: --help and its errors
+        code = stop.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def assert_one_line_error(r, *words):
@@ -26,25 +43,27 @@ def assert_one_line_error(r, *words):
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU message")
 def test_bench_without_gpu_says_so_and_exits_2():
+    """The README's first command on a machine without a GPU, in a process of its own as a user meets it."""
     assert_one_line_error(cukern("bench"), "no CUDA GPU")
 
 
-def test_info_prints_versions():
-    r = cukern("info")
-    assert r.returncode == 0, r.stderr
-    assert "nvrtc" in r.stdout and "cupy" in r.stdout
+def test_info_prints_versions(capsys):
+    code, out, err = lab(capsys, "info")
+    assert code == 0, err
+    assert "nvrtc" in out and "cupy" in out
 
 
-def test_compile_lists_instantiations_for_sm80_with_their_family():
-    # the family quickest to compile (.ci/run compiles every family for sm_80 through this command)
-    r = cukern("compile", "--arch", "sm_80", "--family", "reduce_ladder")
-    assert r.returncode == 0, r.stderr
+def test_compile_lists_instantiations_for_sm80_with_their_family(capsys):
+    # the family quickest to compile (.ci/run compiles every family for sm_80 through this command); its two
+    # chunks go to the command's worker processes, as they do for a user
+    code, out, err = lab(capsys, "compile", "--arch", "sm_80", "--family", "reduce_ladder")
+    assert code == 0, err
     from cukern import families
 
     insts = families.named("reduce_ladder").instantiations()
-    lines = r.stdout.splitlines()
-    assert all(f"  reduce_ladder  {inst.expression}  regs=" in r.stdout for inst in insts)
-    assert f"{len(insts)} instantiations compiled for sm_80 in " in r.stdout
+    lines = out.splitlines()
+    assert all(f"  reduce_ladder  {inst.expression}  regs=" in out for inst in insts)
+    assert f"{len(insts)} instantiations compiled for sm_80 in " in out
     assert lines[-1] == "no instantiation spills" or "marked SPILLS above" in lines[-1]
 
 
@@ -132,22 +151,17 @@ def tmp(tmp_path):
 
 @pytest.mark.parametrize("argv, words", MISTAKES, ids=[" ".join(a) for a, _ in MISTAKES])
 def test_each_mistake_is_one_line_and_exit_2(argv, words, tmp, monkeypatch, capsys):
-    from cukern.lab import cli
-
     # a None entry in sys.modules makes `import matplotlib` fail as if it were not installed
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    try:
-        code = cli.main([a.format(tmp=tmp) for a in argv])
-    except SystemExit as stop:  # argparse's own errors
-        code = stop.code
-    assert_one_line_error((code, capsys.readouterr().err), *(w.format(tmp=tmp) for w in words))
+    code, _, err = lab(capsys, *(a.format(tmp=tmp) for a in argv))
+    assert_one_line_error((code, err), *(w.format(tmp=tmp) for w in words))
     assert not (tmp / "p.png").exists()
 
 
-@pytest.mark.parametrize("argv", [["explain", "rms_norm", "--dtype", "bf16"], ["compile", "--arch", "compute_90"],
-                                  ["roofline", "--op", "bogus"], ["bench", "--results", "nope.json"]])
-def test_a_mistake_is_one_line_as_a_user_sees_it(argv):
-    assert_one_line_error(cukern(*argv))
+def test_a_mistake_is_one_line_as_a_user_sees_it():
+    """What the in-process mistakes cannot show: nothing else on stderr (a warning at import, a traceback)
+    and exit status 2 through ``python -m cukern.lab`` itself; one mistake stands for them all."""
+    assert_one_line_error(cukern("explain", "rms_norm", "--dtype", "bf16"), "'bf16'")
 
 
 @pytest.mark.parametrize("op, dtype", [("rms_norm", "bf16"), ("rotary_embedding", "float64"), ("sum", "int8"),
@@ -162,9 +176,9 @@ def test_explain_api_refuses_a_dtype_before_compiling(op, dtype):
     assert len(str(err.value).split(",")) == len(taken) + 1
 
 
-def test_help_lists_subcommands():
-    r = cukern("--help")
-    assert r.returncode == 0 and "bench" in r.stdout and "compile" in r.stdout
+def test_help_lists_subcommands(capsys):
+    code, out, _ = lab(capsys, "--help")
+    assert code == 0 and "bench" in out and "compile" in out
 
 
 def test_no_gpu_is_said_in_one_clear_error(monkeypatch):
@@ -200,8 +214,6 @@ def test_tune_without_gpu_says_so():
 
 
 def test_results_file_has_the_documented_form():
-    from pathlib import Path
-
     path = Path(__file__).resolve().parent.parent / "bench" / "results" / "h200.json"
     if not path.exists():
         pytest.skip("no results file yet")
@@ -215,10 +227,16 @@ def test_results_file_has_the_documented_form():
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU message")
-def test_ladder_without_gpu_says_so_and_exits_2():
-    assert_one_line_error(cukern("ladder", "--n", "1000"), "no CUDA GPU")
+def test_ladder_without_gpu_says_so_and_exits_2(capsys):
+    code, _, err = lab(capsys, "ladder", "--n", "1000")
+    assert_one_line_error((code, err), "no CUDA GPU")
 
 
 def test_package_main_points_at_the_lab():
-    r = subprocess.run([sys.executable, "-m", "cukern"], capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "python -m cukern.lab" in r.stderr
+    """``python -m cukern`` runs cukern/__main__.py as here: an exit with a message, which Python prints on
+    stderr with exit status 1."""
+    import cukern
+
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(str(Path(cukern.__file__).with_name("__main__.py")), run_name="__main__")
+    assert isinstance(stop.value.code, str) and "python -m cukern.lab" in stop.value.code

@@ -2,15 +2,13 @@
 benchmark's bytes, its measured fields filled on a GPU."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from conftest import HAS_GPU
 from cukern import _tuned, ladder, reduce, rmsnorm
 from cukern._dtypes import BFLOAT16
-from cukern.lab import bench, card, device
+from cukern.lab import bench, card, cli, device
 from cukern.lab.ladder import LADDER_N
 
 H200 = device.H200
@@ -162,19 +160,19 @@ def test_h200_defaults_are_labelled_and_the_ridge_follows_from_them():
     assert H200.ridge == pytest.approx(H200.compute_gflops / H200.peak_gbps)
 
 
-def test_cli_explain_json():
-    r = subprocess.run([sys.executable, "-m", "cukern.lab", "explain", "rms_norm", "--shape", "4096x4096", "--json",
-                        "--no-measure"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
+def test_cli_explain_json(capsys):
+    code = cli.main(["explain", "rms_norm", "--shape", "4096x4096", "--json", "--no-measure"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    doc = json.loads(out.out)
     assert doc["shape"] == [4096, 4096] and doc["dtype"] == "bfloat16"
     assert doc["profile"]["bytes"] == rmsnorm.bytes_moved((4096, 4096), BFLOAT16, BFLOAT16)
 
 
-def test_cli_explain_rejects_unknown_ops():
-    r = subprocess.run([sys.executable, "-m", "cukern.lab", "explain", "softmax"], capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 2 and "softmax" in r.stderr
+def test_cli_explain_rejects_unknown_ops(capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["explain", "softmax"])
+    assert stop.value.code == 2 and "softmax" in capsys.readouterr().err
 
 
 @pytest.mark.gpu

@@ -65,6 +65,12 @@ def graph() -> dict:
     return edges
 
 
+@pytest.fixture(scope="module")
+def edges() -> dict:
+    """The package's :func:`graph`, read once for the module's tests (the source does not change under them)."""
+    return graph()
+
+
 def where(edges, a, b) -> str:
     return f"{a} -> {b} ({modules()[a].relative_to(ROOT)}:{edges[a][b]})"
 
@@ -96,8 +102,7 @@ def find_cycle(edges) -> list | None:
     return None
 
 
-def test_the_graph_sees_every_module_and_resolves_relative_imports():
-    edges = graph()
+def test_the_graph_sees_every_module_and_resolves_relative_imports(edges):
     assert {"cukern", "cukern.lab", "cukern.lab.bench", "cukern.rmsnorm", "cukern._tuned"} <= set(edges)
     assert "cukern.rmsnorm" in edges["cukern.lab.rmsnorm"]  # from .. import rmsnorm
     assert "cukern.lab.bench" in edges["cukern.lab.rmsnorm"]  # import cukern.lab.bench as bench
@@ -117,22 +122,19 @@ def test_find_cycle_names_the_circle():
     assert find_cycle({"a": {"b": 1}, "b": {}, "c": {"a": 1, "b": 1}}) is None
 
 
-def test_no_import_circle():
-    edges = graph()
+def test_no_import_circle(edges):
     cycle = find_cycle(edges)
     assert cycle is None, "import circle: " + "; ".join(where(edges, a, b) for a, b in zip(cycle, cycle[1:]))
 
 
-def test_nothing_outside_the_lab_imports_it():
-    edges = graph()
+def test_nothing_outside_the_lab_imports_it(edges):
     bad = [where(edges, a, b) for a in edges for b in edges[a]
            if (b == LAB or b.startswith(LAB + ".")) and not (a == LAB or a.startswith(LAB + "."))]
     assert not bad, "nothing outside cukern/lab/ may import cukern.lab: " + "; ".join(bad)
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_op_modules_import_only_downward(op):
-    edges = graph()
+def test_op_modules_import_only_downward(op, edges):
     assert op in edges, f"{op} is gone: update OPS"
     allowed = set(OPS) | {m for m in edges if m.count(".") == 1 and m.startswith("cukern._")
                           and not m.startswith("cukern.__")}

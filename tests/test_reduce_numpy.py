@@ -259,6 +259,29 @@ def test_dtype_targets_against_numpy(rng):
 
 
 @pytest.mark.gpu
+def test_var_and_std_take_float_targets_as_numpy(rng):
+    """var / std with a float ``dtype=`` convert x to it first, as NumPy computes in it: the same bits as the
+    op on the converted x, and NumPy's dtype and values."""
+    import cupy as cp
+
+    import cukern
+
+    h = (1e4 + rng.standard_normal((37, 1001))).astype(np.float32)
+    for name in ("var", "std"):
+        for t, r in (("float32", "float64"), ("int16", "float32"), ("float64", "float32")):
+            x = (h if t == "float32" else (h - 1e4) * 100 if t == "int16" else h.astype(t)).astype(t)
+            d = cp.asarray(x)
+            for axis in (None, 1):
+                got = getattr(cukern, name)(d, axis=axis, dtype=r, ddof=1)
+                same = getattr(cukern, name)(d.astype(r), axis=axis, ddof=1)
+                assert got.dtype == np.asarray(_NP[name](x, axis=axis, dtype=r)).dtype == np.dtype(r), (name, t, r)
+                assert got.get().tobytes() == same.get().tobytes(), (name, t, r, axis)
+                # against float64 (NumPy's own float32 pass is the less accurate one here)
+                want = _NP[name](x.astype(np.float64).astype(r).astype(np.float64), axis=axis, ddof=1)
+                np.testing.assert_allclose(got.get(), want, rtol=1e-5 if r == "float32" else 1e-12)
+
+
+@pytest.mark.gpu
 def test_out_of_another_dtype_against_numpy(rng):
     import cupy as cp
 

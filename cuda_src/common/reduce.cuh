@@ -1,4 +1,4 @@
-// THE warp and block reductions of cukern (rms_norm.cu and reduce.cu use these, nothing else). The order in
+// THE warp and block reductions of cukern (every family that reduces includes this one). The order in
 // which values are combined depends only on the group or block size, never on timing or on how many groups
 // the launch has: results are bit-identical run to run, and a row's result does not depend on the batch.
 //
@@ -18,6 +18,21 @@ struct Sum {
   template <typename T> __device__ __forceinline__ static T identity() { return T(0); }
   template <typename T> __device__ __forceinline__ static T apply(T a, T b) { return a + b; }
 };
+
+// PTX max.NaN / min.NaN (sm_80 on): one instruction, a NaN operand gives a NaN. Of two zeros either may
+// come back, so these serve where only the value reaches a result (an amax of |values|, logsumexp's
+// maximum), not NumPy's max and min (+0 over -0: reduce.cu's Max and Min).
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+__device__ __forceinline__ float min_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
 
 // Butterfly over aligned groups of G lanes (a power of two, at most 32). Every lane of the warp must call
 // it; each lane gets its group's result. Both lanes of a pair combine the same two values, so every lane

@@ -54,7 +54,8 @@ def _describe(name: str):
                    "counted_by": "cukern.scan.bytes_moved(shape, dtype)",
                    "access_bytes": ("16 B vectors into registers, a thread's 16 consecutive elements" if ahead else
                                     f"{dt.itemsize} B in, {o.itemsize} B out, staged through shared memory"),
-                   "coalesced": ("each thread's 64 bytes in four 16-byte accesses; a warp's 2 KiB whole" if ahead
+                   "coalesced": (f"each thread's {scan.ITEMS * dt.itemsize} bytes in {scan.ITEMS * dt.itemsize // 16} "
+                                 f"16-byte accesses; a warp's {32 * scan.ITEMS * dt.itemsize // 1024} KiB whole" if ahead
                                  else "yes for a unit-stride line: a warp moves 32 consecutive elements"),
                    "re_read": (["each tile's elements a second time, a round after the first, from L1 or L2 "
                                 "(streaming loads and stores keep them there)"] if ahead else [])
