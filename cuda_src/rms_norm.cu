@@ -323,11 +323,13 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
       }
       if constexpr (kFp8) weighted(t[k], a[k], wq[k], weight != nullptr, offset, unweighted);
     }
-    if (per_token) {
+    if constexpr (kFp8) {
+      if (per_token) {
 #pragma unroll
-      for (int k = 0; k < (kFp8 ? ITEMS : 0); ++k) {
+        for (int k = 0; k < ITEMS; ++k) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) tmax = max_nan(tmax, fabsf(t[k][j]));
+          for (int j = 0; j < VEC; ++j) tmax = max_nan(tmax, fabsf(t[k][j]));
+        }
       }
     }
     float part[GROUPS];

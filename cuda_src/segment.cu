@@ -34,8 +34,10 @@
 // 4. Staging: registers; shared memory for the leaf stacks (SEG_STACK_DEPTH levels a warp or a thread).
 // 5. Tuning: none: the launch follows from the shape (which kernel, blocks of 64 / 128 threads, the
 //    warp kernel's run: enough warps for any GPU, cukern/segment.py RUN_WARPS).
-// 6. Profile: one combine an element against sizeof(T) bytes: memory-bound; the target is the copy
-//    bandwidth.
+// 6. Profile: one combine an element against sizeof(T) bytes, so memory-bound for long segments; short ones
+//    cost a leaf's instructions (its tree, the segment's bounds and result) for few bytes, and Nsight Compute
+//    had segment_warp issuing 3 warp instructions a cycle an SM on random lengths: its instruction count
+//    sets the speed there (bench/NOTES.md). The target is the copy bandwidth.
 #include "common/bounds.cuh"
 #include "common/dtype.cuh"
 #include "common/reduce.cuh"
@@ -137,6 +139,70 @@ template <typename T, int OP, typename A> __device__ __forceinline__ T seg_finis
   return seg_store<T>(v);
 }
 
+// A leaf's chain for lane c of a warp: the values at[32 m], m < M, that lie in the segment (`in_leaf`: its
+// rows from this lane's first on), combined in turn into the identity. The caller picks M, the same for every
+// lane, past the leaf's last row: a chain's later steps would combine the identity, which leaves a chain's
+// bits as they are (a sum's chain never holds -0, max and min keep any value over their identity, and a NaN
+// in a chain is already the combine's NaN).
+template <int M, typename C, typename A, typename T, typename Index>
+__device__ __forceinline__ A seg_chain(const T* at, Index step, int in_leaf) {
+  A v[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    v[m] = SEG_CHAINS * m < in_leaf ? static_cast<A>(seg_load(at[m * step])) : C::template identity<A>();
+  }
+  A chain = C::template identity<A>();
+#pragma unroll
+  for (int m = 0; m < M; ++m) chain = C::apply(chain, v[m]);
+  return chain;
+}
+
+// The same for a leaf every lane fills (no test a load).
+template <typename C, typename A, typename T, typename Index>
+__device__ __forceinline__ A seg_full_chain(const T* at, Index step) {
+  A chain = C::template identity<A>();
+  A v[SEG_CHAIN_LENGTH];
+#pragma unroll
+  for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) v[m] = static_cast<A>(seg_load(at[m * step]));
+#pragma unroll
+  for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) chain = C::apply(chain, v[m]);
+  return chain;
+}
+
+// One segment's tree for a warp (its value in lane 0): leaf k's chain c in lane c, the leaf by the shuffle
+// tree, the leaves by lane 0's stack (a one-leaf segment's value, most of them, kept off it). `Index` is int
+// for a unit-stride column shorter than 2^31 - 2^9 rows, so that the leaf loop is 32-bit counts and a
+// pointer step, a load's offset a constant (Nsight Compute had the kernel issue-bound; bench/NOTES.md),
+// long long otherwise.
+template <typename Index> struct SegCount { using type = unsigned long long; };
+template <> struct SegCount<int> { using type = unsigned; };
+
+template <typename C, typename A, typename Index, typename T>
+__device__ __forceinline__ A seg_warp_tree(A* stack, const T* col, Index length, long long row_stride, int lane) {
+  const Index leaves = (length + SEG_LEAF - 1) / SEG_LEAF;
+  const Index step = static_cast<Index>(SEG_CHAINS * row_stride);
+  const T* at = col + lane * row_stride;
+  A result = C::template identity<A>();
+  Index rest = length;  // the segment's rows from leaf k's first on
+  for (Index k = 0; k < leaves; ++k, rest -= SEG_LEAF, at += SEG_LEAF * row_stride) {
+    const Index left = rest - lane;
+    const int in_leaf = left > SEG_LEAF ? SEG_LEAF : static_cast<int>(left);
+    // chain steps by the leaf's rows: short segments (most of them where they are many) load once or 4 times
+    const A chain = rest >= SEG_LEAF             ? seg_full_chain<C, A>(at, step)
+                    : rest <= SEG_CHAINS         ? seg_chain<1, C, A>(at, step, in_leaf)
+                    : rest <= 4 * SEG_CHAINS     ? seg_chain<4, C, A>(at, step, in_leaf)
+                                                 : seg_chain<SEG_CHAIN_LENGTH, C, A>(at, step, in_leaf);
+    const A leaf = group_tree_reduce<32, C>(chain);
+    if (leaves == 1) {
+      result = leaf;  // tree_result of one pushed leaf is that leaf
+    } else if (lane == 0) {
+      tree_push<C, A, typename SegCount<Index>::type>(stack, leaf, k);
+    }
+  }
+  if (leaves > 1 && lane == 0) result = tree_result<C, A, typename SegCount<Index>::type>(stack, leaves);
+  return result;
+}
+
 // One warp per run of p.run consecutive segments of one column: segments (blockIdx.x * warps + warp) * run
 // on, column blockIdx.y. Lane l loads the bounds of the run's segment l, all at once, and the warp takes the
 // segments in turn: lane c computes chain c of each leaf (its 8 loads issued before any is combined), the
@@ -144,14 +210,15 @@ template <typename T, int OP, typename A> __device__ __forceinline__ T seg_finis
 // a segment) each warp waited for its offsets, then for its data: two memory latencies for a segment of
 // 256 values on average (runs helped; loading the next segment's first leaf ahead as well gave no more,
 // bench/NOTES.md). Nsight Compute then showed the kernel issue-bound, not short of loads in flight: so a
-// load's offset is a constant for unit strides, its test one 32-bit comparison, and a one-leaf segment
-// skips the stack.
+// load's offset is a constant for unit strides, a full leaf's loads have no test, a short leaf's chain takes
+// only its steps, and a unit-stride segment's leaf loop counts in 32 bits.
 template <typename T, int OP, typename I>
 __global__ void __launch_bounds__(SEG_WARP_BLOCK)
     segment_warp(T* out, const T* x, const I* offsets, const __grid_constant__ SegParams p) {
   using A = seg_acc_t<T>;
   using C = typename SegCombine<OP>::type;
   constexpr int kWarps = SEG_WARP_BLOCK / 32;
+  constexpr long long kShort = (1ll << 31) - 2 * SEG_LEAF;  // leaf counts and rows left stay in an int
   __shared__ A stacks[kWarps][SEG_STACK_DEPTH];
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
@@ -161,45 +228,15 @@ __global__ void __launch_bounds__(SEG_WARP_BLOCK)
   const long long j = blockIdx.y;
   long long my_start = 0, my_length = 0;
   if (lane < run) segment_bounds(offsets, first + lane, p.rows, my_start, my_length);
+  const T* column = x + j * p.col_stride;
   for (int r = 0; r < run; ++r) {
     const long long start = __shfl_sync(0xffffffffu, my_start, r);
     const long long length = __shfl_sync(0xffffffffu, my_length, r);
-    const T* col = x + start * p.row_stride + j * p.col_stride;
-    const long long leaves = (length + SEG_LEAF - 1) / SEG_LEAF;
-    A only = C::template identity<A>();  // a one-leaf segment's value (most of them), kept off the stack
-    for (long long k = 0; k < leaves; ++k) {
-      // the elements of leaf k from this lane's first on, capped at a leaf: chain step m is in the segment
-      // when 32 m < in_leaf (one 32-bit comparison a load, no 64-bit index)
-      const long long left = length - k * SEG_LEAF - lane;
-      const int in_leaf = left > SEG_LEAF ? SEG_LEAF : static_cast<int>(left);
-      const T* at = col + (k * SEG_LEAF + lane) * p.row_stride;
-      A v[SEG_CHAIN_LENGTH];
-      if (p.row_stride == 1) {  // a 1-D x or one column: the loads' offsets are constants
-#pragma unroll
-        for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) {
-          v[m] = SEG_CHAINS * m < in_leaf ? static_cast<A>(seg_load(at[SEG_CHAINS * m])) : C::template identity<A>();
-        }
-      } else {
-        const long long step = SEG_CHAINS * p.row_stride;
-#pragma unroll
-        for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) {
-          v[m] = SEG_CHAINS * m < in_leaf ? static_cast<A>(seg_load(at[m * step])) : C::template identity<A>();
-        }
-      }
-      A chain = C::template identity<A>();
-#pragma unroll
-      for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) chain = C::apply(chain, v[m]);
-      const A leaf = group_tree_reduce<32, C>(chain);
-      if (leaves == 1) {
-        only = leaf;  // tree_result of one pushed leaf is that leaf
-      } else if (lane == 0) {
-        tree_push<C>(stacks[warp], leaf, static_cast<unsigned long long>(k));
-      }
-    }
-    if (lane == 0) {
-      const A result = leaves == 1 ? only : tree_result<C>(stacks[warp], static_cast<unsigned long long>(leaves));
-      out[(first + r) * p.cols + j] = seg_finish<T, OP>(result, length, p.mean);
-    }
+    const T* col = column + start * p.row_stride;
+    const A result = p.row_stride == 1 && length < kShort
+                         ? seg_warp_tree<C, A, int>(stacks[warp], col, static_cast<int>(length), 1, lane)
+                         : seg_warp_tree<C, A, long long>(stacks[warp], col, length, p.row_stride, lane);
+    if (lane == 0) out[(first + r) * p.cols + j] = seg_finish<T, OP>(result, length, p.mean);
   }
 }
 

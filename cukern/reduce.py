@@ -592,6 +592,10 @@ def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, co
                     inner_axes = axes + (x.ndim,)
             elif rt.how == "cast":
                 xl = x.astype(rt.via)
+                if name == "nansum" and rt.via.kind in "iu" and (x.dtype.kind == "f" or x.dtype == BFLOAT16):
+                    # NumPy's nansum into an integer dtype: each NaN is 0 in x's dtype, then converted. Zero
+                    # them by x's own mask, whatever the conversion made of a NaN (one more pass; this case only).
+                    cp.copyto(xl, 0, where=cp.isnan(x))
             elif rt.how == "view":
                 xl = x.view(rt.via)
             elif rt.how == "flip":

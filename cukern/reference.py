@@ -587,10 +587,25 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
     axes = P.normalize_axis(axis, x.ndim)
     final = P.result_dtype(name, x.dtype, dtype)
     shape = P.result_shape(x.shape, axes, keepdims)
-    if op.kernel_op == P.OP_PROD:
+    rt = None
+    if not (op.minmax or name in P.COUNT_OPS or x.dtype.kind == "c" or final.kind in "bc"):
+        # cukern lowers x first (reduce_plan.route): uint64 viewed as int64 (sums wrap the same modulo
+        # 2^64), a narrower or unsigned integer converted exactly, uint64 to float64 for a float result, a
+        # float to int64 for an integer result; the kernels then write rt.kernel.
+        rt = P.route(name, x.dtype, final)
+        if rt.op != name:
+            rt = None
+        elif rt.how == "view":
+            x = x.view(rt.via)
+        elif rt.how == "cast":
+            if op.lift == P.LIFT_SKIP_NAN and rt.via.kind in "iu" and (x.dtype.kind == "f" or x.dtype == P.BFLOAT16):
+                x = np.where(np.isnan(x), np.zeros((), x.dtype), x)  # nansum: NaN -> 0 in x's dtype first
+            x = x.astype(rt.via)
+    elif op.kernel_op == P.OP_PROD and final.kind == "c":
         rt = P.route(name, x.dtype, final)
         if rt.op == name and rt.how == "cast":
             x = x.astype(rt.via)  # as cukern converts x first: to a target NumPy multiplies in (complex ones too)
+        rt = None
     n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
     if n == 0:
         if op.minmax:
@@ -612,7 +627,7 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
         elif op.kernel_op == P.OP_SUMSQ:
             r = r * r
         return r.reshape(shape)
-    o = x.dtype if op.minmax else P.kernel_dtype(name, x.dtype, final)
+    o = x.dtype if op.minmax else rt.kernel if rt is not None else P.kernel_dtype(name, x.dtype, final)
     a = P.acc_dtype(o)
     w = v.astype(a)
     if op.kernel_op == P.OP_SUMSQ:
@@ -917,6 +932,9 @@ def _var_emulated(name: str, x, axis, dtype, ddof, keepdims: bool):
     axes = P.normalize_axis(axis, x.ndim)
     final = P.result_dtype(name, x.dtype, dtype)
     shape = P.result_shape(x.shape, axes, keepdims)
+    rt = P.route(name, x.dtype, final)
+    if rt.how == "cast":
+        x = x.astype(rt.via)  # as cukern converts x first (to a float ``dtype=``: NumPy computes in it)
     n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
     divisor = max(n - ddof, 0)
     if n == 0:

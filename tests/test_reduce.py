@@ -427,6 +427,36 @@ def test_emulators_follow_the_references_and_numpy(rng):
     assert np.isnan(reference.amin_emulated(np.array([1.0, np.nan, 0.5], np.float32)))
 
 
+def test_integer_sum_emulators_are_exact_in_64_bits(rng):
+    """The emulators lower x as cukern does (reduce_plan.route: uint64 read as int64, uint32 converted to
+    int64), so 64-bit integer sums are NumPy's exactly: values above 2^53, int64 near 2^63, and uint64 sums
+    wrapping modulo 2^64."""
+    x = np.array([2**40, 3, 5], np.uint64)
+    assert reference.sum_emulated(x) == np.uint64(2**40 + 8) and reference.sum_emulated(x).dtype == np.uint64
+    big = np.array([2**53 + 1, 2**60 + 3, 7], np.uint64)
+    assert reference.sum_emulated(big) == big.sum() == np.uint64(2**53 + 2**60 + 11)
+    wrap = np.array([2**64 - 1, 2**63 + 5, 2**63, 9], np.uint64)
+    assert reference.sum_emulated(wrap) == wrap.sum() == np.uint64(13)  # modulo 2^64
+    u = rng.integers(0, 2**64 - 1, (3, 1000), dtype=np.uint64, endpoint=True)
+    i = rng.integers(2**62, 2**63 - 1, (3, 1000), dtype=np.int64)  # near 2^63: the int64 sums wrap too
+    for axis in (None, 0, 1):
+        for v in (u, i, i.astype(np.uint64), u[:, :1]):
+            got, want = reference.sum_emulated(v, axis=axis), v.sum(axis=axis)
+            assert got.dtype == want.dtype and np.array_equal(got, want), (v.dtype, axis)
+            assert np.array_equal(reference.nansum_emulated(v, axis=axis), want), (v.dtype, axis)
+        for t in (np.uint64, np.int64, np.int32):
+            assert np.array_equal(reference.sum_emulated(i, axis=axis, dtype=t), i.sum(axis=axis, dtype=t))
+    s = np.array([2**32 - 1, 2**32 - 1, 2], np.uint32)
+    assert reference.sum_emulated(s) == s.sum() == np.uint64(2**33)
+    # nansum of floats into an integer dtype: NaN -> 0 in x's dtype, then NumPy's conversion.
+    f = np.array([[1.5, np.nan, 2.0, -7.9], [np.nan] * 4], np.float32)
+    for t in (np.int32, np.int64):
+        for axis in (None, 1):
+            got = reference.nansum_emulated(f, axis=axis, dtype=t)
+            assert got.dtype == t and np.array_equal(got, np.nansum(f, axis=axis, dtype=t)), (t, axis)
+    assert np.array_equal(reference.nansum_emulated(f[:, 1:2], axis=1, dtype=np.int64), [0, 0])
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Compilation of every production instantiation: resources and PTX.
 

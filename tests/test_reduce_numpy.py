@@ -335,3 +335,54 @@ def test_widened_bits_do_not_depend_on_knobs(rng):
             if first is None:
                 first = (got, full)
             assert got.tobytes() == first[0].tobytes() and full.tobytes() == first[1].tobytes()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])
+def test_nansum_into_an_integer_dtype_zeroes_nan_first(rng, dtype):
+    """NumPy's nansum with an integer ``dtype=``: each NaN is 0 in x's dtype, then the sum converts each
+    element (truncating) and adds in the target; cukern zeroes the NaNs by x's own mask, whatever the
+    conversion makes of a NaN."""
+    import cupy as cp
+
+    import cukern
+
+    t = P.parse_dtype(dtype)
+    h = (rng.standard_normal((5, 7, 3)) * 20).astype(np.float32)
+    h[rng.random(h.shape) < 0.3] = np.nan
+    h[2] = np.nan  # an all-NaN slice along every axis
+    x = h.astype(t)
+    wide = x.astype(np.float32)  # exact for every input dtype here (NumPy has no bfloat16 nansum of its own)
+    d = cp.asarray(x)
+    for r in (np.int8, np.int32, np.int64):
+        for axis in (None, 1, (0, 2)):
+            want = np.asarray(np.nansum(wide, axis=axis, dtype=r))
+            _check(cukern.nansum(d, axis=axis, dtype=r), want, exact=True)
+        one = d[:, :1]  # a reduced axis of one element: converted elementwise
+        _check(cukern.nansum(one, axis=1, dtype=r), np.asarray(np.nansum(wide[:, :1], axis=1, dtype=r)), exact=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("target", ["float16", "bfloat16"])
+def test_var_and_std_into_half_types_against_float64(rng, target):
+    """var / std with ``dtype=`` float16 or bfloat16 (x converted to it first, as NumPy computes in it): within
+    the half type's rounding of NumPy's var / std of those converted values computed in float64."""
+    import cupy as cp
+
+    import cukern
+
+    r = P.parse_dtype(target)
+    rtol = 2e-3 if r == np.float16 else 1.6e-2  # a few ulps of the result: 2^-11 and 2^-8 relative
+    h = (3.0 + 2.0 * rng.standard_normal((37, 1001))).astype(np.float32)
+    for t in ("float32", "float64", target):
+        x = h.astype(P.parse_dtype(t))
+        exact = x.astype(r).astype(np.float64)  # the values the op reduces
+        d = cp.asarray(x)
+        for name in ("var", "std"):
+            for axis in (None, -1):
+                for ddof in (0, 1):
+                    got = getattr(cukern, name)(d, axis=axis, dtype=r, ddof=ddof)
+                    assert got.dtype == r, (name, t, axis, ddof, got.dtype)
+                    want = np.asarray(_NP[name](exact, axis=axis, ddof=ddof)).astype(r).astype(np.float64)
+                    np.testing.assert_allclose(got.get().astype(np.float64), want, rtol=rtol,
+                                               err_msg=f"{name} of {t} axis={axis} ddof={ddof}")

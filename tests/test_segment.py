@@ -186,6 +186,26 @@ def test_long_segments_and_independence_from_neighbours(rng):
 
 
 @pytest.mark.gpu
+def test_segments_past_the_32_bit_leaf_loop():
+    """A unit-stride segment of 2^31 - 2^9 rows or more takes the 64-bit leaf loop, a shorter one the 32-bit
+    loop; both form the one tree, over x of more than 2^31 elements. All ones: a whole leaf sums to 256, a
+    subtree of k whole leaves to 256 k, exact in float32 for k < 2^24, so lengths that are multiples of 256
+    have exact sums."""
+    import cupy
+
+    n = (1 << 31) + 3
+    x = cupy.ones(n, np.float32)
+    big, short = (1 << 31) - 256, (1 << 31) - 768  # 64-bit loop, 32-bit loop
+    oh = np.array([0, big, 3, 3 + short, big, n], np.int64)  # the second segment inverted: checks off
+    o = cupy.asarray(oh)
+    got = S.segment_sum(x, o, check_offsets=False)
+    assert cupy.asnumpy(got).tolist() == [big, 0.0, short, big - 3 - short, n - big]
+    assert cupy.asnumpy(S.segment_mean(x, o, check_offsets=False))[[0, 2, 4]].tolist() == [1.0, 1.0, 1.0]
+    x[big + 1] = 5
+    assert cupy.asnumpy(S.segment_max(x, o, check_offsets=False)).tolist() == [1.0, -np.inf, 1.0, 1.0, 5.0]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("cols", [1, 3])
 def test_runs_of_segments_give_each_segments_own_bits(cols, rng):
     import cupy

@@ -147,14 +147,18 @@ template <typename C, typename T> __device__ __forceinline__ T group_tree_reduce
 // carries, so that after `count` pushes tree_result gives the tree over all of them, a count that is not a
 // power of two padded with the identity (which the tree adds exactly). `level` holds one value per level
 // (the bit length of the largest count), in shared memory, owned by one thread (lanes of a warp sharing one
-// race, even pushing the same values: nothing orders one lane's read after another's write).
-template <typename C, typename T> __device__ __forceinline__ void tree_push(T* level, T v, unsigned long long k) {
+// race, even pushing the same values: nothing orders one lane's read after another's write). K, the count's
+// type, is named by a caller whose counts fit 32 bits (fewer instructions); others get unsigned long long.
+template <typename K> struct Named { using type = K; };
+template <typename C, typename T, typename K = unsigned long long>
+__device__ __forceinline__ void tree_push(T* level, T v, typename Named<K>::type k) {
   int l = 0;
   for (; (k >> l) & 1; ++l) v = C::apply(level[l], v);
   level[l] = v;
 }
 
-template <typename C, typename T> __device__ __forceinline__ T tree_result(const T* level, unsigned long long count) {
+template <typename C, typename T, typename K = unsigned long long>
+__device__ __forceinline__ T tree_result(const T* level, typename Named<K>::type count) {
   T v = C::template identity<T>();
   bool any = false;
   for (int l = 0; (count >> l) != 0; ++l) {
