@@ -171,7 +171,7 @@ __device__ __forceinline__ A seg_full_chain(const T* at, Index step) {
 
 // One segment's tree for a warp (its value in lane 0): leaf k's chain c in lane c, the leaf by the shuffle
 // tree, the leaves by lane 0's stack (a one-leaf segment's value, most of them, kept off it). `Index` is int
-// for a unit-stride column shorter than 2^31 - 2^9 rows, so that the leaf loop is 32-bit counts and a
+// for a unit-stride segment shorter than 2^31 - 2^9 rows, so that the leaf loop is 32-bit counts and a
 // pointer step, a load's offset a constant (Nsight Compute had the kernel issue-bound; bench/NOTES.md),
 // long long otherwise.
 template <typename Index> struct SegCount { using type = unsigned long long; };

@@ -588,24 +588,20 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
     final = P.result_dtype(name, x.dtype, dtype)
     shape = P.result_shape(x.shape, axes, keepdims)
     rt = None
-    if not (op.minmax or name in P.COUNT_OPS or x.dtype.kind == "c" or final.kind in "bc"):
+    if not (op.minmax or name in P.COUNT_OPS):
         # cukern lowers x first (reduce_plan.route): uint64 viewed as int64 (sums wrap the same modulo
         # 2^64), a narrower or unsigned integer converted exactly, uint64 to float64 for a float result, a
-        # float to int64 for an integer result; the kernels then write rt.kernel.
+        # float to int64 for an integer result, any x to a complex target of prod; the kernels then write
+        # rt.kernel.
         rt = P.route(name, x.dtype, final)
-        if rt.op != name:
-            rt = None
-        elif rt.how == "view":
+        if rt.how == "complex" or rt.op != name or (final.kind == "c" and rt.kernel.kind != "c"):
+            return _lowered_emulated(name, x, axes, final, keepdims, rt)
+        if rt.how == "view":
             x = x.view(rt.via)
         elif rt.how == "cast":
             if op.lift == P.LIFT_SKIP_NAN and rt.via.kind in "iu" and (x.dtype.kind == "f" or x.dtype == P.BFLOAT16):
                 x = np.where(np.isnan(x), np.zeros((), x.dtype), x)  # nansum: NaN -> 0 in x's dtype first
             x = x.astype(rt.via)
-    elif op.kernel_op == P.OP_PROD and final.kind == "c":
-        rt = P.route(name, x.dtype, final)
-        if rt.op == name and rt.how == "cast":
-            x = x.astype(rt.via)  # as cukern converts x first: to a target NumPy multiplies in (complex ones too)
-        rt = None
     n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
     if n == 0:
         if op.minmax:
@@ -628,7 +624,9 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
             r = r * r
         return r.reshape(shape)
     o = x.dtype if op.minmax else rt.kernel if rt is not None else P.kernel_dtype(name, x.dtype, final)
-    a = P.acc_dtype(o)
+    # An integer maximum or minimum is one of the elements (cukern converts x exactly, or flips uint64's sign
+    # bit): selected in x's own dtype, as no float accumulator holds every uint32 or uint64.
+    a = o if op.minmax and o.kind in "biu" else P.acc_dtype(o)
     w = v.astype(a)
     if op.kernel_op == P.OP_SUMSQ:
         w = w * w
@@ -646,9 +644,9 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
             else:
                 acc = reduction_tree(w, _tree_complex_prod if a.kind == "c" else _tree_prod, 1)
     elif op.kernel_op == P.OP_MAX:
-        acc = w.max(axis=1) if a.kind == "i" else reduction_tree(w, _tree_max, -np.inf)
+        acc = w.max(axis=1) if a.kind in "biu" else reduction_tree(w, _tree_max, -np.inf)
     elif op.kernel_op == P.OP_MIN:
-        acc = w.min(axis=1) if a.kind == "i" else reduction_tree(w, _tree_min, np.inf)
+        acc = w.min(axis=1) if a.kind in "biu" else reduction_tree(w, _tree_min, np.inf)
     else:
         acc = w.sum(axis=1, dtype=a) if a.kind == "i" else reduction_tree(w)  # integers: exact, wrapping
     if op.finalize != P.FINISH_NONE:
@@ -659,13 +657,48 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
     return acc.astype(o).astype(final).reshape(shape)
 
 
+def _lowered_emulated(name: str, x, axes, final, keepdims: bool, rt):
+    """cukern.reduce's ``_lowered`` for route ``rt`` (:func:`cukern.reduce_plan.route`) where the kernels run
+    another op or write another kind of result: x lowered as ``rt.how`` says (complex x as its real and
+    imaginary parts on a trailing axis, each part its own tree, the norm reducing that axis too), the
+    kernels' op into ``rt.kernel`` emulated on that, then converted to ``final``. A bool target compares
+    the count of non-zero elements with 0 (sum, mean; an empty mean is True) or n (prod); a mean's integer
+    target is the int64 sum taken modulo that type, divided in float64, truncated into it."""
+    n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+    inner_axes = axes
+    if rt.how == "complex":
+        x = np.stack([x.real, x.imag], axis=-1)
+        if name == "norm":
+            inner_axes = axes + (x.ndim - 1,)
+    elif rt.how == "view":
+        x = x.view(rt.via)
+    elif rt.how == "cast":
+        x = x.astype(rt.via)
+    if rt.op == "count_nonzero":
+        c = _reduce_emulated("count_nonzero", x, inner_axes, None, keepdims)
+        # NumPy's "and" (prod) or "or"; an empty mean's "or" (False) over 0 is NaN, which is True
+        r = c == n if name == "prod" else (c > 0) | (n == 0 and name == "mean")
+    else:
+        r = _reduce_emulated(rt.op, x, inner_axes, rt.kernel, keepdims)
+        if rt.how == "complex" and name != "norm":
+            r = np.ascontiguousarray(r).view(np.result_type(r.dtype, np.complex64))[..., 0]
+        elif rt.how == "complex" and keepdims:  # the norm reduced the parts' axis too: not one of x's
+            r = r.reshape(r.shape[:-1])
+        if rt.mean_int:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                r = (r.astype(final).astype(np.float64) / np.float64(n)).astype(final)
+    return np.asarray(r).astype(final)
+
+
 def sum_emulated(x, axis=None, dtype=None, keepdims=False):
     """The bits :func:`cukern.sum` returns, as a NumPy array, computed on the host: x (any array; a CuPy
     array is copied to the host) converted to the accumulator dtype (float32 for float32 and half-type
     results, float64 for float64, int64 for integer results), each result the tree of
     :func:`reduction_tree` over its elements in C order over ``axis`` (integer sums exactly, wrapping),
     rounded once to the result dtype. An axis of one element is copied, as cukern does it. NaN payloads
-    may differ from the GPU's."""
+    may differ from the GPU's. A float converted to an integer (x for an integer target, a mean's quotient)
+    that is +-inf, NaN or out of range takes the host's conversion here, where the GPU's saturates: such
+    values are not emulated bit for bit."""
     return _reduce_emulated("sum", x, axis, dtype, keepdims)
 
 
@@ -749,7 +782,7 @@ def arg_keys(x, op: str):
     if kind == A.KIND_COMPLEX:
         return _complex_arg_keys(x, flip, nan_loses)
     u = np.dtype(f"u{width}")
-    b = np.ascontiguousarray(x).view(u)
+    b = np.asarray(x, order="C").view(u)  # ascontiguousarray would make a 0-d x 1-d
     sign = u.type(1 << (8 * width - 1))
     if kind == A.KIND_BOOL:
         k = (b != 0).astype(u)
@@ -771,7 +804,7 @@ def arg_keys(x, op: str):
 def _complex_arg_keys(x, flip: bool, nan_loses: bool):
     part = np.dtype(np.float32 if x.dtype == np.complex64 else np.float64)
     u = np.dtype(f"u{part.itemsize}")
-    z = np.ascontiguousarray(x)
+    z = np.asarray(x, order="C")
     re, im = z.real.astype(part).view(u), z.imag.astype(part).view(u)
     sign = u.type(1 << (8 * part.itemsize - 1))
 
@@ -1290,7 +1323,7 @@ def logsumexp_emulated(x, axis=None, keepdims=False):
 def _segments(x, offsets):
     x = _numpy(x)
     o = np.asarray(_numpy(offsets)).astype(np.int64)
-    return x, o, x.reshape(x.shape[0], -1)
+    return x, o, x.reshape(x.shape[0], int(np.prod(x.shape[1:], dtype=np.int64)))  # -1 fails for no rows
 
 
 def _segment_reference(x, offsets, fn, empty):
@@ -1391,10 +1424,14 @@ def cumprod(x, axis=None):
 
 
 def _scan_emulated(op: str, x, axis, dtype):
-    from .scan import BLOCK, GROUP, ITEMS, TILE, result_dtype
+    from ._check import check_dtype
+    from .scan import BLOCK, DTYPES, GROUP, ITEMS, TILE, result_dtype
 
     x = _numpy(x)
+    check_dtype(x, "x", DTYPES)  # the public op's TypeError
     o = result_dtype(x.dtype, dtype)
+    if x.size == 0:
+        return np.empty((0,) if axis is None else x.shape, o)
     acc = np.dtype(np.float64 if o == np.float64 else np.int64 if o.kind in "iu" else np.float32)
     f = np.multiply if op == "cumprod" else np.add
     identity = np.array(1 if op == "cumprod" else (-0.0 if acc.kind == "f" else 0), acc)

@@ -350,7 +350,7 @@ def test_nansum_into_an_integer_dtype_zeroes_nan_first(rng, dtype):
     t = P.parse_dtype(dtype)
     h = (rng.standard_normal((5, 7, 3)) * 20).astype(np.float32)
     h[rng.random(h.shape) < 0.3] = np.nan
-    h[2] = np.nan  # an all-NaN slice along every axis
+    h[2] = np.nan  # all-NaN slices along axis 1
     x = h.astype(t)
     wide = x.astype(np.float32)  # exact for every input dtype here (NumPy has no bfloat16 nansum of its own)
     d = cp.asarray(x)
@@ -365,24 +365,32 @@ def test_nansum_into_an_integer_dtype_zeroes_nan_first(rng, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("target", ["float16", "bfloat16"])
 def test_var_and_std_into_half_types_against_float64(rng, target):
-    """var / std with ``dtype=`` float16 or bfloat16 (x converted to it first, as NumPy computes in it): within
-    the half type's rounding of NumPy's var / std of those converted values computed in float64."""
+    """var / std with ``dtype=`` float16 or bfloat16 convert x to it first, as NumPy computes in it: values
+    near 1000 with a spread of 1 lose most of their spread in the half type (its steps there are 0.5 and 4),
+    so a result from the unconverted values would be far off. The same bits as the op on the converted x and
+    as the emulator; within a few ulps of NumPy's var / std of the converted values in float64."""
     import cupy as cp
 
     import cukern
+    from cukern import reference
 
     r = P.parse_dtype(target)
     rtol = 2e-3 if r == np.float16 else 1.6e-2  # a few ulps of the result: 2^-11 and 2^-8 relative
-    h = (3.0 + 2.0 * rng.standard_normal((37, 1001))).astype(np.float32)
+    h = (1e3 + rng.standard_normal((37, 1001))).astype(np.float32)
     for t in ("float32", "float64", target):
         x = h.astype(P.parse_dtype(t))
         exact = x.astype(r).astype(np.float64)  # the values the op reduces
         d = cp.asarray(x)
+        converted = cp.asarray(x.astype(r))
         for name in ("var", "std"):
             for axis in (None, -1):
                 for ddof in (0, 1):
                     got = getattr(cukern, name)(d, axis=axis, dtype=r, ddof=ddof)
                     assert got.dtype == r, (name, t, axis, ddof, got.dtype)
+                    same = getattr(cukern, name)(converted, axis=axis, ddof=ddof)
+                    emulated = getattr(reference, f"{name}_emulated")(x, axis, dtype=r, ddof=ddof)
+                    assert got.get().tobytes() == same.get().tobytes() == np.asarray(emulated).tobytes(), \
+                        (name, t, axis, ddof)
                     want = np.asarray(_NP[name](exact, axis=axis, ddof=ddof)).astype(r).astype(np.float64)
                     np.testing.assert_allclose(got.get().astype(np.float64), want, rtol=rtol,
                                                err_msg=f"{name} of {t} axis={axis} ddof={ddof}")

@@ -201,8 +201,11 @@ def test_segments_past_the_32_bit_leaf_loop():
     got = S.segment_sum(x, o, check_offsets=False)
     assert cupy.asnumpy(got).tolist() == [big, 0.0, short, big - 3 - short, n - big]
     assert cupy.asnumpy(S.segment_mean(x, o, check_offsets=False))[[0, 2, 4]].tolist() == [1.0, 1.0, 1.0]
-    x[big + 1] = 5
-    assert cupy.asnumpy(S.segment_max(x, o, check_offsets=False)).tolist() == [1.0, -np.inf, 1.0, 1.0, 5.0]
+    # markers at each loop's last leaf and past 2^31: a load at a wrong row would miss them
+    for row, v in ((5, -3.0), (2 + short, 9.0), (big - 1, 7.0), (big + 1, 5.0), (n - 1, 11.0)):
+        x[row] = v
+    assert cupy.asnumpy(S.segment_max(x, o, check_offsets=False)).tolist() == [9.0, -np.inf, 9.0, 7.0, 11.0]
+    assert cupy.asnumpy(S.segment_min(x, o, check_offsets=False)).tolist() == [-3.0, np.inf, -3.0, 1.0, 1.0]
 
 
 @pytest.mark.gpu

@@ -148,17 +148,18 @@ template <typename C, typename T> __device__ __forceinline__ T group_tree_reduce
 // power of two padded with the identity (which the tree adds exactly). `level` holds one value per level
 // (the bit length of the largest count), in shared memory, owned by one thread (lanes of a warp sharing one
 // race, even pushing the same values: nothing orders one lane's read after another's write). K, the count's
-// type, is named by a caller whose counts fit 32 bits (fewer instructions); others get unsigned long long.
-template <typename K> struct Named { using type = K; };
+// type: unsigned long long unless a caller whose counts stay below 2^31 names unsigned (fewer instructions).
+// It is never deduced (NoDeduce), so a caller passing an int keeps the 64-bit counter.
+template <typename K> struct NoDeduce { using type = K; };
 template <typename C, typename T, typename K = unsigned long long>
-__device__ __forceinline__ void tree_push(T* level, T v, typename Named<K>::type k) {
+__device__ __forceinline__ void tree_push(T* level, T v, typename NoDeduce<K>::type k) {
   int l = 0;
   for (; (k >> l) & 1; ++l) v = C::apply(level[l], v);
   level[l] = v;
 }
 
 template <typename C, typename T, typename K = unsigned long long>
-__device__ __forceinline__ T tree_result(const T* level, typename Named<K>::type count) {
+__device__ __forceinline__ T tree_result(const T* level, typename NoDeduce<K>::type count) {
   T v = C::template identity<T>();
   bool any = false;
   for (int l = 0; (count >> l) != 0; ++l) {
