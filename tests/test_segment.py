@@ -4,6 +4,8 @@ float64 reference (closeness)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from _support import (
@@ -139,6 +141,15 @@ def test_every_instantiation_compiles_without_spills_or_contraction(arch):
         assert_no_spills(res[c.lowered[inst.expression]], arch, inst.expression)
         body = c.kernel_ptx(inst)
         assert "fma.rn" not in body and ".approx" not in body, inst.expression
+        if inst.name == "segment_warp":
+            # a unit-stride segment's leaf: its eight loads at immediate offsets of 32 rows from one address
+            size = np.dtype(inst.args[0]).itemsize
+            steps = re.findall(r"ld\.global\.\S+\s+%\w+, \[(%rd\d+)\+(\d+)\]", body)
+            by_base = {}
+            for base, offset in steps:
+                by_base.setdefault(base, set()).add(int(offset))
+            want = {32 * size * m for m in range(1, 8)}
+            assert any(want <= offsets for offsets in by_base.values()), (inst.expression, arch)
 
 
 # ---------------------------------------------------------------------------------------------------------
