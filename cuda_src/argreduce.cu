@@ -17,20 +17,23 @@
 //
 // The six questions (cukern/argreduce.py `plan` keeps the launch math as a pure plan; the card in
 // cukern/lab/argreduce.py shows the same answers):
-// 1. Output tile: argreduce_span: rows x spans blocks; block b searches span b % spans of row b / spans
-//    (a span is a run of `span` consecutive indices), and the last block of a row to finish combines the
-//    row's spans. argreduce_cols: one row per thread, for rows that lie next to each other in memory
+// 1. Output tile: argreduce_span: rows x spans x ways blocks. A row is cut into spans of `span` consecutive
+//    indices (one span unless the row is longer than a 32-bit count allows), and `ways` blocks search each
+//    span together, interleaved: block w takes its span's steps w, w + ways, w + 2 ways, ..., a step being
+//    BLOCK x UNROLL vectors, so the whole grid sweeps memory as one front (thousands of blocks each
+//    streaming a distant contiguous run read slower: bench/NOTES.md). The last block of a row to finish
+//    combines the row's partials. argreduce_cols: one row per thread, for rows that lie next to each other in memory
 //    (a reduction over the leading axis of a C-ordered array), walking its row index by index.
 // 2. Input traffic: every element read once, the int64 result written once. A span of a unit-stride row
 //    is read as 16-byte vectors, UNROLL in flight per thread, with element loads for the unaligned head
 //    and the tail; other strides read element by element (coalesced in the column kernel, where a warp's
 //    threads own adjacent rows).
 // 3. Accumulation: no arithmetic: per thread the best (key, index) pair, then shuffles, shared memory
-//    (common/reduce.cuh's block_tree_reduce, with the pair's shuffle below) and the spans'
+//    (common/reduce.cuh's block_tree_reduce, with the pair's shuffle below) and the blocks'
 //    partials. Any order gives the same result (above).
 // 4. Staging: registers; shared memory for the block combine (2 * BLOCK / 32 pairs) and one flag.
-// 5. Tuning: how many spans a row is cut into (cukern/argreduce.py `Knobs`: blocks per SM and the least
-//    span); neither can change a result.
+// 5. Tuning: how many blocks search a row (cukern/argreduce.py `Knobs`: blocks per SM and the least
+//    number of indices a block searches); neither can change a result.
 // 6. Profile: a handful of integer operations per element against sizeof(T) bytes: memory-bound; the
 //    target is the device-to-device copy bandwidth.
 #include "common/dtype.cuh"
@@ -190,7 +193,7 @@ template <typename K> __device__ __forceinline__ Best<K> block_best(const Best<K
 struct ArgParams {
   long long inner, s0, s1;
   long long n, stride;
-  long long span, spans;  // argreduce_span: indices per span, spans per row
+  long long span, spans, ways;  // argreduce_span: indices per span, spans per row, blocks per span
   long long rows;
   unsigned long long flip, nan_key;
   int check_nan;  // nanargmax / nanargmin of a float: flag a row whose best key is 0 (all NaN)
@@ -213,18 +216,23 @@ template <typename K> __device__ __forceinline__ void finish_row(long long* out,
   if (p.check_nan && b.key == splat<K>(0)) *all_nan = 1;
 }
 
-// One block searches indices [first, first + count) of a row starting at x. Each thread offers its own
-// elements: with a unit stride, the head up to a 16-byte boundary, then 16-byte vectors (UNROLL loads
-// issued before any is used), then the tail; else one element at a time, UNROLL loads at once.
+// Block `way` of `ways` searches its steps of indices [first, first + count) of a row starting at x (a
+// step: BLOCK x UNROLL vectors, or elements for other strides; step s is the block's when s % ways == way).
+// Each thread offers its own elements: with a unit stride, the head up to a 16-byte boundary and the tail
+// (block 0), and 16-byte vectors (UNROLL loads issued before any is used); else one element at a time,
+// UNROLL loads at once.
 template <int KIND, int BYTES>
 __device__ __forceinline__ Best<key_t<BYTES>> search_span(const typename Bits<BYTES>::type* x, long long first,
-                                                          unsigned count, const ArgParams& p) {
+                                                          unsigned count, unsigned way, unsigned ways,
+                                                          const ArgParams& p) {
   using U = typename Bits<BYTES>::type;
   using K = key_t<BYTES>;
   constexpr int VEC = 16 / BYTES;
   constexpr unsigned kStep = ARG_BLOCK * ARG_UNROLL;
   Best<K> b{splat<K>(0), NO_INDEX};
   const unsigned t = threadIdx.x;
+  const unsigned start = way * kStep + t;  // the thread's first vector (or element)
+  const unsigned stride = ways * kStep;
   if (p.stride == 1) {
     const U* s = x + first;
     const unsigned misaligned = static_cast<unsigned>(reinterpret_cast<unsigned long long>(s) % 16) / BYTES;
@@ -232,15 +240,15 @@ __device__ __forceinline__ Best<key_t<BYTES>> search_span(const typename Bits<BY
     head = head < count ? head : count;
     const unsigned vectors = (count - head) / VEC;
     const unsigned tail = count - head - vectors * VEC;
-    if (t < head) offer(b, key_at<KIND, BYTES>(s, t, p), first + t);
+    if (way == 0 && t < head) offer(b, key_at<KIND, BYTES>(s, t, p), first + t);
     const U* body = s + head;
     // The body's best as a key and a 32-bit position in the body: a thread visits its elements in
     // increasing order, so only a strictly larger key replaces the best (an equal one comes later and
     // loses). It starts as key 0 (no key is below it) at the thread's first element, which the first
     // comparison keeps if that element's key is 0. The 64-bit index is formed once, after the loop.
     K best_key = splat<K>(0);
-    unsigned best_at = t * VEC;
-    for (unsigned v0 = t; v0 < vectors; v0 += kStep) {
+    unsigned best_at = start * VEC;
+    for (unsigned v0 = start; v0 < vectors; v0 += stride) {
       Pack<U, VEC> pk[ARG_UNROLL];
 #pragma unroll
       for (int u = 0; u < ARG_UNROLL; ++u) {
@@ -260,13 +268,13 @@ __device__ __forceinline__ Best<key_t<BYTES>> search_span(const typename Bits<BY
         }
       }
     }
-    if (t < vectors) offer(b, best_key, first + head + static_cast<long long>(best_at));
-    if (t < tail) {
+    if (start < vectors) offer(b, best_key, first + head + static_cast<long long>(best_at));
+    if (way == 0 && t < tail) {
       const unsigned i = head + vectors * VEC + t;
       offer(b, key_at<KIND, BYTES>(s, i, p), first + i);
     }
   } else {
-    for (unsigned i0 = t; i0 < count; i0 += kStep) {
+    for (unsigned i0 = start; i0 < count; i0 += stride) {
       U v[ARG_UNROLL];
 #pragma unroll
       for (int u = 0; u < ARG_UNROLL; ++u) {
@@ -285,7 +293,7 @@ __device__ __forceinline__ Best<key_t<BYTES>> search_span(const typename Bits<BY
   return b;
 }
 
-// Rows cut into spans, a block a span (question 1). With one span a row the block writes the result;
+// Rows cut into spans, `ways` blocks a span (question 1). With one block a row the block writes the result;
 // otherwise it publishes its pair in partials[block], and the row's counter (counters[row], zero between
 // launches: the last block resets it) tells the last of the row's blocks to combine them. The barrier
 // before thread 0 writes `last` keeps that write after every thread's reads of the block combine's slots.
@@ -296,15 +304,17 @@ __global__ void __launch_bounds__(ARG_BLOCK)
   using K = key_t<BYTES>;
   __shared__ Best<K> scratch[2 * ARG_BLOCK / 32];
   __shared__ bool last;
-  const unsigned spans = static_cast<unsigned>(p.spans);
-  const unsigned row = blockIdx.x / spans;
-  const unsigned part = blockIdx.x - row * spans;
+  const unsigned ways = static_cast<unsigned>(p.ways);
+  const unsigned blocks = static_cast<unsigned>(p.spans) * ways;  // a row's
+  const unsigned row = blockIdx.x / blocks;
+  const unsigned rest = blockIdx.x - row * blocks;
+  const unsigned part = rest / ways;
   const long long first = static_cast<long long>(part) * p.span;
   const long long left = p.n - first;
   const unsigned count = static_cast<unsigned>(left < p.span ? left : p.span);
-  const Best<K> mine = search_span<KIND, BYTES>(x + row_start(row, p), first, count, p);
+  const Best<K> mine = search_span<KIND, BYTES>(x + row_start(row, p), first, count, rest - part * ways, ways, p);
   const Best<K> b = block_best(mine, scratch, 0);
-  if (spans == 1) {
+  if (blocks == 1) {
     if (threadIdx.x == 0) finish_row(out, all_nan, row, b, p);
     return;
   }
@@ -312,14 +322,14 @@ __global__ void __launch_bounds__(ARG_BLOCK)
   if (threadIdx.x == 0) {
     partials[blockIdx.x] = b;
     __threadfence();
-    last = atomicAdd(counters + row, 1u) == spans - 1;
+    last = atomicAdd(counters + row, 1u) == blocks - 1;
   }
   __syncthreads();
   if (!last) return;
   __threadfence();
   Best<K> folded{splat<K>(0), NO_INDEX};
-  for (unsigned s = threadIdx.x; s < spans; s += ARG_BLOCK) {
-    const Best<K> q{load_key_cg(&partials[row * spans + s].key), __ldcg(&partials[row * spans + s].index)};
+  for (unsigned s = threadIdx.x; s < blocks; s += ARG_BLOCK) {
+    const Best<K> q{load_key_cg(&partials[row * blocks + s].key), __ldcg(&partials[row * blocks + s].index)};
     folded = ArgBest::apply(folded, q);
   }
   const Best<K> w = block_best(folded, scratch, 1);

@@ -335,11 +335,21 @@ template <typename S> __device__ __forceinline__ S log_at_least_one(S s) {
   return add_rn(mul_rn(se, E::kLn2Hi), add_rn(mul_rn(se, E::kLn2Lo), mul_rn(add_rn(u, u), p)));
 }
 
-// logsumexp: (m, s), the running maximum and the sum of e^(x - m), one pass. The identity (-inf, 0) is
-// empty; an element x lifts to (x, 1). The merge is commutative bit for bit: operands in a fixed order (the
-// larger m first, then the larger s), then s_hi + s_lo e^(m_lo - m_hi), one exp_nonpositive; equal maxima
-// (two +inf or -inf included, which the formula would turn into NaN) just add, keeping +0 over -0. A NaN
-// operand gives a NaN m.
+// logsumexp's maximum, of a chain's elements and of two states. Only its value reaches the result, never the
+// sign of a zero maximum (x - m and the finish m + log(s) give the same bits for m = +0 and -0: log(s) >= +0)
+// nor a NaN's payload (the GPU's arithmetic gives one NaN pattern), so float takes common/reduce.cuh's
+// max_nan, one instruction where Max::apply's NumPy rules (+0 over -0, the NaN as a sum) take about seven.
+template <typename S> __device__ __forceinline__ S chain_max(S a, S b) { return Max::apply(a, b); }
+template <> __device__ __forceinline__ float chain_max(float a, float b) { return max_nan(a, b); }
+
+// logsumexp: (m, s), the running maximum and the sum of e^(x - m), one pass. The identity (lowest, 0) is
+// empty; every other state has s >= 1. The merge has no branch: hi is the operand of the larger m (or of a
+// NaN m), m = chain_max of the two, s = s_hi + s_lo e^(m_lo - m_hi), one exp_nonpositive. For finite maxima
+// that is the textbook merge, commutative in its value (equal maxima give e^0 = 1: s_a + s_b either way;
+// the identity adds s_lo 0 = 0); two infinities of one sign or a NaN m make the difference NaN or infinite,
+// which exp_nonpositive's clamp turns into e = 0, keeping s_hi (>= 1 but for an all -inf slice against the
+// identity, which is empty again). What the operands' order can change (a zero m's sign, the s of an infinite
+// or NaN m) never reaches the result: finish returns m itself for an infinite or NaN m with any s != 0.
 template <typename S> struct MaxSum {
   S m, s;
 };
@@ -354,13 +364,10 @@ struct LogSumExp {
     return A{Limits<S>::lowest(), S(0)};
   }
   template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
-    if (a.m != a.m || b.m != b.m) return A{add_rn(a.m, b.m), add_rn(a.s, b.s)};
-    const bool swap = b.m > a.m || (b.m == a.m && b.s > a.s);
+    const bool swap = b.m > a.m || b.m != b.m;
     const A hi = swap ? b : a;
     const A lo = swap ? a : b;
-    if (lo.s == 0) return hi;
-    if (lo.m == hi.m) return A{Max::apply(hi.m, lo.m), add_rn(hi.s, lo.s)};
-    return A{hi.m, add_rn(hi.s, mul_rn(lo.s, exp_nonpositive(sub_rn(lo.m, hi.m))))};
+    return A{chain_max(a.m, b.m), add_rn(hi.s, mul_rn(lo.s, exp_nonpositive(sub_rn(lo.m, hi.m))))};
   }
 };
 
@@ -449,12 +456,6 @@ template <typename I> __device__ __forceinline__ int chain_count(I left) {
   return left > (CHAIN_LENGTH - 1) * CHAINS ? CHAIN_LENGTH : static_cast<int>((left + CHAINS - 1) / CHAINS);
 }
 
-// logsumexp's chain maximum. Only its value reaches the result, never the sign of a zero maximum (x - m and
-// the finish m + log(s) give the same bits for m = +0 and -0: log(s) >= +0) nor a NaN's payload (the GPU's
-// arithmetic gives one NaN pattern), so float takes common/reduce.cuh's max_nan, one instruction where
-// Max::apply's NumPy rules (+0 over -0, the NaN as a sum) take about seven.
-template <typename S> __device__ __forceinline__ S chain_max(S a, S b) { return Max::apply(a, b); }
-template <> __device__ __forceinline__ float chain_max(float a, float b) { return max_nan(a, b); }
 
 // The state of one chain of var or logsumexp from its `count` present elements x[0 .. count) (m order) at
 // once, instead of lifting each element and merging it in with the full Chan or LogSumExp merge (a division,

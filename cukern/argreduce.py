@@ -59,8 +59,10 @@ from ._layout import collapse
 
 SOURCE = "argreduce"
 BLOCK = 256  # ARG_BLOCK in cuda_src/argreduce.cu
-MAX_SPAN = 1 << 30  # indices a block searches at most: the kernel counts within a span in 32 bits
-MAX_SPLIT_ROWS = 4096  # rows cut into several spans at most (one counter each in the workspace)
+UNROLL = 4  # ARG_UNROLL: a block's step is BLOCK x UNROLL vectors (or elements)
+MAX_SPAN = 1 << 30  # indices a span holds at most: the kernel counts within a span in 32 bits
+MAX_WAYS = 1 << 20  # blocks a span at most: a block's step through it stays a 32-bit count
+MAX_SPLIT_ROWS = 4096  # rows searched by several blocks at most (one counter each in the workspace)
 SPAN_ALIGN = 64  # spans start on multiples of this many indices, so a 16-byte vector never straddles two
 COLS_MIN_ROWS = 64  # fewer adjacent rows than this leave the column kernel's warps mostly idle
 COLS_MAX_LENGTH = 32  # rows this short take a thread each: a block a row would leave most threads idle
@@ -92,14 +94,14 @@ PAIR_BYTES = {np.dtype(np.complex128): 24}
 
 # The kernels' scalars, one struct (``ArgParams`` in cuda_src/argreduce.cu).
 PARAMS = Params((("inner", "i64"), ("s0", "i64"), ("s1", "i64"), ("n", "i64"), ("stride", "i64"), ("span", "i64"),
-                 ("spans", "i64"), ("rows", "i64"), ("flip", "u64"), ("nan_key", "u64"), ("check_nan", "i32")))
+                 ("spans", "i64"), ("ways", "i64"), ("rows", "i64"), ("flip", "u64"), ("nan_key", "u64"), ("check_nan", "i32")))
 
 
 @dataclass(frozen=True)
 class Knobs:
     """The tuning space; no knob can change a result (the search is a total order). ``blocks_per_sm``: the
     span kernel's target grid, in blocks per SM, when rows are too few to fill it one block a row;
-    ``min_span``: the least number of indices a span holds when a row is cut. The default grid is two full
+    ``min_span``: the least number of indices a block searches when a row takes several. The default grid is two full
     waves: the span kernel's registers leave room for 6 blocks of 256 an SM on sm_90, and the H200 sweep
     (bench/NOTES.md, "Arg-reductions") put 12 blocks an SM ahead of 6 and 4 at 2^28 float32 elements."""
 
@@ -155,7 +157,7 @@ class Plan:
     """One call's launch. ``kernel``: "span" or "cols" (None: nothing to launch, no rows); ``copy``: x is
     first copied to C-contiguous and planned as that; ``rows`` results, each over ``n`` indices at
     ``stride`` elements, row r at ``r // inner * s0 + r % inner * s1``; ``spans`` spans of ``span`` indices a
-    row (span kernel)."""
+    row, each searched by ``ways`` blocks interleaved (span kernel)."""
 
     kernel: str | None
     copy: bool
@@ -167,6 +169,7 @@ class Plan:
     stride: int = 1
     span: int = 0
     spans: int = 1
+    ways: int = 1
     grid: int = 1
     block: int = BLOCK
 
@@ -226,18 +229,19 @@ def plan(shape, dtype, axis=None, *, strides=None, ptr: int = 0, sm_count: int =
     if rows >= COLS_MIN_ROWS and ((abs(s1) == 1 and stride != 1) or n <= COLS_MAX_LENGTH):
         return Plan("cols", copy, rows, n, inner, s0, s1, stride, grid=_cdiv(rows, BLOCK))
     target = sm_count * knobs.blocks_per_sm
-    spans = 1
+    blocks = 1  # a row's
     if rows <= MAX_SPLIT_ROWS:
-        spans = max(1, min(_cdiv(target, rows), _cdiv(n, knobs.min_span)))
-    spans = max(spans, _cdiv(n, MAX_SPAN))
+        blocks = max(1, min(_cdiv(target, rows), _cdiv(n, knobs.min_span)))
+    spans = _cdiv(n, MAX_SPAN)
     span = _cdiv(_cdiv(n, spans), SPAN_ALIGN) * SPAN_ALIGN
     spans = _cdiv(n, span)
-    if rows * spans >= 2**31:
+    ways = min(_cdiv(blocks, spans), MAX_WAYS)
+    if rows * spans * ways >= 2**31:
         raise ValueError(f"{rows} rows of {n} elements need more than 2**31 - 1 blocks")
     if spans > 1 and rows > MAX_SPLIT_ROWS:
         raise ValueError(f"{rows} rows of {n} elements: rows past 2**30 elements are split, at most "
                          f"{MAX_SPLIT_ROWS} rows of them")
-    return Plan("span", copy, rows, n, inner, s0, s1, stride, span, spans, grid=rows * spans)
+    return Plan("span", copy, rows, n, inner, s0, s1, stride, span, spans, ways, grid=rows * spans * ways)
 
 
 def instantiations() -> list:
@@ -259,7 +263,7 @@ def bytes_moved(shape, dtype, axis=None, *, keepdims: bool = False) -> int:
 
 # ---------------------------------------------------------------------------------------------------------
 # Workspaces: per (device, stream), a counter per split row (zero between launches: the last block of a row
-# resets it), the spans' partials (PAIR_BYTES each: 16, or 24 for complex128; grown as needed) and the all-NaN flag in pinned mapped
+# resets it), the blocks' partials (PAIR_BYTES each: 16, or 24 for complex128; grown as needed) and the all-NaN flag in pinned mapped
 # host memory (the host reads it after waiting for the stream; the call that finds it set clears it).
 
 
@@ -356,10 +360,10 @@ def _prepare(op: str, x, axis, keepdims, knobs: Knobs | None, sm: int | None) ->
     # value in both words of a complex128 key).
     ones = (1 << (32 if x.itemsize < 8 else 64)) - 1
     params = struct_argument(PARAMS.struct(
-        inner=pl.inner, s0=pl.s0, s1=pl.s1, n=pl.n, stride=pl.stride, span=pl.span, spans=pl.spans, rows=pl.rows,
-        flip=ones if flip else 0, nan_key=0 if nan_loses else ones, check_nan=int(check_nan)))
+        inner=pl.inner, s0=pl.s0, s1=pl.s1, n=pl.n, stride=pl.stride, span=pl.span, spans=pl.spans,
+        ways=pl.ways, rows=pl.rows, flip=ones if flip else 0, nan_key=0 if nan_loses else ones, check_nan=int(check_nan)))
     with on_device(device):
-        ws = workspace((pl.grid if pl.spans > 1 else 0) * PAIR_BYTES.get(x.dtype, 16) // 8)
+        ws = workspace((pl.grid if pl.spans * pl.ways > 1 else 0) * PAIR_BYTES.get(x.dtype, 16) // 8)
         kernel = get_kernel(pl.instantiation(x.dtype))
     return _Call(kernel, pl.kernel == "span", pl.config, params, pl.copy, shape, check_nan, ws)
 

@@ -602,7 +602,14 @@ def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, co
                 xl = cp.bitwise_xor(x, _SIGN).view(rt.via)
             else:
                 xl = x
-            if rt.op == "count_nonzero" and name != "count_nonzero":
+            if count == 1 and rt.how in ("direct", "cast", "view") and rt.op == name and not rt.mean_int:
+                # Every reduced axis has size 1: each result is its element, converted once into the result
+                # dtype, as where the kernels answer (through their dtype it would round twice: float64 ->
+                # float32 -> float16).
+                r = cp.empty(result_shape(x.shape, axes, keepdims), final)
+                src = xl if xl.data.ptr % xl.itemsize == 0 else xl.copy()
+                _elementwise(OPS[name], _drop(src, axes), _drop(r, axes) if keepdims else r, float(max(1 - ddof, 0)))
+            elif rt.op == "count_nonzero" and name != "count_nonzero":
                 c = _reduce("count_nonzero", xl, inner_axes, None, keepdims, None, knobs, sm, korder=False)
                 r = cp.equal(c, count) if name == "prod" else cp.greater(c, 0)
                 if name == "mean" and count == 0:

@@ -121,8 +121,11 @@ class Knobs:
 
 DEFAULT_KNOBS = Knobs()
 # var and std's own point (any point gives the same bits): rows of at most 128 threads, so that their rows
-# kernels come in two blocks, not three (the instantiation table stays small).
-VAR_KNOBS = Knobs(row_max_tpr=128)
+# kernels come in two blocks, not three (the instantiation table stays small); a full grid of 8 blocks an SM
+# and rows capped at 16 waves (blocks walking about two long rows), measured on the H200 (bench/NOTES.md,
+# "var: the grid"): fp32 2^28 101.1% -> 102.1% of the copy, rows [32768, 16384] 98.7% -> 102.2%,
+# [131072, 1024] 88.0% -> 95.0%, [32768, 4096] 73.3% -> 79.6%.
+VAR_KNOBS = Knobs(full_blocks_per_sm=8, row_max_tpr=128, row_waves=16)
 # prod and logsumexp's point: rows of at most 32 threads (one rows block size), and no column kernel (their
 # column layouts take the strided kernel): four kernels a dtype, the fewest that cover every layout.
 COMPACT_KNOBS = Knobs(row_max_tpr=32)

@@ -1241,21 +1241,15 @@ def _log_at_least_one(s):
 
 
 def _lse_merge(a, b):
-    """reduce.cu's LogSumExp merge of (m, s) arrays, step for step."""
+    """reduce.cu's LogSumExp merge of (m, s) arrays, step for step: hi the operand of the larger m (or of a NaN
+    m), m the NaN-propagating maximum, s = s_hi + s_lo e^(m_lo - m_hi) (a NaN or -inf difference gives 0)."""
     am, as_ = a
     bm, bs = b
     with np.errstate(all="ignore"):
-        nan = np.isnan(am) | np.isnan(bm)
-        swap = (bm > am) | ((bm == am) & (bs > as_))
+        swap = (bm > am) | np.isnan(bm)
         hm, hs = np.where(swap, bm, am), np.where(swap, bs, as_)
         lm, ls = np.where(swap, am, bm), np.where(swap, as_, bs)
-        same = lm == hm
-        m_same = np.where(hm > lm, hm, np.where(lm > hm, lm, np.where(np.signbit(hm), lm, hm)))
-        d = np.where(same | (ls == 0), np.zeros_like(lm), lm - hm)
-        merged = hs + ls * _exp_nonpositive(d)
-        m = np.where(ls == 0, hm, np.where(same, m_same, hm))
-        s = np.where(ls == 0, hs, np.where(same, hs + ls, merged))
-        return np.where(nan, am + bm, m), np.where(nan, as_ + bs, s)
+        return _tree_max(am, bm), hs + ls * _exp_nonpositive(lm - hm)
 
 
 def _lse_tree(w):

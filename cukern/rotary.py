@@ -167,7 +167,15 @@ def rotation_instantiation(dtype, cache_dtype, vec: int, is_neox: bool, items: i
                                                       items, MAX_BLOCK, min_blocks))
 
 
-def positions_instantiation(dtype, vec: int, is_neox: bool, items: int = DEFAULT_KNOBS.items) -> Instantiation:
+# rotary_embedding_positions' heads a thread loads at once: one where the launch fits in one wave of resident
+# threads (decode: the fewest registers and instructions), four past it (prefill: more loads in flight while
+# the block computes its cos and sin table). Measured on the H200 against the cached kernel's default of two
+# (bench/NOTES.md, "rotary_embedding_positions: one head or four a thread"): one token, 32 + 8 heads of 128,
+# bf16 5.38 -> 5.25 us (the cached kernel 5.31); [16384, 32 + 8, 128] 85.2% -> 89.2% of the copy.
+POSITIONS_ITEMS = (1, 4)
+
+
+def positions_instantiation(dtype, vec: int, is_neox: bool, items: int = POSITIONS_ITEMS[-1]) -> Instantiation:
     return Instantiation(SOURCE, "rotary_embedding_positions", (np.dtype(dtype), vec, bool(is_neox), items, MAX_BLOCK))
 
 
@@ -254,7 +262,8 @@ def instantiations(knobs: Knobs = DEFAULT_KNOBS):
                 for neox in (True, False):
                     for tokens in (1, 1 << 20):
                         out.add(plan(tokens, 32, 8, 2 * 16 * vec, vec, neox, knobs=knobs).instantiation(t, c))
-                    out.add(positions_instantiation(t, vec, neox, knobs.items))
+                    for items in POSITIONS_ITEMS:
+                        out.add(positions_instantiation(t, vec, neox, items))
                     out.add(mrope_instantiation(t, _F32, vec, neox, knobs.items))
     for p in POSITION_TYPES:
         out.add(check_instantiation(p))
@@ -723,9 +732,13 @@ def positions_bytes_moved(tokens: int, num_heads: int, num_kv_heads: int, rotary
 
 def positions_plan(tokens: int, num_heads: int, num_kv_heads: int, rotary_dim: int, vec: int, is_neox: bool = True,
                    sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> tuple:
-    """``(plan, shared_bytes)`` for :func:`rotary_embedding_positions`: :func:`plan`'s launch, plus the block's
-    table of ``tokens_per_block`` rows of ``rotary_dim`` float32 cos and sin."""
-    p = plan(tokens, num_heads, num_kv_heads, rotary_dim, vec, is_neox, sm_count, knobs)
+    """``(plan, shared_bytes)`` for :func:`rotary_embedding_positions`: :func:`plan`'s launch with
+    :data:`POSITIONS_ITEMS` heads a thread (``knobs.items`` is replaced by them), plus the block's table of
+    ``tokens_per_block`` rows of ``rotary_dim`` float32 cos and sin."""
+    p = plan(tokens, num_heads, num_kv_heads, rotary_dim, vec, is_neox, sm_count,
+             dataclasses.replace(knobs, items=POSITIONS_ITEMS[-1]))
+    if p.heads_per_thread == 1:
+        p = dataclasses.replace(p, items=POSITIONS_ITEMS[0])
     return p, p.tokens_per_block * rotary_dim * 4
 
 

@@ -19,6 +19,7 @@ from _support import (
 
 from cukern import argreduce as A
 from cukern import reference as R
+from cukern._compile import read_source
 from cukern._dtypes import BFLOAT16, dtype_name
 
 OPS = tuple(A.OPS)
@@ -111,8 +112,10 @@ def test_spans_cover_the_row(n, sm):
         assert p.kernel == "span" and p.rows == 1 and p.n == n and not p.copy
         assert p.span % A.SPAN_ALIGN == 0 and p.span <= A.MAX_SPAN
         assert (p.spans - 1) * p.span < n <= p.spans * p.span
-        assert p.grid == p.spans
-        assert p.spans <= max(sm * knobs.blocks_per_sm, math.ceil(n / A.MAX_SPAN))
+        assert p.spans == math.ceil(n / A.MAX_SPAN) and 1 <= p.ways <= A.MAX_WAYS
+        assert p.grid == p.spans * p.ways
+        assert p.grid < max(sm * knobs.blocks_per_sm, 1) + p.spans
+        assert p.grid == 1 or p.grid <= math.ceil(n / knobs.min_span) + p.spans
 
 
 def test_rows_and_columns():
@@ -123,7 +126,7 @@ def test_rows_and_columns():
     assert (cols.kernel, cols.rows, cols.n, cols.stride, cols.s1) == ("cols", 4096, 1000, 4096, 1)
     assert cols.grid == 4096 // A.BLOCK
     few = A.plan((1 << 20, 3), F32, 0)  # three adjacent rows: too few for the column kernel
-    assert few.kernel == "span" and few.spans > 1 and few.stride == 3
+    assert few.kernel == "span" and few.ways > 1 and few.stride == 3
     short = A.plan((100000, 5), F32, 1)
     assert short.kernel == "cols" and short.stride == 1 and short.s1 == 5
     mid = A.plan((6, 7, 8), F32, 1)
@@ -140,6 +143,37 @@ def test_layouts_that_are_copied():
     assert not A.plan((3, 4, 5, 6), F32, 3, strides=(1000, 200, 40, 1)).copy
     # an address not aligned to the item size
     assert A.plan((64,), F32, None, ptr=2).copy
+
+
+def _searched(count: int, misaligned: int, vec: int, way: int, ways: int) -> list:
+    """The indices of a span that block ``way`` of ``ways`` offers, as search_span walks them: head and tail
+    (block 0 only), then its vectors, for a unit stride and a span start ``misaligned`` elements past a
+    16-byte boundary."""
+    head = min(vec - misaligned if misaligned else 0, count)
+    vectors = (count - head) // vec
+    step = A.BLOCK * A.UNROLL
+    got = list(range(head)) if way == 0 else []
+    for v0 in range(way * step, vectors, ways * step):
+        for v in range(v0, min(v0 + step, vectors)):
+            got.extend(range(head + v * vec, head + (v + 1) * vec))
+    if way == 0:
+        got.extend(range(head + vectors * vec, count))
+    return got
+
+
+@pytest.mark.parametrize("count", [1, 7, 4096, 4096 * 3 + 5, 100003])
+@pytest.mark.parametrize("vec", [2, 4, 16])
+def test_interleaved_blocks_search_every_index_once(count, vec):
+    for misaligned in (0, 1, vec - 1):
+        for ways in (1, 2, 3, 7):
+            seen = sorted(i for w in range(ways) for i in _searched(count, misaligned, vec, w, ways))
+            assert seen == list(range(count)), (misaligned, ways)
+
+
+def test_block_step_matches_the_kernel():
+    src = read_source(A.SOURCE)
+    assert f"constexpr int ARG_BLOCK = {A.BLOCK};" in src
+    assert f"constexpr int ARG_UNROLL = {A.UNROLL};" in src
 
 
 def test_nothing_to_launch_without_rows():

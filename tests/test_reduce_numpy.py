@@ -259,6 +259,32 @@ def test_dtype_targets_against_numpy(rng):
 
 
 @pytest.mark.gpu
+def test_size_one_axes_convert_once_into_the_target():
+    """Each result of a reduction over size-1 axes is its one element converted once into the ``dtype=``
+    target (NumPy's bits and the emulator's), never through the kernels' float32 first: 1 + 2^-11 + 2^-40
+    is 1.001 as float16, where through float32 (1 + 2^-11, a tie) it would round to 1."""
+    import cupy as cp
+
+    import cukern
+    from cukern import reference as R
+    from cukern._dtypes import BFLOAT16
+
+    v = np.array([1 + 2**-11 + 2**-40, -(1 + 2**-8 + 2**-40), 3.0, np.nan], np.float64)
+    h = np.stack([v, v[::-1]])[:, :, None]  # (2, 4, 1)
+    d = cp.asarray(h)
+    for name in ("sum", "mean", "nansum", "sum_of_squares", "norm"):
+        for r in (np.float16, BFLOAT16):
+            for axis, keepdims in ((2, False), ((2,), True), (-1, True)):
+                got = getattr(cukern, name)(d, axis=axis, dtype=r, keepdims=keepdims).get()
+                want = getattr(R, f"{name}_emulated")(h, axis=axis, dtype=r, keepdims=keepdims)
+                assert got.dtype == want.dtype and got.shape == want.shape, (name, r, axis)
+                np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64), err_msg=f"{name} {axis}")
+            if name in ("sum", "mean") and r == np.float16:
+                np.testing.assert_array_equal(getattr(cukern, name)(d, axis=2, dtype=r).get(),
+                                              getattr(np, name)(h, axis=2, dtype=r))
+
+
+@pytest.mark.gpu
 def test_var_and_std_take_float_targets_as_numpy(rng):
     """var / std with a float ``dtype=`` convert x to it first, as NumPy computes in it: the same bits as the
     op on the converted x, and NumPy's dtype and values."""

@@ -473,7 +473,7 @@ def test_vector_width():
 def test_instantiations_generated_and_modest():
     insts = rotary.instantiations()
     names = {i.expression for i in insts}
-    assert len(names) == len(insts) <= 48
+    assert len(names) == len(insts) <= 60
     for t in FLOAT_TYPES:
         for c in {t, F32}:
             for vec in {16 // t.itemsize, 1}:
@@ -484,7 +484,8 @@ def test_instantiations_generated_and_modest():
     for t in FLOAT_TYPES:
         for vec in {16 // t.itemsize, 1}:
             for neox in (True, False):
-                assert rotary.positions_instantiation(t, vec, neox).expression in names
+                for items in rotary.POSITIONS_ITEMS:
+                    assert rotary.positions_instantiation(t, vec, neox, items).expression in names
                 assert rotary.mrope_instantiation(t, F32, vec, neox).expression in names
 
 
@@ -499,8 +500,10 @@ def test_every_instantiation_compiles_without_spills_or_local_memory(arch):
         r = res[lowered]
         assert_no_spills(r, arch, inst.expression)
         # the launch bound caps the rotation at 64 registers (half the SM's threads resident), spill-free; the
-        # cache-free rotation holds its first loads across its float64 cos and sin, mrope its gathered cos/sin
-        assert r["registers"] <= (64 if inst.name == "rotary_embedding" else 96), (inst.expression, r)
+        # cache-free rotation holds its first loads (four heads' for prefill) across its float64 cos and sin,
+        # mrope its gathered cos/sin
+        bound = {"rotary_embedding": 64, "rotary_embedding_positions": 112}.get(inst.name, 96)
+        assert r["registers"] <= bound, (inst.expression, r)
         assert ".local" not in prog.kernel_ptx(inst), inst.expression
 
 
@@ -1060,6 +1063,18 @@ def test_positions_plan_table_fits_shared_memory():
         for tokens in (1, 7, 16384):
             p, shared = rotary.positions_plan(tokens, 32, 8, rot, vec)
             assert shared == p.tokens_per_block * rot * 4 <= 48 * 1024
+
+
+def test_positions_plan_loads_one_head_a_thread_when_one_wave_holds_the_launch():
+    for tokens, nh, nkv in ((1, 32, 8), (64, 32, 8), (1, 1, 0), (16384, 32, 8), (4096, 8, 1), (1 << 20, 64, 0)):
+        p, _ = rotary.positions_plan(tokens, nh, nkv, 128, 8)
+        assert p.items in rotary.POSITIONS_ITEMS
+        assert (p.items == 1) == (p.heads_per_thread == 1), (tokens, nh, nkv, p)
+        assert p.heads_per_thread <= p.items
+        inst = rotary.positions_instantiation(np.float32, 4, True, p.items)
+        assert inst in rotary.instantiations()
+    assert rotary.positions_plan(1, 32, 8, 128, 8)[0].items == 1
+    assert rotary.positions_plan(16384, 32, 8, 128, 8)[0].items == 4
 
 
 def _positions_case(rng, *, tokens, nh, nkv, hs, rot, dtype, is_neox, kind="contiguous", pos=None, base=10000.0,

@@ -71,7 +71,8 @@ def _describe(name: str):
         pl = argreduce.plan(shape, dt, axis, sm_count=device.sm_count, knobs=knobs)
         launches = []
         if pl.kernel is not None:
-            role = {"span": f"{pl.spans} span(s) a row, the last block of a row combines them",
+            role = {"span": (f"{pl.spans} span(s) a row, {pl.ways} block(s) a span interleaved; the last block "
+                             "of a row combines them"),
                     "cols": "one row per thread"}[pl.kernel]
             launches.append(card.Launch(pl.instantiation(dt), pl.grid, pl.block, role))
         size = dt.itemsize
@@ -79,8 +80,10 @@ def _describe(name: str):
             thread = f"one row of {pl.n:,} elements, {pl.stride} elements apart"
             block = f"{pl.block} adjacent rows"
         else:
-            thread = f"about {-(-pl.span // pl.block):,} elements of a span, 16-byte vectors where the stride is 1"
-            block = f"a span of {pl.span:,} indices of one row"
+            thread = (f"about {-(-pl.span // (pl.block * pl.ways)):,} elements of a span, 16-byte vectors where "
+                      "the stride is 1")
+            block = (f"every {pl.ways}th step of {argreduce.BLOCK * argreduce.UNROLL} vectors (or elements) of a span "
+                     f"of {pl.span:,} indices of one row" if pl.ways > 1 else f"a span of {pl.span:,} indices of one row")
         tile = {"kernel": pl.kernel, "grid": pl.grid, "block": pl.block, "rows": pl.rows,
                 "elements_per_row": pl.n, "one_block_computes": block, "one_thread_computes": thread}
         nbytes = argreduce.bytes_moved(shape, dt, axis)
@@ -88,13 +91,13 @@ def _describe(name: str):
         if pl.kernel == "cols":
             width, coalesced = f"{size} B", "yes: a warp's threads read adjacent rows at the same index"
         elif pl.stride == 1:
-            width, coalesced = "16 B (element loads for the unaligned head and the tail)", "yes: contiguous spans"
+            width, coalesced = "16 B (element loads for the unaligned head and the tail)", "yes: contiguous steps"
         else:
             width, coalesced = f"{size} B", "no: the reduced axis is strided"
         re_read = ["nothing: every element is read once"]
-        if pl.spans > 1:
+        if pl.spans * pl.ways > 1:
             pair = argreduce.PAIR_BYTES.get(dt, 16)
-            re_read = [f"the spans' partials ({pl.grid * pair:,} B) from L2, by the last block of each row"]
+            re_read = [f"the blocks' partials ({pl.grid * pair:,} B) from L2, by the last block of each row"]
         traffic = {"bytes_read": nbytes - written, "bytes_written": written,
                    "counted_by": "cukern.argreduce.bytes_moved(shape, dtype, axis)", "access_bytes": width,
                    "coalesced": coalesced, "re_read": re_read}
@@ -104,7 +107,7 @@ def _describe(name: str):
             "order": ("any: the best (key, index) pair under a total order (largest key, then least index) is "
                       "the same whichever pairs meet first (cukern.reference.arg_keys)"),
             "combine": "per thread, shuffles, shared memory across warps" + (
-                ", then the last block of a row over its spans" if pl.spans > 1 else ""),
+                ", then the last block of a row over its blocks' partials" if pl.spans * pl.ways > 1 else ""),
             "passes": 1}
         notes = []
         if pl.copy:
