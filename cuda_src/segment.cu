@@ -85,20 +85,23 @@ struct SegSum {
   template <typename A> __device__ __forceinline__ static A apply(A a, A b) { return seg_add(a, b); }
 };
 // NumPy's max and min: a NaN operand gives a NaN (their sum), and of two equal values max keeps +0 over -0,
-// min -0 over +0, so that both are commutative bit for bit as the shuffle trees need. Selects of predicates
-// joined by | and &, no branch (reduce.cu's Max and Min: early returns became a divergent branch a value).
+// min -0 over +0, so that both are commutative bit for bit as the shuffle trees need.
 struct SegMax {
   template <typename A> __device__ __forceinline__ static A identity() { return -seg_infinity<A>(); }
   template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
-    const A m = (a > b) | ((a == b) & !seg_negative_zero(a)) ? a : b;
-    return (a != a) | (b != b) ? seg_add(a, b) : m;
+    if (a != a || b != b) return seg_add(a, b);
+    if (a > b) return a;
+    if (b > a) return b;
+    return seg_negative_zero(a) ? b : a;
   }
 };
 struct SegMin {
   template <typename A> __device__ __forceinline__ static A identity() { return seg_infinity<A>(); }
   template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
-    const A m = (a < b) | ((a == b) & seg_negative_zero(a)) ? a : b;
-    return (a != a) | (b != b) ? seg_add(a, b) : m;
+    if (a != a || b != b) return seg_add(a, b);
+    if (a < b) return a;
+    if (b < a) return b;
+    return seg_negative_zero(a) ? a : b;
   }
 };
 template <int OP> struct SegCombine { using type = SegSum; };
