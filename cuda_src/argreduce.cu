@@ -101,7 +101,8 @@ template <typename P> __device__ __forceinline__ P part_order(P b) {
 // the minima (flipping every bit reverses the lexicographic order too). No number's key is 0 or all ones
 // (the real part's word never is), so the all-NaN test below holds for complex rows as well.
 template <int BYTES>
-__device__ __forceinline__ key_t<BYTES> complex_key(typename Bits<BYTES>::type b, key_t<BYTES> flip, key_t<BYTES> nan_key) {
+__device__ __forceinline__ key_t<BYTES> complex_key(typename Bits<BYTES>::type b, key_t<BYTES> flip,
+                                                    key_t<BYTES> nan_key) {
   if constexpr (BYTES == 8) {
     const unsigned re = static_cast<unsigned>(b), im = static_cast<unsigned>(b >> 32);
     if (part_is_nan(re) || part_is_nan(im)) return nan_key;
@@ -114,7 +115,10 @@ __device__ __forceinline__ key_t<BYTES> complex_key(typename Bits<BYTES>::type b
 
 // The bits of a positive infinity: a float's magnitude above it is a NaN.
 template <int KIND, int BYTES> __device__ __forceinline__ constexpr unsigned long long infinity_bits() {
-  return KIND == KIND_HALF ? 0x7c00ull : KIND == KIND_BFLOAT ? 0x7f80ull : BYTES == 4 ? 0x7f800000ull : 0x7ff0000000000000ull;
+  return KIND == KIND_HALF     ? 0x7c00ull
+         : KIND == KIND_BFLOAT ? 0x7f80ull
+         : BYTES == 4          ? 0x7f800000ull
+                               : 0x7ff0000000000000ull;
 }
 
 // The key of an element's bits b. Floats: a number's key grows with its value (a positive number sets the
@@ -124,7 +128,8 @@ template <int KIND, int BYTES> __device__ __forceinline__ constexpr unsigned lon
 // number). No number's key is 0 or all ones, so a row's best key is 0 exactly when the row is all NaN.
 // Integers: the sign bit inverted (signed) or the bits as they are, then `flip`. Complex: complex_key.
 template <int KIND, int BYTES>
-__device__ __forceinline__ key_t<BYTES> element_key(typename Bits<BYTES>::type b, key_t<BYTES> flip, key_t<BYTES> nan_key) {
+__device__ __forceinline__ key_t<BYTES> element_key(typename Bits<BYTES>::type b, key_t<BYTES> flip,
+                                                    key_t<BYTES> nan_key) {
   if constexpr (KIND == KIND_COMPLEX) {
     return complex_key<BYTES>(b, flip, nan_key);
   } else {
@@ -164,13 +169,17 @@ template <typename K> __device__ __forceinline__ void offer(Best<K>& b, K key, l
 // The pair order as a combine for common/reduce.cuh: commutative bit for bit, since two distinct pairs
 // never tie.
 struct ArgBest {
-  template <typename B> __device__ __forceinline__ static B identity() { return B{splat<decltype(B::key)>(0), NO_INDEX}; }
+  template <typename B> __device__ __forceinline__ static B identity() {
+    return B{splat<decltype(B::key)>(0), NO_INDEX};
+  }
   template <typename B> __device__ __forceinline__ static B apply(B a, B b) { return beats(b.key, b.index, a) ? b : a; }
 };
 
 // common/reduce.cuh's shuffle for a pair, field by field (its trees find this overload by argument-dependent
 // lookup, so block_tree_reduce takes pairs as they are); a Key128 word by word.
-template <typename K> __device__ __forceinline__ K shuffle_key(K k, int m) { return __shfl_xor_sync(0xffffffffu, k, m); }
+template <typename K> __device__ __forceinline__ K shuffle_key(K k, int m) {
+  return __shfl_xor_sync(0xffffffffu, k, m);
+}
 __device__ __forceinline__ Key128 shuffle_key(Key128 k, int m) {
   return {__shfl_xor_sync(0xffffffffu, k.hi, m), __shfl_xor_sync(0xffffffffu, k.lo, m)};
 }
@@ -222,9 +231,9 @@ template <typename K> __device__ __forceinline__ void finish_row(long long* out,
 // (block 0), and 16-byte vectors (UNROLL loads issued before any is used); else one element at a time,
 // UNROLL loads at once.
 template <int KIND, int BYTES>
-__device__ __forceinline__ Best<key_t<BYTES>> search_span(const typename Bits<BYTES>::type* x, long long first,
-                                                          unsigned count, unsigned way, unsigned ways,
-                                                          const ArgParams& p) {
+__device__ __forceinline__ Best<key_t<BYTES>> search_steps(const typename Bits<BYTES>::type* x, long long first,
+                                                           unsigned count, unsigned way, unsigned ways,
+                                                           const ArgParams& p) {
   using U = typename Bits<BYTES>::type;
   using K = key_t<BYTES>;
   constexpr int VEC = 16 / BYTES;
@@ -312,7 +321,7 @@ __global__ void __launch_bounds__(ARG_BLOCK)
   const long long first = static_cast<long long>(part) * p.span;
   const long long left = p.n - first;
   const unsigned count = static_cast<unsigned>(left < p.span ? left : p.span);
-  const Best<K> mine = search_span<KIND, BYTES>(x + row_start(row, p), first, count, rest - part * ways, ways, p);
+  const Best<K> mine = search_steps<KIND, BYTES>(x + row_start(row, p), first, count, rest - part * ways, ways, p);
   const Best<K> b = block_best(mine, scratch, 0);
   if (blocks == 1) {
     if (threadIdx.x == 0) finish_row(out, all_nan, row, b, p);
@@ -343,7 +352,8 @@ __global__ void __launch_bounds__(ARG_BLOCK)
 // index fall in a few sectors. Indices in increasing order, UNROLL loads issued before any is used.
 template <int KIND, int BYTES>
 __global__ void __launch_bounds__(ARG_BLOCK)
-    argreduce_cols(long long* out, int* all_nan, const typename Bits<BYTES>::type* x, const __grid_constant__ ArgParams p) {
+    argreduce_cols(long long* out, int* all_nan, const typename Bits<BYTES>::type* x,
+                   const __grid_constant__ ArgParams p) {
   using U = typename Bits<BYTES>::type;
   using K = key_t<BYTES>;
   const long long r = static_cast<long long>(blockIdx.x) * ARG_BLOCK + threadIdx.x;

@@ -54,7 +54,8 @@ def overlaps(a, b) -> bool:
 def check_no_overlap(a, a_name: str, b, b_name: str, *, identical_ok: bool) -> None:
     if overlaps(a, b) and not (identical_ok and same_view(a, b)):
         how = "partially overlaps" if identical_ok else "overlaps"
-        raise ValueError(f"{a_name} {how} {b_name}; pass a separate array" + (" or the same one" if identical_ok else ""))
+        also = " or the same one" if identical_ok else ""
+        raise ValueError(f"{a_name} {how} {b_name}; pass a separate array{also}")
 
 
 def check_out(out, shape, dtype, x):

@@ -93,17 +93,18 @@ SEARCHES = {**OPS, "nanmax": (False, True), "nanmin": (True, True)}
 PAIR_BYTES = {np.dtype(np.complex128): 24}
 
 # The kernels' scalars, one struct (``ArgParams`` in cuda_src/argreduce.cu).
-PARAMS = Params((("inner", "i64"), ("s0", "i64"), ("s1", "i64"), ("n", "i64"), ("stride", "i64"), ("span", "i64"),
-                 ("spans", "i64"), ("ways", "i64"), ("rows", "i64"), ("flip", "u64"), ("nan_key", "u64"), ("check_nan", "i32")))
+PARAMS = Params((("inner", "i64"), ("s0", "i64"), ("s1", "i64"), ("n", "i64"), ("stride", "i64"),
+                 ("span", "i64"), ("spans", "i64"), ("ways", "i64"), ("rows", "i64"), ("flip", "u64"),
+                 ("nan_key", "u64"), ("check_nan", "i32")))
 
 
 @dataclass(frozen=True)
 class Knobs:
     """The tuning space; no knob can change a result (the search is a total order). ``blocks_per_sm``: the
     span kernel's target grid, in blocks per SM, when rows are too few to fill it one block a row;
-    ``min_span``: the least number of indices a block searches when a row takes several. The default grid is two full
-    waves: the span kernel's registers leave room for 6 blocks of 256 an SM on sm_90, and the H200 sweep
-    (bench/NOTES.md, "Arg-reductions") put 12 blocks an SM ahead of 6 and 4 at 2^28 float32 elements."""
+    ``min_span``: the least number of indices a block searches when a row takes several. The default grid is
+    two full waves: the span kernel's registers leave room for 6 blocks of 256 an SM on sm_90, and the H200
+    sweep (bench/NOTES.md, "Arg-reductions") put 12 blocks an SM ahead of 6 and 4 at 2^28 float32 elements."""
 
     blocks_per_sm: int = 12
     min_span: int = 8192
@@ -263,8 +264,9 @@ def bytes_moved(shape, dtype, axis=None, *, keepdims: bool = False) -> int:
 
 # ---------------------------------------------------------------------------------------------------------
 # Workspaces: per (device, stream), a counter per split row (zero between launches: the last block of a row
-# resets it), the blocks' partials (PAIR_BYTES each: 16, or 24 for complex128; grown as needed) and the all-NaN flag in pinned mapped
-# host memory (the host reads it after waiting for the stream; the call that finds it set clears it).
+# resets it), the blocks' partials (PAIR_BYTES each: 16, or 24 for complex128; grown as needed) and the
+# all-NaN flag in pinned mapped host memory (the host reads it after waiting for the stream; the call that
+# finds it set clears it).
 
 
 @dataclass
@@ -361,7 +363,8 @@ def _prepare(op: str, x, axis, keepdims, knobs: Knobs | None, sm: int | None) ->
     ones = (1 << (32 if x.itemsize < 8 else 64)) - 1
     params = struct_argument(PARAMS.struct(
         inner=pl.inner, s0=pl.s0, s1=pl.s1, n=pl.n, stride=pl.stride, span=pl.span, spans=pl.spans,
-        ways=pl.ways, rows=pl.rows, flip=ones if flip else 0, nan_key=0 if nan_loses else ones, check_nan=int(check_nan)))
+        ways=pl.ways, rows=pl.rows, flip=ones if flip else 0, nan_key=0 if nan_loses else ones,
+        check_nan=int(check_nan)))
     with on_device(device):
         ws = workspace((pl.grid if pl.spans * pl.ways > 1 else 0) * PAIR_BYTES.get(x.dtype, 16) // 8)
         kernel = get_kernel(pl.instantiation(x.dtype))

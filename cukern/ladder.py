@@ -209,7 +209,8 @@ def run_ladder(n: int = 1 << 28, dtype="float32", *, repeat: int = 20, warmup: i
         err = abs(value - ref)
         return {
             "rung": label, "name": name, "change": change, "us": timing_.median_us, "gbps": timing_.gbps,
-            "pct_peak": 100.0 * timing_.gbps / peak, "pct_cub": None if cub is None else 100.0 * cub.median_us / timing_.median_us,
+            "pct_peak": 100.0 * timing_.gbps / peak,
+            "pct_cub": None if cub is None else 100.0 * cub.median_us / timing_.median_us,
             "speedup": None if previous is None else previous / timing_.median_us,
             "value": value, "rel_error": err / abs(ref), "ok": err <= tol,
         }

@@ -384,13 +384,17 @@ def _drop(a, axes):
     return a[tuple(0 if i in axes else slice(None) for i in range(a.ndim))]
 
 
-def _elementwise(op: Op, x, dst, divisor: float) -> None:
-    """Every reduced axis has size 1: each output is its one element of ``x`` (both in the kept shape),
-    written into ``dst`` in place, with no temporary: converted to the result dtype, then squared there
-    (sum_of_squares: for one element the same bits as the kernels' square in the accumulator, rounded once)
-    or made absolute (norm); var and std: 0 for a finite element (|x * 0|), NaN otherwise, over ``divisor``
-    (0 / 0 is NaN)."""
+def _elementwise(op: Op, x, axes, dst, keepdims: bool, divisor: float) -> None:
+    """Every reduced axis (``axes``) has size 1: each output is its one element of ``x``, written into
+    ``dst`` (the kept shape, with the size-1 axes where ``keepdims``) in place, with no temporary but a copy
+    of an ``x`` whose address is not a multiple of its item size: converted to the result dtype, then squared
+    there (sum_of_squares: for one element the same bits as the kernels' square in the accumulator, rounded
+    once) or made absolute (norm); var and std: 0 for a finite element (|x * 0|), NaN otherwise, over
+    ``divisor`` (0 / 0 is NaN)."""
     cp = _cupy()
+    if x.data.ptr % x.itemsize:
+        x = x.copy()
+    x, dst = _drop(x, axes), _drop(dst, axes) if keepdims else dst
     if op.lift == LIFT_NONZERO:
         cp.not_equal(x, 0, out=dst)
         return
@@ -503,9 +507,7 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
             if kind == "fill":
                 dst.fill(_EMPTY.get(op.kernel_op, np.nan if op.finalize == FINISH_DIVIDE else 0))
             elif kind == "none":
-                if not aligned:
-                    x = x.copy()
-                _elementwise(op, _drop(x, axes), _drop(dst, axes) if keepdims else dst, divisor)
+                _elementwise(op, x, axes, dst, keepdims, divisor)
             return dst
         if why is None:
             call = _prepare(pl, x, o, op, divisor, shape)
@@ -607,8 +609,7 @@ def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, co
                 # dtype, as where the kernels answer (through their dtype it would round twice: float64 ->
                 # float32 -> float16).
                 r = cp.empty(result_shape(x.shape, axes, keepdims), final)
-                src = xl if xl.data.ptr % xl.itemsize == 0 else xl.copy()
-                _elementwise(OPS[name], _drop(src, axes), _drop(r, axes) if keepdims else r, float(max(1 - ddof, 0)))
+                _elementwise(OPS[name], xl, axes, r, keepdims, float(max(1 - ddof, 0)))
             elif rt.op == "count_nonzero" and name != "count_nonzero":
                 c = _reduce("count_nonzero", xl, inner_axes, None, keepdims, None, knobs, sm, korder=False)
                 r = cp.equal(c, count) if name == "prod" else cp.greater(c, 0)

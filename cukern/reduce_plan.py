@@ -999,8 +999,9 @@ def temporary(pl: Plan, *, aligned: bool, converts: bool, out_direct: bool | Non
     to the memory pool when the call ends while the graph keeps writing it.
 
     ``aligned``: x's address is a multiple of its item size. ``converts``: the kernels write another dtype
-    than the result's (amax or amin with ``dtype=``; count_nonzero). ``out_direct``: None without ``out``, else whether ``out`` is C-contiguous and
-    aligned to its item size. Zero-size and size-1 reductions write any destination elementwise."""
+    than the result's (amax or amin with ``dtype=``; count_nonzero). ``out_direct``: None without ``out``,
+    else whether ``out`` is C-contiguous and aligned to its item size. Zero-size and size-1 reductions write
+    any destination elementwise."""
     kind = pl.layout.kind
     if kind in ("empty", "fill"):
         return None

@@ -791,7 +791,8 @@ def arg_keys(x, op: str):
     elif kind == A.KIND_UNSIGNED:
         k = b.copy()
     else:
-        infinity = {A.KIND_HALF: 0x7C00, A.KIND_BFLOAT: 0x7F80}.get(kind, 0x7F800000 if width == 4 else 0x7FF0000000000000)
+        wide = 0x7F800000 if width == 4 else 0x7FF0000000000000
+        infinity = {A.KIND_HALF: 0x7C00, A.KIND_BFLOAT: 0x7F80}.get(kind, wide)
         mag = b & ~sign
         k = np.where(((b & sign) != 0) & (mag != 0), ~b, mag | sign).astype(u)
     if flip:

@@ -643,9 +643,10 @@ def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None
 
     ``out = x / sqrt(mean(x**2, axis=-1) + eps) * (offset + weight)``, computed in float32 and rounded
     once to x's dtype, or with ``out_dtype=ml_dtypes.float8_e4m3fn`` to float8 e4m3fn bytes
-    ``e4m3(y * (1 / s))`` (``y = (x * (offset + weight)) * inv`` in float32, ``s`` the scale; below). ``weight=None`` means 1; ``offset=1.0`` is the Gemma form. A row's bits depend only
-    on its values, the hidden size, the dtypes, eps and offset: not on the other rows, the layout, the
-    tuning, the stream or the GPU (:func:`cukern.reference.rms_norm_emulated` computes them on the host).
+    ``e4m3(y * (1 / s))`` (``y = (x * (offset + weight)) * inv`` in float32, ``s`` the scale; below).
+    ``weight=None`` means 1; ``offset=1.0`` is the Gemma form. A row's bits depend only on its values, the
+    hidden size, the dtypes, eps and offset: not on the other rows, the layout, the tuning, the stream or
+    the GPU (:func:`cukern.reference.rms_norm_emulated` computes them on the host).
 
     Parameters
     ----------

@@ -146,7 +146,7 @@ def test_layouts_that_are_copied():
 
 
 def _searched(count: int, misaligned: int, vec: int, way: int, ways: int) -> list:
-    """The indices of a span that block ``way`` of ``ways`` offers, as search_span walks them: head and tail
+    """The indices of a span that block ``way`` of ``ways`` offers, as search_steps walks them: head and tail
     (block 0 only), then its vectors, for a unit stride and a span start ``misaligned`` elements past a
     16-byte boundary."""
     head = min(vec - misaligned if misaligned else 0, count)
