@@ -2,8 +2,9 @@
 
 References (float64, :mod:`cukern.reference`): ``np.cumsum`` and ``np.cumprod`` over the same axis. NumPy's
 semantics: ``axis=None`` scans the flattened array (C order), an int axis (negative counts from the end)
-scans each line along it; ``dtype`` picks the result dtype (default: x's for floats, int64 for int32, int64
-and bool); ``out`` receives the result.
+scans each line along it; ``dtype`` picks the result dtype (default: x's for floats, int64 for bool and
+signed integers, uint64 for unsigned ones; pairs without a kernel go through a conversion, :func:`route`);
+``out`` receives the result.
 
 Memory traffic, the count every GB/s figure uses: x read once, out written once (:func:`bytes_moved`).
 
@@ -78,6 +79,34 @@ def result_dtype(dtype, requested=None) -> np.dtype:
         allowed = ", ".join(dtype_name(o) for i, o in PAIRS if i == t)
         raise TypeError(f"dtype={dtype_name(r)} is not supported for x of {dtype_name(t)}; use one of {allowed}")
     return r
+
+
+def _numeric(t: np.dtype) -> bool:
+    return t.kind in "biuf" or t == BFLOAT16
+
+
+def route(dtype, requested=None):
+    """How x of ``dtype`` is scanned into NumPy's result dtype for ``requested`` (None: NumPy's default, int64
+    for bool and signed integers, uint64 for unsigned ones, a float's own): None where a pair of :data:`PAIRS`
+    does it, else ``(via, result)``: x converted to ``via`` (NumPy's element conversion; uint64 only viewed
+    as int64), scanned into ``via`` (int64 for integer results), and that converted to ``result``. Integer
+    sums and products wrap, so their low bits are those of the narrower integer arithmetic NumPy would do.
+    TypeError for complex and other non-numeric dtypes, either side, and for bool results."""
+    t = np.dtype(dtype)
+    if not _numeric(t):
+        names = ", ".join(dtype_name(d) for d in DTYPES)
+        raise TypeError(f"x has dtype {dtype_name(t)}; supported: {names}, and the other integer types")
+    if requested is None:
+        r = DEFAULT_DTYPE.get(t) or np.dtype(np.uint64 if t.kind == "u" else np.int64)
+    else:
+        r = parse_dtype(requested)
+        if not _numeric(r) or r.kind == "b":
+            raise TypeError(f"dtype={dtype_name(r)} is not supported; use a float or an integer type")
+    if (t, r) in PAIRS:
+        return None
+    if r.kind in "iu":
+        return (t if t in (_I32, _I64, _BOOL) else _I64), r
+    return r, r
 
 
 def normalize_axis(axis, ndim: int):
@@ -240,13 +269,17 @@ _workspaces: dict = {}
 _work_lock = threading.Lock()
 
 
+def _refuse_capture():
+    raise RuntimeError("cumsum and cumprod tag their look-back status with a per-launch epoch, which a CUDA "
+                       "graph would replay unchanged; call them outside the capture")
+
+
 def workspace(tiles: int):
     """(workspace, epoch) for a launch of ``tiles`` tiles on the current stream; refused under capture."""
     cp = _cupy()
     stream = cp.cuda.get_current_stream()
     if stream.is_capturing():
-        raise RuntimeError("cumsum and cumprod tag their look-back status with a per-launch epoch, which a CUDA "
-                           "graph would replay unchanged; call them outside the capture")
+        _refuse_capture()
     key = (cp.cuda.runtime.getDevice(), stream.ptr)
     with _work_lock:
         ws = _workspaces.get(key)
@@ -315,11 +348,42 @@ def _validate_out(out, call: _Call, x):
     return out
 
 
+def _routed(op: str, x, axis, via, final, out):
+    """A scan :func:`route` sends through a conversion: every check first, then x converted to ``via``, its
+    scan, and the result converted to ``final`` (into ``out``, which may be x itself)."""
+    cp = _cupy()
+    a = normalize_axis(axis, x.ndim)
+    shape = (x.size,) if a is None else x.shape
+    if out is not None:
+        out = _check.check_out(out, shape, final, x)
+        _check.check_no_overlap(out, "out", x, "x", identical_ok=True)
+    with on_device(x.data.device_id):
+        if cp.cuda.get_current_stream().is_capturing():
+            _refuse_capture()
+        if x.dtype == via:
+            src = x
+        elif x.dtype.kind == "u" and x.itemsize == 8 and via == _I64:
+            src = x.view(_I64)
+        else:
+            src = x.astype(via)
+        r = _run(op, src, a, DEFAULT_DTYPE[via], None)
+        if out is None:
+            if r.dtype == final:
+                return r
+            return r.view(final) if final.kind == "u" and final.itemsize == 8 else r.astype(final)
+        cp.copyto(out, r, casting="unsafe")
+        return out
+
+
 def _run(op: str, x, axis, dtype, out):
     cp = _cupy()
     x = _check.as_array(x, "x")
     if x.ndim == 0:
         x = x.reshape(1)  # NumPy scans a 0-d array as one of shape (1,): axis 0, -1 or None
+    if dtype is not None or x.dtype not in DEFAULT_DTYPE:
+        how = route(x.dtype, dtype)
+        if how is not None:
+            return _routed(op, x, axis, *how, out)
     key = None
     call = _MISSING
     if (axis is None or type(axis) is int) and (dtype is None or isinstance(dtype, (str, type, np.dtype))) and (
@@ -353,8 +417,8 @@ def _run(op: str, x, axis, dtype, out):
         return out
 
 
-_DOC = """``out = {formula}`` along ``axis``; result dtype ``dtype`` (default: x's for floats, int64 for int32,
-int64 and bool).
+_DOC = """``out = {formula}`` along ``axis``; result dtype ``dtype`` (default: NumPy's, x's for floats, int64 for
+bool and signed integers, uint64 for unsigned ones).
 
 ``out[..., i, ...] = x[..., 0, ...] {sym} ... {sym} x[..., i, ...]``, accumulated in float32 (float32, float16,
 bfloat16 results), float64 or int64 (wrapping), in the fixed order of ``cuda_src/scan.cu`` (tiles of
@@ -363,11 +427,15 @@ bfloat16 results), float64 or int64 (wrapping), in the fixed order of ``cuda_src
 
 Parameters
 ----------
-x : cupy.ndarray of float32, float64, float16, bfloat16, int32, int64 or bool; any strides.
+x : cupy.ndarray of float32, float64, float16, bfloat16, any integer type or bool; any strides.
 axis : None or int
     The axis scanned (negative counts from the end); None scans the flattened array (C order).
 dtype : optional
-    The result dtype: x's default (above), or float64 for float32 x.
+    The result dtype, any float or integer type. Kernels scan float32, float64, float16, bfloat16 into
+    themselves, float32 into float64, int32, int64 and bool into int64; any other pair first converts x
+    (NumPy's element conversion; one more pass) to the result's float type, or to int64 for an integer
+    result, which is then converted to that type: integer sums and products wrap, so the low bits are
+    NumPy's (:func:`cukern.scan.route`).
 out : cupy.ndarray of the result's shape (x's, or ``(x.size,)`` for None) and dtype, optional; may be x itself
     (in place), must not overlap it otherwise.
 
@@ -378,7 +446,7 @@ out
 Raises
 ------
 TypeError
-    For a dtype outside those above, an unsupported ``dtype=``, a non-int axis or an ``out`` of another dtype.
+    For complex x or ``dtype=`` (or bool), a non-int axis or an ``out`` of another dtype.
 ValueError
     For an ``out`` of the wrong shape or partially overlapping x; AxisError (a ValueError) for an axis out of
     range. Every check runs before anything is launched. RuntimeError under CUDA-graph capture.

@@ -96,6 +96,28 @@ def test_result_dtypes():
         C.result_dtype(np.float64, np.float32)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.uint8, np.uint16, np.uint32, np.uint64, np.int32, np.int64,
+                                   np.bool_, np.float16, np.float32, np.float64], ids=dtype_name)
+def test_routes_give_numpys_result_dtypes(dtype):
+    """Every integer and float dtype scans: a pair of PAIRS where one exists, else a conversion, a pair's scan
+    and a conversion to NumPy's result dtype (its default, or any float or integer ``dtype=``)."""
+    x = np.zeros(3, dtype)
+    for requested in (None, np.int8, np.uint16, np.int32, np.int64, np.uint64, np.float16, np.float32, np.float64):
+        want = np.cumsum(x, dtype=requested).dtype
+        how = C.route(dtype, requested)
+        if how is None:
+            assert C.result_dtype(dtype, requested) == want
+        else:
+            via, final = how
+            assert final == want and (via, C.DEFAULT_DTYPE[via]) in C.PAIRS
+            assert via == (final if final.kind == "f" else np.dtype(dtype) if dtype in (np.int32, np.int64, np.bool_)
+                           else np.int64)
+    assert C.route(BFLOAT16, np.float64) == (np.float64, np.float64)
+    for bad_x, bad_dtype in ((np.complex64, None), (np.float32, np.complex64), (np.int32, np.bool_)):
+        with pytest.raises(TypeError, match="not supported|supported:"):
+            C.route(bad_x, bad_dtype)
+
+
 def test_instantiations_are_the_pairs():
     insts = C.instantiations()
     assert len(insts) == len(set(insts)) == 2 * (len(C.PAIRS) + len(C.AHEAD_DTYPES))
@@ -339,6 +361,63 @@ def test_out_in_place_and_checked(rng):
         with pytest.raises(err, match=match):
             C.cumsum(x, axis=1, out=bad)
     assert same_bits(x, before)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, requested", [
+    (np.int8, None), (np.int16, np.int16), (np.uint8, None), (np.uint16, np.int32), (np.uint32, None),
+    (np.uint64, None), (np.int32, np.int8), (np.int64, np.uint64), (np.bool_, np.float32), (np.int32, np.float64),
+    (np.float64, np.float32), (np.float16, np.float32), (np.float32, np.int64), (BFLOAT16, np.float64),
+], ids=lambda d: dtype_name(d) if d is not None else "default")
+@pytest.mark.parametrize("op", OPS)
+def test_other_dtypes_and_targets_follow_numpy(op, dtype, requested, rng):
+    """Dtypes and ``dtype=`` targets without a kernel of their own: NumPy's result dtype; integer results
+    exactly NumPy's (its wrap-around included), float results close to NumPy's in float64; views, ``out``
+    (in place too), the input untouched, every check before any launch."""
+    import cupy
+
+    dt = np.dtype(dtype)
+    if dt.kind in "iub":
+        xh = _values(rng, (7, 1301), np.int32, op).astype(dt) if dt.kind == "i" else (
+            rng.integers(0, 4, (7, 1301)).astype(dt))
+        if dt.kind == "b":
+            xh = rng.random((7, 1301)) < 0.5
+    else:
+        xh = _values(rng, (7, 1301), np.float32, op).astype(dt)
+    x = cupy.asarray(xh)
+    before = x.copy()
+    for view in (lambda a: a, lambda a: a[::-2, 3:], lambda a: a.T):
+        v, vh = view(x), view(xh)
+        for axis in (None, 0, -1):
+            got = getattr(C, op)(v, axis=axis, dtype=requested)
+            want = getattr(np, op)(vh, axis=axis, dtype=requested)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            if want.dtype.kind in "iu":
+                np.testing.assert_array_equal(got.get(), want)
+            else:
+                ref = getattr(np, op)(vh.astype(want.dtype).astype(np.float64), axis=axis)
+                assert_close(got, ref, got.dtype, terms=vh.size)
+    assert same_bits(x, before)
+    want = getattr(np, op)(xh, axis=1, dtype=requested)
+    out = cupy.zeros(want.shape, want.dtype)
+    assert getattr(C, op)(x, axis=1, dtype=requested, out=out) is out
+    assert same_bits(out, getattr(C, op)(x, axis=1, dtype=requested))
+    if want.dtype == dt:  # in place
+        y = x.copy()
+        assert getattr(C, op)(y, axis=1, dtype=requested, out=y) is y and same_bits(y, out)
+    for bad, err in ((cupy.zeros((7, 1300), want.dtype), ValueError), (cupy.zeros(want.shape, np.complex64), TypeError),
+                     (x[:, ::-1], ValueError if want.dtype == dt else TypeError)):
+        with pytest.raises(err):
+            getattr(C, op)(x, axis=1, dtype=requested, out=bad)
+    assert same_bits(x, before)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            with pytest.raises(RuntimeError, match="outside the capture"):
+                getattr(C, op)(x, axis=1, dtype=requested)
+        finally:
+            stream.end_capture()
 
 
 @pytest.mark.gpu
