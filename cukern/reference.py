@@ -8,6 +8,7 @@ roundings in its order, so tests compare bits rather than tolerances.
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -1167,7 +1168,10 @@ _EXPLOG = {
 }
 
 
+@functools.cache
 def _explog(dtype):
+    """The constants of :data:`_EXPLOG` as ``dtype``'s scalars (made once a dtype: the tree simulations call
+    the exp and log a value at a time)."""
     c = _EXPLOG[np.dtype(dtype)]
     t = np.dtype(dtype).type
 

@@ -663,8 +663,8 @@ def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None
     out_dtype : None (x's dtype), x's dtype, or ``ml_dtypes.float8_e4m3fn`` (also the string
         ``"float8_e4m3fn"``): float8 outputs come back as ``uint8`` arrays holding the e4m3fn bytes
         (CuPy 14 has no float8 array dtype; ``out.get().view(ml_dtypes.float8_e4m3fn)`` on the host).
-        Rounding is to nearest even, values beyond +-448 (infinities too) saturate to +-448, NaN stays NaN
-        (0x7f, or 0xff for a NaN with its sign bit set); the bytes are the same on every GPU.
+        Rounding is to nearest even, values beyond +-448 (infinities too) saturate to +-448, every NaN
+        becomes 0x7f (whatever its sign); the bytes are the same on every GPU.
     scale : float8 outputs only. A static per-tensor scale: a real number or a one-element array (a CuPy
         array is read to the host, which waits for the GPU), used as float32, finite and at least 2^-126,
         else ValueError before any launch. Or ``"per_token"``: each row gets ``s = max(amax / 448, 2^-126)``,

@@ -182,9 +182,8 @@ def instantiations() -> list:
 def kernel_for(dtypes, x: tuple, o: tuple, vector: bool) -> str:
     """The kernel: "ahead" for lines of an :data:`AHEAD_DTYPES` type scanned into the same type, read and
     written with unit steps, each line starting 16-byte aligned (``vector``: x's and out's data are, and every
-    line stride is a multiple of 16 bytes), else "tiles". scan_ahead reads a tile twice (the second time from
-    L1 or L2) as 16-byte vectors; a line that it would read one element at a time stays with scan_tiles,
-    which stages it through shared memory."""
+    line stride is a multiple of 16 bytes), else "tiles". scan_ahead reads a tile as 16-byte vectors; a line
+    that it would read one element at a time stays with scan_tiles, which stages it through shared memory."""
     if dtypes is None or not vector:
         return "tiles"
     t, o_dtype = (np.dtype(d) for d in dtypes)
@@ -366,7 +365,10 @@ def _routed(op: str, x, axis, via, final, out):
             src = x.view(_I64)
         else:
             src = x.astype(via)
-        r = _run(op, src, a, DEFAULT_DTYPE[via], None)
+        scanned = DEFAULT_DTYPE[via]
+        if out is not None and scanned == final and src is not x:
+            return _run(op, src, a, scanned, out)  # src is a new array: out may be x's memory
+        r = _run(op, src, a, scanned, None)
         if out is None:
             if r.dtype == final:
                 return r
@@ -380,17 +382,17 @@ def _run(op: str, x, axis, dtype, out):
     x = _check.as_array(x, "x")
     if x.ndim == 0:
         x = x.reshape(1)  # NumPy scans a 0-d array as one of shape (1,): axis 0, -1 or None
-    if dtype is not None or x.dtype not in DEFAULT_DTYPE:
-        how = route(x.dtype, dtype)
-        if how is not None:
-            return _routed(op, x, axis, *how, out)
     key = None
     call = _MISSING
     if (axis is None or type(axis) is int) and (dtype is None or isinstance(dtype, (str, type, np.dtype))) and (
             out is None or type(out) is cp.ndarray):
         okey = None if out is None else (out.shape, out.strides, out.dtype, out.data.ptr % 16)
         key = (op, x.shape, x.strides, x.dtype, x.data.ptr % 16, x.data.device_id, axis, str(dtype), okey)
-        call = _calls.get(key)
+        call = _calls.get(key)  # only pairs a kernel scans are ever stored
+    if call is _MISSING and (dtype is not None or x.dtype not in DEFAULT_DTYPE):
+        how = route(x.dtype, dtype)
+        if how is not None:
+            return _routed(op, x, axis, *how, out)
     if call is _MISSING:
         if out is not None:
             out = _check.as_array(out, "out", writable=True)
