@@ -42,16 +42,15 @@
 //    memory by cp.async (sm_80 on), which holds no register: the whole tile is in flight at once. Through
 //    registers, at the 32 a thread that eight resident blocks allow, the loads went out a few at a time
 //    and a block spent half its life loading, with or without the look-back's waits (bench/NOTES.md).
-//    scan_ahead reads a thread's 16 elements once, as 16-byte vectors into registers, keeps them in shared
-//    memory for a round, and stores the results as 16-byte vectors (streaming). The look-back reads a
+//    scan_ahead reads a thread's 16 elements as 16-byte vectors into registers, twice (the second time a
+//    round later, from L1 or L2, streaming), and stores them the same way. The look-back reads a
 //    status word and a value from L2 for each earlier tile of the group and for a few earlier groups.
 // 3. Accumulation: in double (float64 results), float (float32, float16, bfloat16 results) or int64
 //    (integer results), in the fixed order above. Products and sums are correctly rounded (__fmul_rn,
 //    __fadd_rn and double forms; never contracted). Integer sums and products wrap as int64 does.
 // 4. Staging: registers (16 accumulators a thread); scan_tiles: shared memory for the tile (SCAN_TILE
 //    values of max(sizeof(T), sizeof(O)) bytes, padded against bank conflicts) and the warps' totals;
-//    scan_ahead: each thread's 16 values (as float) of the tiles of two rounds (32 KiB a block) and the
-//    warps' totals.
+//    scan_ahead: the warps' totals only.
 // 5. Tuning: none: the tile is part of the definition of the result (above); the grid is one block a tile
 //    (scan_tiles) or the resident blocks (scan_ahead), and neither changes a bit.
 // 6. Profile: one combine an element against sizeof(T) + sizeof(O) bytes: memory-bound; the target is
@@ -502,26 +501,25 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
 // (bench/NOTES.md). Here a block stays resident and walks tiles in the order it draws them, one tile
 // behind: in each round it reads the tile just drawn into registers and publishes its aggregate at once
 // (phase A), then looks back for the tile of the round before, whose predecessors have by then had a round
-// to publish theirs, and writes that tile's results (phase B) from its elements as phase A read them: each
-// thread keeps its 16 values, widened to float, in shared memory for the round (its own slots: no barrier
-// guards them). A second read from L2 in phase B instead (measured) put an L2 round trip in every round and
-// needed streaming hints to keep the stores from evicting the tiles still to be read again. Stores are
-// streaming (evict-first). The same expression as scan_tiles, thread h being definition thread h (256
-// threads), so the same bits.
+// to publish theirs, and writes that tile's results from a second read of its elements (phase B: L1 or L2
+// serves it, the first read having just passed). Phase B's loads and all stores are streaming
+// (evict-first) so that they leave L2 to the tiles still to be read again: measured, plain loads and stores
+// ran at 44% of the copy against 66%. The same expression as scan_tiles, thread h being definition thread
+// h (256 threads), so the same bits.
 constexpr int SCAN_AHEAD_BLOCKS = 5;  // cukern/scan.py AHEAD_BLOCKS: resident blocks an SM (float32 cumsum:
                                       // six and more ran slower, bench/NOTES.md)
 
 // Definition thread h's 16 consecutive elements of a tile of `count` (e0 = 16 h), widened to float: 16-byte
 // loads where the run lies in the tile and the tile starts 16-byte aligned, else one by one, the identity
-// past the end.
-template <typename T, int OP>
+// past the end. `again`: the second read, streaming.
+template <typename T, int OP, bool again>
 __device__ __forceinline__ void load_run(float (&v)[SCAN_ITEMS], const T* tile, int e0, int count) {
   using Run = Pack<T, SCAN_ITEMS>;
   if (e0 + SCAN_ITEMS <= count && (reinterpret_cast<unsigned long long>(tile) & 15) == 0) {
     Run r;
     const auto* from = reinterpret_cast<const typename Run::W*>(tile + e0);
 #pragma unroll
-    for (int i = 0; i < Run::kWords; ++i) r.w[i] = from[i];
+    for (int i = 0; i < Run::kWords; ++i) r.w[i] = again ? __ldcs(from + i) : from[i];
 #pragma unroll
     for (int k = 0; k < SCAN_ITEMS; ++k) v[k] = to_float(r.v[k]);
   } else {
@@ -559,9 +557,6 @@ __global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(SCAN_AHEAD_BLOCKS)
   __shared__ unsigned drawn[2];
   __shared__ A last_fold[2];
   __shared__ A tile_prefix;
-  // By round parity, each thread's 16 values of the tile drawn that round, for phase B of the next round:
-  // float4 q of thread h at [par][q][h], so that a warp's 16-byte accesses are consecutive (no conflicts).
-  __shared__ float4 held[2][SCAN_ITEMS / 4][SCAN_BLOCK];
   const int h = static_cast<int>(threadIdx.x);
   const int lane = h & 31, warp = h >> 5;
   const unsigned tiles = static_cast<unsigned>(p.tiles);
@@ -604,9 +599,7 @@ __global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(SCAN_AHEAD_BLOCKS)
     if (cur < tiles) {
       locate(cur, row, t, from, to, count);
       float v[SCAN_ITEMS];
-      load_run<T, OP>(v, from, SCAN_ITEMS * h, count);
-#pragma unroll
-      for (int q = 0; q < SCAN_ITEMS / 4; ++q) held[par][q][h] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+      load_run<T, OP, false>(v, from, SCAN_ITEMS * h, count);
       A u = v[0];
 #pragma unroll
       for (int k = 1; k < SCAN_ITEMS; ++k) u = scan_op<OP>(u, v[k]);
@@ -643,15 +636,11 @@ __global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(SCAN_AHEAD_BLOCKS)
     }
     __syncthreads();
     if (h == 32 && cur < tiles) draw(par ^ 1);
-    // Phase B: prev's results, out = ((P (+) W_w) (+) L_h) (+) s_k, from its elements kept by this thread.
+    // Phase B: prev's results, out = ((P (+) W_w) (+) L_h) (+) s_k, from its elements read again.
     if (prev < tiles) {
       locate(prev, row, t, from, to, count);
       float v[SCAN_ITEMS];
-#pragma unroll
-      for (int q = 0; q < SCAN_ITEMS / 4; ++q) {
-        const float4 f = held[par ^ 1][q][h];
-        v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
-      }
+      load_run<T, OP, true>(v, from, SCAN_ITEMS * h, count);
       const A base = scan_op<OP>(scan_op<OP>(tile_prefix, warp_total[par ^ 1][warp]), before);
       A s = v[0];
       v[0] = scan_op<OP>(base, s);

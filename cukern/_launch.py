@@ -112,6 +112,20 @@ def cupy():
     return _cupy
 
 
+# refuse_temporary_in_capture's usual reasons
+X_COPIED = "x's layout is first copied to C-contiguous; make that copy before the capture (cupy.ascontiguousarray(x))"
+OUT_STRIDED = "out is not C-contiguous; pass a C-contiguous out"
+
+
+def refuse_temporary_in_capture(op: str, why: str | None) -> None:
+    """RuntimeError, before anything is recorded, when the current stream is capturing a CUDA graph and the
+    call would go through a temporary array (``why``: which, and the way around it). A temporary made during
+    the capture returns to the memory pool when the call ends, while every replay of the graph still writes
+    it: into whatever array the pool hands that memory to next."""
+    if why is not None and cupy().cuda.get_current_stream().is_capturing():
+        raise RuntimeError(f"{op} cannot be captured in a CUDA graph here: {why}")
+
+
 def on_device(device_id: int):
     """A context making ``device_id`` current: a no-op when it already is (the common case, and a hot loop's:
     it saves making a Device and two runtime calls). The one device switch of every op."""

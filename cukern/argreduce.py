@@ -46,11 +46,14 @@ import cukern._tuned as _tuned
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16
 from ._launch import (
+    OUT_STRIDED,
+    X_COPIED,
     CallCache,
     LaunchConfig,
     Params,
     launch,
     on_device,
+    refuse_temporary_in_capture,
     sm_count,
     struct_argument,
 )
@@ -407,8 +410,10 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
     if call.check_nan and cp.cuda.get_current_stream().is_capturing():
         raise RuntimeError(f"{op} waits for the GPU to learn whether a slice is all NaN, which a CUDA graph "
                            "capture cannot do; capture argmax / argmin instead")
+    direct = out is not None and out.flags.c_contiguous
+    if call.kernel is not None and (call.copy or not (out is None or direct)):
+        refuse_temporary_in_capture(op, X_COPIED if call.copy else OUT_STRIDED)
     with on_device(x.data.device_id):
-        direct = out is not None and out.flags.c_contiguous
         dst = out if direct else cp.ndarray(call.shape, np.int64)
         if call.kernel is not None:
             src = cp.ascontiguousarray(x) if call.copy else x

@@ -103,7 +103,7 @@ import cukern._tuned as _tuned
 
 from ._compile import get_kernel
 from ._dtypes import BFLOAT16, dtype_name
-from ._launch import CallCache, Signature, launch, on_device, sm_count
+from ._launch import CallCache, Signature, launch, on_device, refuse_temporary_in_capture, sm_count
 from ._launch import cupy as _cupy
 from .argreduce import extreme_index
 
@@ -493,9 +493,7 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
         pl = _plan_of(x, axes, o, knobs, sm, name)
         aligned = x.data.ptr % x.itemsize == 0
         direct = None if out is None else bool(out.flags.c_contiguous and out.data.ptr % out.itemsize == 0)
-        why = temporary(pl, aligned=aligned, converts=o != final, out_direct=direct)
-        if why is not None and cp.cuda.get_current_stream().is_capturing():
-            raise RuntimeError(f"{name} cannot be captured in a CUDA graph here: {why}")
+        refuse_temporary_in_capture(name, temporary(pl, aligned=aligned, converts=o != final, out_direct=direct))
         if op.kernel_op == OP_VAR:
             if divisor <= 0:
                 warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)

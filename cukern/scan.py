@@ -182,8 +182,9 @@ def instantiations() -> list:
 def kernel_for(dtypes, x: tuple, o: tuple, vector: bool) -> str:
     """The kernel: "ahead" for lines of an :data:`AHEAD_DTYPES` type scanned into the same type, read and
     written with unit steps, each line starting 16-byte aligned (``vector``: x's and out's data are, and every
-    line stride is a multiple of 16 bytes), else "tiles". scan_ahead reads a tile as 16-byte vectors; a line
-    that it would read one element at a time stays with scan_tiles, which stages it through shared memory."""
+    line stride is a multiple of 16 bytes), else "tiles". scan_ahead reads a tile twice (the second time from
+    L1 or L2) as 16-byte vectors; a line that it would read one element at a time stays with scan_tiles,
+    which stages it through shared memory."""
     if dtypes is None or not vector:
         return "tiles"
     t, o_dtype = (np.dtype(d) for d in dtypes)

@@ -40,7 +40,17 @@ import cukern._check as _check
 
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, dtype_name
-from ._launch import CallCache, LaunchConfig, Params, launch, on_device, struct_argument
+from ._launch import (
+    OUT_STRIDED,
+    X_COPIED,
+    CallCache,
+    LaunchConfig,
+    Params,
+    launch,
+    on_device,
+    refuse_temporary_in_capture,
+    struct_argument,
+)
 from ._launch import cupy as _cupy
 from ._layout import collapse
 
@@ -240,12 +250,16 @@ def _run(op: str, x, offsets, out, check: bool):
             _calls.put(key, call)
     if out is not None:
         out = _validate_out(out, call.shape, x, offsets)
+    direct = out is not None and out.flags.c_contiguous
+    if not offsets.flags.c_contiguous:
+        refuse_temporary_in_capture(op, "offsets are copied to contiguous first; pass contiguous offsets")
+    if call.kernel is not None and (call.copy or not (out is None or direct)):
+        refuse_temporary_in_capture(op, X_COPIED if call.copy else OUT_STRIDED)
     with on_device(x.data.device_id):
         if not offsets.flags.c_contiguous:  # the kernels read offsets[s] at unit stride
             offsets = cp.ascontiguousarray(offsets)
         if check:
             check_offsets(offsets, x.shape[0])
-        direct = out is not None and out.flags.c_contiguous
         dst = out if direct else cp.ndarray(call.shape, x.dtype)
         if call.kernel is not None:
             src = cp.ascontiguousarray(x) if call.copy else x

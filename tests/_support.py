@@ -235,3 +235,83 @@ def struct_fields(source: str, struct: str) -> tuple:
                                    re.DOTALL).groups()
         fields += [(n.strip(), kinds[kind]) for n in names.split(",")]
     return tuple(fields)
+
+
+# CUDA-graph capture (issue 12's recipe): capture, then allocate "victim" arrays that would be handed any
+# memory the capture freed, replay, and check the victims are untouched.
+
+
+def victims(pool):
+    """Arrays allocated on the current stream until the pool has no free block left there: they take every
+    byte freed since the pool was last emptied."""
+    import cupy
+
+    made, size = [], pool.free_bytes()
+    while size >= 512:
+        before = pool.free_bytes()
+        made.append(cupy.empty(size, np.uint8))
+        after = pool.free_bytes()
+        size = min(size, after) if after < before else size // 2  # no block that large left: try smaller
+    return made
+
+
+def _frees_hook():
+    """A CuPy memory hook recording every pool block given back while it is on (``.freed``: bytes each).
+    Inside a capture any such block is one the graph's replays may still write after a later array reuses
+    it. (The pool's ``free_bytes`` cannot tell: blocks split from a partly used chunk stay counted as free
+    after ``free_all_blocks``.)"""
+    from cupy.cuda.memory_hook import MemoryHook
+
+    class Frees(MemoryHook):
+        name = "cukern-test-frees"
+
+        def __init__(self):
+            self.freed = []
+
+        def free_postprocess(self, **kw):
+            self.freed.append(kw["mem_size"])
+
+    return Frees()
+
+
+def capture(stream, step):
+    """(graph, what ``step()`` returned, bytes of each pool block freed while capturing) for ``step``
+    recorded on ``stream``."""
+    frees = _frees_hook()
+    stream.begin_capture()
+    try:
+        with frees:
+            results = step()
+    except BaseException:
+        stream.end_capture()
+        raise
+    return stream.end_capture(), results, frees.freed
+
+
+def refused_in_capture(stream, call, match="cannot be captured in a CUDA graph"):
+    """Capture one kernel, then ``call()`` on ``stream``: the call must raise RuntimeError (``match``)
+    having allocated nothing, and leave the capture valid, so that the graph replays the kernel."""
+    import gc
+
+    import cupy
+    import pytest
+
+    pool = cupy.get_default_memory_pool()
+    with stream:
+        marker = cupy.zeros(1, np.float32)
+        stream.synchronize()
+        gc.collect()
+        pool.free_all_blocks()
+        frees = _frees_hook()
+        stream.begin_capture()
+        try:
+            marker += 1
+            with pytest.raises(RuntimeError, match=match), frees:
+                call()
+        finally:
+            graph = stream.end_capture()
+        freed = frees.freed
+        graph.launch(stream)
+        stream.synchronize()
+    assert not freed, f"the refused call allocated and freed blocks of {freed} bytes"
+    assert float(marker[0]) == 1.0

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from _support import (ARCHS, assert_close, assert_no_spills, checked_instantiations, compiled, fake_array, ptxas_ran,
-                      same_bits)
+from _support import (ARCHS, assert_close, assert_no_spills, capture, checked_instantiations, compiled, fake_array,
+                      ptxas_ran, refused_in_capture, same_bits, victims)
 
 from cukern import _tuned, reference
 from cukern import reduce as R
@@ -1344,57 +1344,6 @@ def test_out_in_a_cuda_graph(rng):
             assert _same_bits(o, getattr(R, name)(x, axis=axis)), (name, axis)
 
 
-# Issue 12's recipe for CUDA-graph capture: capture, then allocate "victim" arrays that would be handed any
-# memory the capture freed, replay, and check the victims are untouched.
-
-
-def _victims(pool):
-    """Arrays allocated on the current stream until the pool has no free block left there: they take every
-    byte freed since the pool was last emptied."""
-    import cupy
-
-    victims, size = [], pool.free_bytes()
-    while size >= 512:
-        before = pool.free_bytes()
-        victims.append(cupy.empty(size, np.uint8))
-        after = pool.free_bytes()
-        size = min(size, after) if after < before else size // 2  # no block that large left: try smaller
-    return victims
-
-
-def _frees_hook():
-    """A CuPy memory hook recording every pool block given back while it is on (``.freed``: bytes each).
-    Inside a capture any such block is one the graph's replays may still write after a later array reuses
-    it. (The pool's ``free_bytes`` cannot tell: blocks split from a partly used chunk stay counted as free
-    after ``free_all_blocks``.)"""
-    from cupy.cuda.memory_hook import MemoryHook
-
-    class Frees(MemoryHook):
-        name = "cukern-test-frees"
-
-        def __init__(self):
-            self.freed = []
-
-        def free_postprocess(self, **kw):
-            self.freed.append(kw["mem_size"])
-
-    return Frees()
-
-
-def _capture(stream, step):
-    """(graph, what ``step()`` returned, bytes of each pool block freed while capturing) for ``step``
-    recorded on ``stream``."""
-    frees = _frees_hook()
-    stream.begin_capture()
-    try:
-        with frees:
-            results = step()
-    except BaseException:
-        stream.end_capture()
-        raise
-    return stream.end_capture(), results, frees.freed
-
-
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:Mean of empty slice")
 @pytest.mark.parametrize("label", LAYOUT_CLASSES)
@@ -1417,10 +1366,10 @@ def test_captured_reductions_write_only_their_results(rng, label):
         stream.synchronize()
         gc.collect()
         pool.free_all_blocks()
-        graph, results, freed = _capture(stream, lambda: ([getattr(R, n)(x, axis=axis) for n in names]
+        graph, results, freed = capture(stream, lambda: ([getattr(R, n)(x, axis=axis) for n in names]
                                                           + [getattr(R, n)(x, axis=axis, out=outs[n]) for n in names]))
-        victims = _victims(pool)
-        for v in victims:
+        later = victims(pool)
+        for v in later:
             v.fill(0x5A)
         for o in outs.values():
             o.fill(-1)
@@ -1428,36 +1377,10 @@ def test_captured_reductions_write_only_their_results(rng, label):
             graph.launch(stream)
         stream.synchronize()
     assert not freed, f"{label}: the capture freed blocks of {freed} bytes that its replays may still write"
-    assert all(bool((v == 0x5A).all()) for v in victims), f"{label}: a replay wrote into a later allocation"
+    assert all(bool((v == 0x5A).all()) for v in later), f"{label}: a replay wrote into a later allocation"
     for n, got in zip(names + names, results):
         assert _same_bits(got, want[n]), (label, n)
     assert all(r is outs[n] for n, r in zip(names, results[len(names):]))
-
-
-def _refused(stream, call, match="cannot be captured in a CUDA graph"):
-    """Capture one kernel, then ``call()`` on ``stream``: the call must raise RuntimeError (``match``)
-    having allocated nothing, and leave the capture valid, so that the graph replays the kernel."""
-    import cupy
-
-    pool = cupy.get_default_memory_pool()
-    with stream:
-        marker = cupy.zeros(1, np.float32)
-        stream.synchronize()
-        gc.collect()
-        pool.free_all_blocks()
-        frees = _frees_hook()
-        stream.begin_capture()
-        try:
-            marker += 1
-            with pytest.raises(RuntimeError, match=match), frees:
-                call()
-        finally:
-            graph = stream.end_capture()
-        freed = frees.freed
-        graph.launch(stream)
-        stream.synchronize()
-    assert not freed, f"the refused call allocated and freed blocks of {freed} bytes"
-    assert float(marker[0]) == 1.0
 
 
 @pytest.mark.gpu
@@ -1483,7 +1406,7 @@ def test_capture_refuses_a_temporary_before_recording_anything(rng):
         stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
             call()  # eager: works, through a temporary
-        _refused(stream, call)
+        refused_in_capture(stream, call)
 
 
 @pytest.mark.gpu
@@ -1508,11 +1431,11 @@ def test_capture_refuses_to_make_or_grow_a_workspace(rng, monkeypatch):
         R.sum(a)
         R.sum(a, axis=0)
     stream = cupy.cuda.Stream(non_blocking=True)
-    _refused(stream, lambda: R.sum(small), "before capturing")  # no workspace on this stream yet
-    _refused(stream, lambda: R.sum(small, axis=0), "before capturing")
+    refused_in_capture(stream, lambda: R.sum(small), "before capturing")  # no workspace on this stream yet
+    refused_in_capture(stream, lambda: R.sum(small, axis=0), "before capturing")
     with stream:
         R.sum(small, axis=0)  # eager: makes the workspace, with scratch for the small partials
-    _refused(stream, lambda: R.sum(big, axis=0), "before capturing")  # would grow it
+    refused_in_capture(stream, lambda: R.sum(big, axis=0), "before capturing")  # would grow it
     pool = cupy.get_default_memory_pool()
     with stream:
         R.sum(big, axis=0)  # eager: grows it
@@ -1520,14 +1443,14 @@ def test_capture_refuses_to_make_or_grow_a_workspace(rng, monkeypatch):
         stream.synchronize()
         gc.collect()
         pool.free_all_blocks()
-        graph, got, freed = _capture(stream, lambda: [R.sum(small, axis=0), R.sum(big, axis=0), R.sum(small)])
-        victims = _victims(pool)
-        for v in victims:
+        graph, got, freed = capture(stream, lambda: [R.sum(small, axis=0), R.sum(big, axis=0), R.sum(small)])
+        later = victims(pool)
+        for v in later:
             v.fill(0x5A)
         graph.launch(stream)
         stream.synchronize()
     assert not freed
-    assert all(bool((v == 0x5A).all()) for v in victims)
+    assert all(bool((v == 0x5A).all()) for v in later)
     assert all(_same_bits(g, w) for g, w in zip(got, want))
 
 

@@ -238,17 +238,15 @@ def test_float32_ahead_fits_its_resident_blocks_on_sm_90():
 
 
 @pytest.mark.nvrtc(C.SOURCE)
-def test_ahead_reads_once_keeps_the_values_in_shared_memory_and_streams_its_stores():
-    """scan_ahead reads a tile once (plain 16-byte loads), keeps each thread's values for a round in shared
-    memory as 16-byte words, and writes its results with evict-first 16-byte stores (cuda_src/scan.cu)."""
+def test_ahead_reads_in_vectors_and_streams_its_second_read_and_stores():
+    """scan_ahead's second read of a tile and its stores are evict-first (cuda_src/scan.cu: the tiles still to
+    be read again keep L2; plain ones ran at 44% of the copy against 66%), its first read plain, all 16-byte."""
     c = compiled(C.SOURCE, "sm_90")
     for inst in C.instantiations():
         if inst.name == "scan_ahead":
             body = c.kernel_ptx(inst)
-            assert "st.global.cs.v4.u32" in body and "ld.global.cs" not in body, inst.expression
+            assert "ld.global.cs.v4.u32" in body and "st.global.cs.v4.u32" in body, inst.expression
             assert re.search(r"ld\.global\.v4\.(u32|f32)", body), inst.expression
-            assert re.search(r"st\.shared\.v4\.(f32|u32|b32)", body), inst.expression
-            assert re.search(r"ld\.shared\.v4\.(f32|u32|b32)", body), inst.expression
 
 
 # ---------------------------------------------------------------------------------------------------------

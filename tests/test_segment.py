@@ -328,3 +328,52 @@ def test_unchecked_bad_offsets_stay_inside_x():
     oh = np.array([-5, 3, 1, 40, 8])
     got = S.segment_sum(cupy.asarray(xh), cupy.asarray(oh), check_offsets=False)
     assert same_bits(got, R.segment_sum_emulated(xh, oh))
+
+
+@pytest.mark.gpu
+def test_capture_refuses_a_temporary_and_replays_the_rest(rng):
+    """Strided offsets, a copied layout of x or a strided out would go through a temporary that a graph's
+    replays keep writing after the pool hands it out again: under capture those raise RuntimeError before
+    anything is recorded or allocated. A call that writes straight into its result replays the eager answer
+    and writes nothing else."""
+    import gc
+
+    import cupy
+
+    from _support import capture, refused_in_capture, victims
+
+    xh = rng.standard_normal((500, 4, 8)).astype(np.float32)
+    oh = _offsets(rng, 500, 9)
+    x, o = cupy.asarray(xh), cupy.asarray(oh)
+    spread = cupy.zeros(20, o.dtype)
+    spread[::2] = o
+    strided_out = cupy.empty((9, 4, 16), np.float32)[:, :, ::2]
+    cases = {"strided offsets": lambda: S.segment_sum(x, spread[::2], check_offsets=False),
+             "copied layout": lambda: S.segment_max(x.transpose(0, 2, 1), o, check_offsets=False),
+             "strided out": lambda: S.segment_mean(x, o, out=strided_out, check_offsets=False)}
+    assert S.plan((500, 8, 4), 9, strides=(32, 1, 8)).copy
+    stream = cupy.cuda.Stream(non_blocking=True)
+    for call in cases.values():
+        with stream:
+            call()  # eager: works, through a temporary
+        refused_in_capture(stream, call)
+    pool = cupy.get_default_memory_pool()
+    out = cupy.full((9, 4, 8), np.nan, np.float32)
+    step = lambda: [S.segment_sum(x, o, check_offsets=False),  # noqa: E731
+                    S.segment_min(x, o, out=out, check_offsets=False)]
+    with stream:
+        step()
+        stream.synchronize()
+        gc.collect()
+        pool.free_all_blocks()
+        graph, got, freed = capture(stream, step)
+        later = victims(pool)
+        for v in later:
+            v.fill(0x5A)
+        xh = rng.standard_normal(xh.shape).astype(np.float32)
+        x[...] = cupy.asarray(xh)
+        graph.launch(stream)
+        stream.synchronize()
+    assert not freed and all(bool((v == 0x5A).all()) for v in later)
+    assert same_bits(got[0], R.segment_sum_emulated(xh, oh)) and got[1] is out
+    assert same_bits(out, R.segment_min_emulated(xh, oh))

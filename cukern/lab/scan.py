@@ -57,7 +57,9 @@ def _describe(name: str):
                    "coalesced": (f"each thread's {scan.ITEMS * dt.itemsize} bytes in {scan.ITEMS * dt.itemsize // 16} "
                                  f"16-byte accesses; a warp's {32 * scan.ITEMS * dt.itemsize // 1024} KiB whole" if ahead
                                  else "yes for a unit-stride line: a warp moves 32 consecutive elements"),
-                   "re_read": ["the group's earlier tiles' and a few earlier groups' status words and values (8 "
+                   "re_read": (["each tile's elements a second time, a round after the first, from L1 or L2 "
+                                "(streaming loads and stores keep them there)"] if ahead else [])
+                              + ["the group's earlier tiles' and a few earlier groups' status words and values (8 "
                                  "bytes, 16 for 8-byte accumulators) from L2 during the look-back"]}
         acc = "float64" if o == np.float64 else "int64" if o.kind in "iu" else "float32"
         accumulation = {"reduces": f"{name} over lines of {pl.n:,} elements", "precision": f"{acc} accumulators",
