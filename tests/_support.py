@@ -315,3 +315,30 @@ def refused_in_capture(stream, call, match="cannot be captured in a CUDA graph")
         stream.synchronize()
     assert not freed, f"the refused call allocated and freed blocks of {freed} bytes"
     assert float(marker[0]) == 1.0
+
+
+def replayed_alone(stream, step, refill):
+    """``step()`` called once on ``stream`` (compilation, plans, workspaces), then captured; arrays allocated
+    after the capture take every byte the pool has free, ``refill()`` gives the inputs new values, and the
+    graph replays once. Returns what the captured ``step()`` returned, after that replay; asserts that the
+    capture freed nothing and that the replay wrote none of the later arrays."""
+    import gc
+
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    with stream:
+        step()
+        stream.synchronize()
+        gc.collect()
+        pool.free_all_blocks()
+        graph, got, freed = capture(stream, step)
+        later = victims(pool)
+        for v in later:
+            v.fill(0x5A)
+        refill()
+        graph.launch(stream)
+        stream.synchronize()
+    assert not freed, f"the capture freed blocks of {freed} bytes that its replays may still write"
+    assert all(bool((v == 0x5A).all()) for v in later), "a replay wrote into a later allocation"
+    return got
