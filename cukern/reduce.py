@@ -493,7 +493,8 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
         pl = _plan_of(x, axes, o, knobs, sm, name)
         aligned = x.data.ptr % x.itemsize == 0
         direct = None if out is None else bool(out.flags.c_contiguous and out.data.ptr % out.itemsize == 0)
-        refuse_temporary_in_capture(name, temporary(pl, aligned=aligned, converts=o != final, out_direct=direct))
+        why = temporary(pl, aligned=aligned, converts=o != final, out_direct=direct)
+        refuse_temporary_in_capture(name, why)
         if op.kernel_op == OP_VAR:
             if divisor <= 0:
                 warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)

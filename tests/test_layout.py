@@ -6,6 +6,9 @@ Every import counts, at module level or inside a function. ``from P import x`` i
 module ``P`` and, when ``x`` is a module, to ``x`` as well: Python runs ``P``'s ``__init__`` first, so a
 module that imports a sibling through ``from . import`` stands in a circle with a package ``__init__`` that
 imports it. Relative imports are resolved against the importing module.
+
+And every name a module uses is bound somewhere (pyflakes' check): most of the ops' host code runs only
+with a GPU, so a name renamed on one line and not the next would otherwise surface there first.
 """
 
 import ast
@@ -141,3 +144,20 @@ def test_op_modules_import_only_downward(op, edges):
     bad = [where(edges, op, b) for b in edges[op] if b not in allowed]
     assert not bad, ("an op module imports only cukern's underscore modules and the other op modules (no timing, "
                      "lab, cli or dask): " + "; ".join(bad))
+
+
+def test_every_name_used_is_bound():
+    """pyflakes over the package, the bench and the tests, its undefined-name findings only (unused imports
+    are the families' re-exports)."""
+    pytest.importorskip("pyflakes")
+    from pyflakes import checker, messages
+
+    undefined = (messages.UndefinedName, messages.UndefinedLocal, messages.UndefinedExport)
+    found = []
+    for top in ("cukern", "bench", "tests"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            found += [f"{path.relative_to(ROOT)}:{m.lineno}: {m.message % m.message_args}"
+                      for m in checker.Checker(tree, filename=str(path)).messages if isinstance(m, undefined)]
+    assert not found, "\n".join(found)
+
