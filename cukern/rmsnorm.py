@@ -509,6 +509,9 @@ def _fp8_scale(scale):
             raise ValueError(f"scale has shape {tuple(scale.shape)}; a static scale has one element")
         if np.dtype(scale.dtype).kind not in "fiu":
             raise TypeError(f"scale has dtype {scale.dtype}; it must be a real number type (float32)")
+        if hasattr(scale, "get") and _cupy().cuda.get_current_stream().is_capturing():
+            raise RuntimeError("a scale in a GPU array is read to the host, which waits for the GPU and a CUDA "
+                               "graph capture cannot; pass the scale as a number (float(scale) before capturing)")
         scale = (scale.get() if hasattr(scale, "get") else np.asarray(scale)).reshape(())[()]
     try:
         with np.errstate(over="ignore"):  # past float32: inf, refused below
@@ -666,7 +669,8 @@ def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None
         Rounding is to nearest even, values beyond +-448 (infinities too) saturate to +-448, every NaN
         becomes 0x7f (whatever its sign); the bytes are the same on every GPU.
     scale : float8 outputs only. A static per-tensor scale: a real number or a one-element array (a CuPy
-        array is read to the host, which waits for the GPU), used as float32, finite and at least 2^-126,
+        array is read to the host, which waits for the GPU: RuntimeError under CUDA-graph capture, before
+        anything is recorded), used as float32, finite and at least 2^-126,
         else ValueError before any launch. Or ``"per_token"``: each row gets ``s = max(amax / 448, 2^-126)``,
         amax the row's largest ``|y|`` (so an all-zero row gets ``s = 2^-126`` and zeros; a row holding a
         NaN or infinity gets a NaN scale and NaN bytes), each step correctly rounded in float32.
@@ -684,6 +688,8 @@ def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None
     ValueError
         For mismatched shapes, a bad stride, overlapping arrays, or an eps or offset out of range (NaN,
         infinite, beyond float32, a negative eps). Every check runs before anything is launched.
+    RuntimeError
+        For a static scale in a GPU array while the current stream captures a CUDA graph.
     """
     if out_dtype is None and scale is None:
         return _run(False, x, None, weight, eps, offset, out)

@@ -664,6 +664,10 @@ def _frequency_table(device: int, rot: int, base, scaling, max_position):
     if found is _tables.MISSING:
         w, attention = rope_frequencies(1 if max_position is None else max_position, rot, base, scaling)
         hi = top_bits(w)
+        if _cupy().cuda.get_current_stream().is_capturing():
+            raise RuntimeError("rotary_embedding_positions uploads its frequencies on the first call for each "
+                               "(device, rotary_dim, base, scaling, max_position), which a CUDA graph capture "
+                               "cannot record; make that call once before capturing")
         with on_device(device):
             table = _cupy().asarray(np.stack([hi, w - hi], axis=1).ravel())
         found = _tables.put(key, (table, float(attention)))
@@ -709,7 +713,8 @@ def rotary_embedding_positions(positions, query, key, *, rotary_dim: int, base: 
     Notes
     -----
     The frequencies are uploaded on the first call for each (device, rotary_dim, base, scaling,
-    max_position); make that call before capturing a CUDA graph.
+    max_position); make that call before capturing a CUDA graph (under capture it raises RuntimeError
+    before anything is recorded).
     """
     positions, query, key, _ = _arrays(positions, query, key, None)
     rot = _int_arg(rotary_dim, "rotary_dim")

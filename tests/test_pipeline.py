@@ -564,3 +564,20 @@ def test_pipeline_records_have_the_results_file_form():
     assert graphs == [(op, t) for t in pipeline.DECODE_TOKENS
                       for op in ("rms_norm", "fused_add_rms_norm", "rotary_embedding")]
     assert all(r["impl"] == "cukern-graph" and r["gbps"] > 0 for r in recs[len(hosts):])
+
+
+def test_positions_refuse_to_upload_frequencies_while_capturing(fake_gpu, monkeypatch):
+    """rotary_embedding_positions uploads a new (rotary_dim, base, scaling) frequency table on its first call,
+    which a CUDA-graph capture cannot record: RuntimeError before anything is launched; a bad scaling is
+    still a ValueError first."""
+    from cukern._launch import CallCache
+
+    monkeypatch.setattr(rotary, "_tables", CallCache(limit=256))
+    monkeypatch.setattr(rotary, "_positions_calls", CallCache())
+    fake_gpu.stream.capturing = True
+    pos, q, k, _ = _rotary_inputs([0, 1])
+    with pytest.raises(ValueError, match="rope_type"):
+        rotary.rotary_embedding_positions(pos, q, k, rotary_dim=64, scaling={"rope_type": "nonsense"})
+    with pytest.raises(RuntimeError, match="make that call once before capturing"):
+        rotary.rotary_embedding_positions(pos, q, k, rotary_dim=64)
+    assert fake_gpu.events == [] and len(rotary._tables) == 0

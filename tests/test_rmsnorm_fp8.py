@@ -559,3 +559,29 @@ def test_fp8_bad_inputs_raise_before_launch(fused):
         assert bool((r == before).all()), kwargs
     assert not bool(out[1::2].any())
     assert rmsnorm.rms_norm(x, out_dtype=np.float32) is not None  # x's own dtype: the plain call
+
+
+def test_a_scale_on_the_gpu_is_refused_while_capturing(fake_gpu, monkeypatch):
+    """A static scale in a GPU array is read to the host (a wait a CUDA-graph capture cannot make): refused
+    with a RuntimeError before it is read or anything is launched; read as it is otherwise."""
+    from types import SimpleNamespace
+
+    stream = SimpleNamespace(capturing=True)
+    stream.is_capturing = lambda: stream.capturing
+    fake = SimpleNamespace(ndarray=_Array, empty=rmsnorm._cupy().empty,
+                           cuda=SimpleNamespace(get_current_stream=lambda: stream))
+    monkeypatch.setattr(rmsnorm, "_cupy", lambda: fake)
+    reads = []
+
+    class Scale(_Array):
+        def get(self):
+            reads.append(self)
+            return np.array([0.5], np.float32)
+
+    x, scale = _Array((16, 4096), BFLOAT16, 1 << 20), Scale((1,), F32, 1 << 24)
+    with pytest.raises(RuntimeError, match="pass the scale as a number"):
+        rmsnorm.rms_norm(x, out_dtype=FP8, scale=scale)
+    assert reads == [] and fake_gpu == []
+    stream.capturing = False
+    rmsnorm.rms_norm(x, out_dtype=FP8, scale=scale)
+    assert reads == [scale] and fake_gpu[0][3][-1] == 0.5
