@@ -585,3 +585,20 @@ def test_a_scale_on_the_gpu_is_refused_while_capturing(fake_gpu, monkeypatch):
     stream.capturing = False
     rmsnorm.rms_norm(x, out_dtype=FP8, scale=scale)
     assert reads == [scale] and fake_gpu[0][3][-1] == 0.5
+
+
+@pytest.mark.gpu
+def test_a_gpu_scale_is_refused_under_capture(rng):
+    """A static scale in a CuPy array is read to the host: under capture a RuntimeError before anything is
+    recorded or allocated, the capture left valid (tests/_support.py `refused_in_capture`)."""
+    import cupy as cp
+
+    from _support import refused_in_capture, same_bits
+
+    x = cp.asarray(rng.standard_normal((4, 256)).astype(BFLOAT16))
+    scale = cp.asarray([0.5], np.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        eager = rmsnorm.rms_norm(x, out_dtype=FP8, scale=scale)
+        assert same_bits(eager, rmsnorm.rms_norm(x, out_dtype=FP8, scale=0.5))
+    refused_in_capture(stream, lambda: rmsnorm.rms_norm(x, out_dtype=FP8, scale=scale), "pass the scale as a number")

@@ -1279,3 +1279,27 @@ def test_mrope_out_of_range_positions(rng):
     exact = reference.rotary_embedding_mrope_emulated(pos_h, q0, None, cache_h, (10, 11, 11))[0]
     assert same_bits(q.get(), exact)
     assert same_bits(q.get()[[17, 30]], q0[[17, 30]])
+
+
+@pytest.mark.gpu
+def test_positions_first_call_is_refused_under_capture(rng):
+    """rotary_embedding_positions uploads new frequencies on its first call: under capture a RuntimeError before
+    anything is recorded or allocated; once an eager call has made them, the call captures."""
+    import cupy
+
+    from _support import capture, refused_in_capture
+
+    q = cupy.asarray(_random(rng, 3 * 4 * 64, F32).reshape(3, 4, 64))
+    pos = cupy.arange(3)
+    base = 12345.678  # frequencies no other test makes
+
+    def call():
+        return rotary.rotary_embedding_positions(pos, q, None, rotary_dim=64, base=base)
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    refused_in_capture(stream, call, "make that call once before capturing")
+    with stream:
+        call()  # eager: uploads the frequencies
+        stream.synchronize()
+        _, _, freed = capture(stream, call)
+    assert not freed
