@@ -10,6 +10,17 @@ from ._interop import as_array  # noqa: F401  (the ops still call _check.as_arra
 from ._layout import extent
 
 
+def check_flag(value, name: str) -> bool:
+    """``value`` as a bool: True, False or a NumPy bool; anything else (None, 0, a string) is a TypeError rather
+    than a guess at what it meant. Cheap for a bool (two identity tests): the ops call it on every call, so
+    that a cached call cannot take a flag its planning would have refused."""
+    if value is True or value is False:
+        return value
+    if type(value).__name__ == "bool" and type(value).__module__ == "numpy":  # numpy.bool (numpy.bool_)
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
 def check_least_int(owner, name: str, least: int) -> None:
     """ValueError unless ``owner``'s attribute ``name`` (a tuning knob, say) is an int of at least ``least``."""
     value = getattr(owner, name)

@@ -414,6 +414,8 @@ def qk_norm_rope(positions, query, key, q_weight, k_weight, cos_sin_cache, *, ep
 
 def _run(positions, query, key, q_weight, k_weight, cos_sin_cache, eps, offset, is_neox, rotary_dim,
          check_positions, knobs) -> None:
+    is_neox = _check.check_flag(is_neox, "is_neox")
+    check_positions = _check.check_flag(check_positions, "check_positions")
     nd = _cupy().ndarray
     if not (type(positions) is nd and type(query) is nd and type(cos_sin_cache) is nd
             and (key is None or type(key) is nd) and (q_weight is None or type(q_weight) is nd)

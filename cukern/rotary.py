@@ -597,6 +597,8 @@ def _launch_call(call, offset, positions, query, key, table, check_positions: bo
 
 
 def _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, check_positions, knobs) -> None:
+    is_neox, inverse = _check.check_flag(is_neox, "is_neox"), _check.check_flag(inverse, "inverse")
+    check_positions = _check.check_flag(check_positions, "check_positions")
     positions, query, key, cos_sin_cache = _arrays(positions, query, key, cos_sin_cache)
     ck, offset = _call_key(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, knobs)
     call = _calls.get(ck)
@@ -716,6 +718,7 @@ def rotary_embedding_positions(positions, query, key, *, rotary_dim: int, base: 
     max_position); make that call before capturing a CUDA graph (under capture it raises RuntimeError
     before anything is recorded).
     """
+    is_neox = _check.check_flag(is_neox, "is_neox")
     positions, query, key, _ = _arrays(positions, query, key, None)
     rot = _int_arg(rotary_dim, "rotary_dim")
     ck, offset = _call_key(positions, query, key, _no_cache(rot, query.data.device_id), is_neox, rot, False, None)
@@ -862,10 +865,12 @@ def rotary_embedding_mrope(positions, query, key, cos_sin_cache, *, mrope_sectio
     -------
     None
     """
+    is_neox, interleaved = _check.check_flag(is_neox, "is_neox"), _check.check_flag(interleaved, "interleaved")
+    check_positions = _check.check_flag(check_positions, "check_positions")
     positions, query, key, cos_sin_cache = _arrays(positions, query, key, cos_sin_cache)
     section_key = tuple(mrope_section) if isinstance(mrope_section, (list, tuple)) else mrope_section
     ck, offset = _call_key(positions, query, key, cos_sin_cache, is_neox, rotary_dim, False, None)
-    ck = (ck, section_key, bool(interleaved))
+    ck = (ck, section_key, interleaved)
     call = _mrope_calls.get(ck)
     if call is _MISSING:
         call = _plan_mrope_call(ck, positions, query, key, cos_sin_cache, mrope_section, interleaved, is_neox,
@@ -880,7 +885,7 @@ def _plan_mrope_call(ck, positions, query, key, cache, mrope_section, interleave
                          "width)")
     args = _validate(_Row(positions), query, key, cache, rotary_dim)
     q, k, cache, rot = args.query, args.key, args.cache, args.rotary_dim
-    section_a, section_b = mrope_sections(mrope_section, rot, bool(interleaved))
+    section_a, section_b = mrope_sections(mrope_section, rot, interleaved)
     tokens, nh = q.shape[0], q.shape[1]
     nkv = 0 if k is None else k.shape[1]
     if not tokens:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import cukern
-from cukern import _compile, rmsnorm, rotary
+from cukern import _compile, qknorm, rmsnorm, rotary
 from cukern._dtypes import BFLOAT16
 from cukern.lab import pipeline
 from cukern.timing import Timing
@@ -581,3 +581,26 @@ def test_positions_refuse_to_upload_frequencies_while_capturing(fake_gpu, monkey
     with pytest.raises(RuntimeError, match="make that call once before capturing"):
         rotary.rotary_embedding_positions(pos, q, k, rotary_dim=64)
     assert fake_gpu.events == [] and len(rotary._tables) == 0
+
+
+def test_flags_are_bools_on_every_call(fake_gpu):
+    """is_neox, inverse, interleaved and check_positions take True, False or a NumPy bool: anything else is a
+    TypeError before anything is launched, also for a call whose bool twin is already in the call cache
+    (1 == True would find it)."""
+    rotary.rotary_embedding(*_rotary_inputs([0, 1]), is_neox=True, check_positions=False)
+    rotary.rotary_embedding(*_rotary_inputs([0, 1]), is_neox=np.True_, inverse=np.False_, check_positions=False)
+    assert len(fake_gpu.events) == 2
+    fake_gpu.events.clear()
+    bad = [({"is_neox": 1}, "is_neox"), ({"is_neox": None}, "is_neox"), ({"inverse": "no"}, "inverse"),
+           ({"check_positions": None}, "check_positions"), ({"check_positions": 0}, "check_positions")]
+    for kw, name in bad:
+        with pytest.raises(TypeError, match=rf"^{name} must be True or False, got "):
+            rotary.rotary_embedding(*_rotary_inputs([0, 1]), **kw)
+    pos, q, k, cache = _rotary_inputs([0, 1])
+    with pytest.raises(TypeError, match="^is_neox must be"):
+        rotary.rotary_embedding_positions(pos, q, k, rotary_dim=64, is_neox="yes")
+    with pytest.raises(TypeError, match="^interleaved must be"):
+        rotary.rotary_embedding_mrope(Arr((3, 2), np.int64), q, k, cache, mrope_section=(16, 8, 8), interleaved=1)
+    with pytest.raises(TypeError, match="^check_positions must be"):
+        qknorm.qk_norm_rope(pos, q, k, None, None, cache, check_positions="no")
+    assert fake_gpu.events == []
