@@ -5,6 +5,8 @@ views in :mod:`cukern._interop`.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ._dtypes import dtype_name
 from ._interop import as_array  # noqa: F401  (the ops still call _check.as_array; they move to _interop)
 from ._layout import extent
@@ -16,7 +18,7 @@ def check_flag(value, name: str) -> bool:
     that a cached call cannot take a flag its planning would have refused."""
     if value is True or value is False:
         return value
-    if type(value).__name__ == "bool" and type(value).__module__ == "numpy":  # numpy.bool (numpy.bool_)
+    if isinstance(value, np.bool_):
         return bool(value)
     raise TypeError(f"{name} must be True or False, got {value!r}")
 
