@@ -16,7 +16,15 @@ def _gpu_available() -> bool:
 HAS_GPU = _gpu_available()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--every-instantiation", action="store_true",
+                     help="compile and inspect every kernel instantiation, not a covering sample (.ci/run)")
+
+
 def pytest_collection_modifyitems(config, items):
+    support = sys.modules.get("_support")  # imported by the test modules that compile
+    if support is not None:
+        support.EVERY = config.getoption("every_instantiation")
     # Tests that wait on NVRTC go last: the workers compile (see pytest_collection_finish) while the rest run,
     # biggest family first, so those tests follow that order: each family's checks then run while the
     # workers compile the smaller ones, rather than all of them after the last compile.

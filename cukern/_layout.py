@@ -90,6 +90,32 @@ class RowsLayout:
     outer: tuple  # per launch: per array element offset
 
 
+def k_order(shape, strides, axes) -> tuple | None:
+    """NumPy's ``K`` order of a reduction's result (or, with no ``axes``, of a scan's): the permutation (kept
+    axes outermost first, then the reduced ``axes`` in their order) that lays the kept axes out as x's memory
+    does, or None when that is C order. NumPy's iterator sorts the axes by |stride|, a stable insertion sort from the last axis
+    inwards in which an axis of stride 0 or size 1 compares with nothing; the result is allocated
+    contiguous in that order (positive strides)."""
+    nd = len(shape)
+    mag = [0 if shape[i] == 1 else abs(strides[i]) for i in range(nd)]
+    perm = list(range(nd))[::-1]  # innermost first
+    for i0 in range(1, nd):
+        a0, pos = perm[i0], i0
+        for i1 in range(i0 - 1, -1, -1):
+            a1 = perm[i1]
+            if mag[a0] and mag[a1]:
+                if mag[a1] <= mag[a0]:
+                    break
+                pos = i1
+        if pos != i0:
+            del perm[i0]
+            perm.insert(pos, a0)
+    kept = [a for a in reversed(perm) if a not in axes]
+    if kept == sorted(kept):
+        return None
+    return tuple(kept) + tuple(axes)
+
+
 def collapse(shape: tuple, strides: list) -> tuple:
     """Merge adjacent dimensions that are contiguous with each other in every array and drop size-1 ones.
     ``strides`` holds one stride tuple (in elements) per array. Returns (shape, per-array strides)."""

@@ -38,7 +38,7 @@ wraps the same), a float target narrower than the accumulator rounded once (NumP
 cukern's result is the more accurate), a bool target from ``count_nonzero`` (NumPy's "or" and "and"). An
 ``out`` of another dtype receives the result cast into it, unsafely, as NumPy's and CuPy's reductions cast.
 Without ``out`` the result keeps NumPy's K order: its kept axes are laid out as x's
-(:func:`~cukern.reduce_plan.k_order`; an F-ordered input gives an F-ordered result); the reduced axes keep
+(:func:`~cukern._layout.k_order`; an F-ordered input gives an F-ordered result); the reduced axes keep
 their order, so the bits do not change. None of this adds a kernel but the complex products'; the lowered
 calls are refused under a CUDA-graph capture (temporaries).
 
@@ -479,7 +479,8 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
         raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
     perm = k_order(x.shape, x.strides, axes)
     if perm is not None and out is None and korder:
-        return _keep_order(name, x, axes, perm, dtype, keepdims, knobs, sm, ddof)
+        return _keep_order(lambda v, a: _reduce(name, v, a, dtype, keepdims, None, knobs, sm, ddof, korder=False),
+                           x, axes, perm, keepdims)
     if not kernels_answer(name, x.dtype, final) or (out is not None and out.dtype != final):
         return _lowered(name, x, axes, final, keepdims, out, knobs, sm, ddof, count)
     # A result in C order is NumPy's only where K order is C order (or out decides): only such calls are
@@ -532,13 +533,13 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
         return out
 
 
-def _keep_order(name: str, x, axes, perm, dtype, keepdims: bool, knobs, sm, ddof):
-    """NumPy's K order: reduce x with its kept axes in memory order (``perm``, from
-    :func:`~cukern.reduce_plan.k_order`; the reduced axes keep their order, so every result's tree and bits
-    are unchanged) into a C-contiguous result, and return that transposed back: an F-ordered input gives an
-    F-ordered result, as NumPy's."""
+def _keep_order(reduce_c, x, axes, perm, keepdims: bool):
+    """NumPy's K order: ``reduce_c(view, axes)`` (a reduction giving a C-contiguous result) of x with its kept
+    axes in memory order (``perm``, from :func:`~cukern._layout.k_order`; the reduced axes keep their order, so
+    every result's tree and bits are unchanged), transposed back: an F-ordered input gives an F-ordered
+    result, as NumPy's."""
     nd, nk = x.ndim, x.ndim - len(axes)
-    r = _reduce(name, x.transpose(perm), tuple(range(nk, nd)), dtype, keepdims, None, knobs, sm, ddof, korder=False)
+    r = reduce_c(x.transpose(perm), tuple(range(nk, nd)))
     if keepdims:
         back = [perm.index(a) for a in range(nd)]
     else:
@@ -827,6 +828,11 @@ def nanmean(x, axis=None, *, dtype=None, keepdims=False, out=None):
     RuntimeWarning "Mean of empty slice." (a host check after a synchronization; a CUDA-graph capture is
     refused). ``dtype``: as :func:`mean`.
     """
+    return _nanmean(x, axis, dtype, keepdims, out)
+
+
+def _nanmean(x, axis, dtype, keepdims: bool, out, korder: bool = True):
+    """nanmean's body; ``korder`` as :func:`_reduce`'s."""
     cp = _cupy()
     x = _check.as_array(x, "x")
     check_input("nanmean", x.dtype)
@@ -838,6 +844,11 @@ def nanmean(x, axis=None, *, dtype=None, keepdims=False, out=None):
                         "float16, bfloat16")
     x, _, out = _result_of(x, axis, keepdims, final, out)
     _refuse_capture("nanmean", "it checks for all-NaN slices on the host; use mean, or nanmean outside")
+    axes = normalize_axis(axis, x.ndim)
+    perm = k_order(x.shape, x.strides, axes) if out is None and korder else None
+    if perm is not None:  # the quotient below is an element-wise CuPy result, in C order: divide in x's order
+        return _keep_order(lambda v, a: _nanmean(v, a, dtype, keepdims, None, korder=False), x, axes, perm,
+                           keepdims)
     acc = acc_dtype(final)
     total = _reduce("nansum", x, axis, acc, keepdims, None)
     count = _reduce("count_not_nan", x, axis, None, keepdims, None)
@@ -845,7 +856,7 @@ def nanmean(x, axis=None, *, dtype=None, keepdims=False, out=None):
     if final.itemsize == 2:
         q = q.astype(np.float32)  # as the mean kernels round a double result: to float, then to the half type
     if bool(cp.any(count == 0)):
-        warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=2)
+        warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
     if out is None:
         return q.astype(final)
     out[...] = q
@@ -859,10 +870,14 @@ def count_nonzero(x, axis=None, *, keepdims=False):
     return _reduce("count_nonzero", x, axis, None, keepdims, None)
 
 
-def _truth(name: str, x, axis, keepdims, out):
+def _truth(name: str, x, axis, keepdims, out, korder: bool = True):
     x, _, out = _result_of(x, axis, keepdims, np.bool_, out)
     check_input("count_nonzero", x.dtype)
     _refuse_capture(name, "it compares a temporary count; compare count_nonzero's result outside the graph")
+    axes = normalize_axis(axis, x.ndim)
+    perm = k_order(x.shape, x.strides, axes) if out is None and korder else None
+    if perm is not None:  # the comparison is an element-wise CuPy result, in C order: compare in x's order
+        return _keep_order(lambda v, a: _truth(name, v, a, keepdims, None, korder=False), x, axes, perm, keepdims)
     count = count_nonzero(x, axis, keepdims=keepdims)
     cp = _cupy()
     if name == "any":

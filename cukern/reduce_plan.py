@@ -46,7 +46,7 @@ import numpy as np
 from ._compile import Instantiation
 from ._dtypes import BFLOAT16, dtype_name, parse_dtype
 from ._launch import LaunchConfig
-from ._layout import collapse, contiguous_strides
+from ._layout import collapse, contiguous_strides, k_order
 
 SOURCE = "reduce"
 
@@ -470,32 +470,6 @@ def kernels_answer(op: str, dtype, final) -> bool:
     if op in MINMAX_OPS or op in COUNT_OPS:
         return True
     return np.dtype(final) in kernel_dtypes(op, t)
-
-
-def k_order(shape, strides, axes) -> tuple | None:
-    """NumPy's ``K`` order of a reduction's result: the permutation (kept axes outermost first, then the
-    reduced ``axes`` in their order) that lays the kept axes out as x's memory does, or None when that is
-    C order. NumPy's iterator sorts the axes by |stride|, a stable insertion sort from the last axis
-    inwards in which an axis of stride 0 or size 1 compares with nothing; the result is allocated
-    contiguous in that order (positive strides)."""
-    nd = len(shape)
-    mag = [0 if shape[i] == 1 else abs(strides[i]) for i in range(nd)]
-    perm = list(range(nd))[::-1]  # innermost first
-    for i0 in range(1, nd):
-        a0, pos = perm[i0], i0
-        for i1 in range(i0 - 1, -1, -1):
-            a1 = perm[i1]
-            if mag[a0] and mag[a1]:
-                if mag[a1] <= mag[a0]:
-                    break
-                pos = i1
-        if pos != i0:
-            del perm[i0]
-            perm.insert(pos, a0)
-    kept = [a for a in reversed(perm) if a not in axes]
-    if kept == sorted(kept):
-        return None
-    return tuple(kept) + tuple(axes)
 
 
 def gather_axes(shape, strides, axes) -> tuple:

@@ -43,7 +43,7 @@ from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, dtype_name, parse_dtype
 from ._launch import CallCache, LaunchConfig, Params, launch, on_device, sm_count, struct_argument
 from ._launch import cupy as _cupy
-from ._layout import collapse
+from ._layout import collapse, k_order
 
 SOURCE = "scan"
 BLOCK, ITEMS = 256, 16  # SCAN_BLOCK, SCAN_ITEMS in cuda_src/scan.cu: the definition's threads and their elements
@@ -378,11 +378,18 @@ def _routed(op: str, x, axis, via, final, out):
         return out
 
 
-def _run(op: str, x, axis, dtype, out):
+def _run(op: str, x, axis, dtype, out, korder: bool = True):
+    """The scans' body; ``korder``: a result without ``out`` in NumPy's K order (False: C order, the inner
+    call of that step)."""
     cp = _cupy()
     x = _check.as_array(x, "x")
     if x.ndim == 0:
         x = x.reshape(1)  # NumPy scans a 0-d array as one of shape (1,): axis 0, -1 or None
+    if korder and out is None and axis is not None and x.ndim > 1 and not x.flags.c_contiguous:
+        perm = k_order(x.shape, x.strides, ())
+        if perm is not None:  # NumPy's K order: scan x with its axes in memory order, give the result back
+            r = _run(op, x.transpose(perm), perm.index(normalize_axis(axis, x.ndim)), dtype, None, korder=False)
+            return r.transpose([perm.index(i) for i in range(x.ndim)])
     key = None
     call = _MISSING
     if (axis is None or type(axis) is int) and (dtype is None or isinstance(dtype, (str, type, np.dtype))) and (
@@ -444,7 +451,7 @@ out : cupy.ndarray of the result's shape (x's, or ``(x.size,)`` for None) and dt
 
 Returns
 -------
-out
+out, or a new array laid out as x (NumPy's K order: an F-ordered x gives an F-ordered result)
 
 Raises
 ------

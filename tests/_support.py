@@ -31,34 +31,74 @@ def assert_no_spills(resources: dict, arch: str, what) -> None:
     assert used == 0, (what, arch, resources)
 
 
-# Families with more instantiations than this compile in parts, one worker each, merged for the tests; and
-# stop at the PTX here (NVRTC without ptxas, half the time: the reductions and RMSNorm are most of the suite's
-# time). Their machine code is checked by .ci/run: `python -m cukern.lab compile --arch sm_90 --max-local 0` for
-# those families, which fails on any spill or stack frame. The tests' PTX checks cover every family.
+# Families with more checked instantiations than this compile in parts, one worker each, merged for the
+# tests; and families with more than this in all (the reductions and RMSNorm, most of the NVRTC time) stop at
+# the PTX here (NVRTC without ptxas, half the time). Their machine code is checked by .ci/run: `python -m
+# cukern.lab compile --arch sm_90 --max-local 0` for those families, which fails on any spill or stack frame.
+# The tests' PTX checks cover every family.
 PART = 200
 
 
-def checked_instantiations(source: str) -> list:
-    """The instantiations of ``source``'s family this suite compiles and inspects: all of them, but for the
-    reductions' rows kernels with 64-bit row indices and column kernels of four chains a thread, the same
-    templates as their twins compiled and inspected here (32-bit row indices, one chain a thread) with
-    another index type or chain count. .ci/run compiles every instantiation, those included, to machine code
-    for sm_80, sm_90, sm_100 and sm_120 with no local memory; inspecting their PTX here too cost about 20 s
-    and 8 s of the suite's two minutes."""
+# The README's test command inspects a covering sample of each family's instantiations (below); .ci/run
+# inspects every one in a pytest run of its own (`python -m pytest -m nvrtc --every-instantiation`), outside
+# the two minutes. Set from that option by the conftest, and handed to the compiling workers.
+EVERY = False
+# Families with more instantiations than this are sampled without it (the smaller ones cost little).
+SAMPLED_PAST = 40
+
+
+def _covers(inst) -> set:
+    """What one instantiation stands for in the sample: each template argument's value, and each pair of the
+    first three but the first and third (the input and accumulator dtypes with each other and the accumulator
+    with the operation, for the reductions; the two dtypes with the vector width, for RMSNorm)."""
+    args = [(i, repr(a)) for i, a in enumerate(inst.args)]
+    pairs = [(p, q) for p in args[:3] for q in args[:3] if p[0] < q[0] and (p[0], q[0]) != (0, 2)]
+    return {(inst.name, a) for a in args} | {(inst.name, p, q) for p, q in pairs}
+
+
+def _sample(insts: list) -> list:
+    """A greedy cover of ``insts`` by :func:`_covers`: the instantiation adding the most new values first (the
+    earliest of a tie), until every value and pair is covered; in the family's order."""
+    left = {i: _covers(i) for i in insts}
+    seen: set = set()
+    chosen = set()
+    while left:
+        best = max(left, key=lambda i: len(left[i] - seen))
+        if not left[best] - seen:
+            break
+        seen |= left.pop(best)
+        chosen.add(best)
+    return [i for i in insts if i in chosen]
+
+
+def checked_instantiations(source: str, every: bool | None = None) -> list:
+    """The instantiations of ``source``'s family this suite compiles and inspects: with ``every`` (default
+    :data:`EVERY`) all of them, but for the reductions' rows kernels with 64-bit row indices and column kernels
+    of four chains a thread, the same templates as their twins compiled and inspected here (32-bit row indices,
+    one chain a thread) with another index type or chain count; without it, a covering :func:`_sample` of
+    those for the families past :data:`SAMPLED_PAST` instantiations (every dtype, operation and tuning value,
+    each accumulator with each operation: a third of their NVRTC time). .ci/run compiles every instantiation, those included, to machine code for sm_80, sm_90, sm_100
+    and sm_120 with no local memory."""
+    return _checked(source, EVERY if every is None else every)
+
+
+@functools.lru_cache(maxsize=None)
+def _checked(source: str, every: bool) -> list:
     insts = families.named(source).instantiations()
     if source == "reduce":
         insts = [i for i in insts if not (i.name == "reduce_rows" and np.dtype(i.args[-1]) == np.int64)
                  and not (i.name == "reduce_cols" and i.args[4] == 4)]
-    return insts
+    return insts if every or len(insts) <= SAMPLED_PAST else _sample(insts)
 
 
-def _parts(source: str) -> int:
-    return -(-len(checked_instantiations(source)) // PART)
+def _parts(source: str, every: bool) -> int:
+    return -(-len(checked_instantiations(source, every)) // PART)
 
 
 def _target(source: str, arch: str) -> str:
-    """``arch``, or its virtual architecture (PTX only) for a family past :data:`PART` instantiations."""
-    return arch if _parts(source) <= 1 else arch.replace("sm_", "compute_")
+    """``arch``, or its virtual architecture (PTX only) for a family past :data:`PART` instantiations in all
+    (so in both modes of :data:`EVERY`)."""
+    return arch if _parts(source, True) <= 1 else arch.replace("sm_", "compute_")
 
 
 def ptxas_ran(c: Compiled) -> bool:
@@ -67,8 +107,8 @@ def ptxas_ran(c: Compiled) -> bool:
     return not c.arch.startswith("compute_")
 
 
-def _compile(source: str, arch: str, part: int = 0, parts: int = 1):
-    insts = checked_instantiations(source)
+def _compile(source: str, arch: str, part: int = 0, parts: int = 1, every: bool | None = None):
+    insts = checked_instantiations(source, every)
     size = -(-len(insts) // parts)
     return compile_program(source, insts[part * size:(part + 1) * size], _target(source, arch))
 
@@ -91,19 +131,22 @@ def prefetch(sources) -> None:
     """Start compiling every family in ``sources`` for every arch in :data:`ARCHS` in worker processes, one
     per core, biggest family first: NVRTC is most of the suite's time and keeps one core busy. The conftest
     calls this for the sources the selected tests name with ``@pytest.mark.nvrtc(...)``. Workers are
-    spawned, not forked: the test process may hold a CUDA context, which a child must not inherit."""
+    spawned, not forked: the test process may hold a CUDA context, which a child must not inherit. They run
+    at a lower priority (nice 10) than the tests: the tests that compile nothing are the longest serial
+    chain, and run last otherwise, with a core idle (on two cores 127 s against 110 s)."""
     global _pool
     todo = [(s, a) for s in dict.fromkeys(sources) for a in ARCHS if (s, a) not in _started]
-    jobs = sum(_parts(s) for s, _ in todo)
+    jobs = sum(_parts(s, EVERY) for s, _ in todo)
     workers = min(jobs, os.cpu_count() or 1)
     if workers < 2:
         return
     if _pool is None:
-        _pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        _pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=os.nice,
+                                    initargs=(10,))
     todo.sort(key=lambda pair: -len(checked_instantiations(pair[0])))
     for s, a in todo:
-        n = _parts(s)
-        _started[(s, a)] = [_pool.submit(_compile, s, a, i, n) for i in range(n)]
+        n = _parts(s, EVERY)
+        _started[(s, a)] = [_pool.submit(_compile, s, a, i, n, EVERY) for i in range(n)]
 
 
 def stop_prefetch() -> None:

@@ -5,7 +5,7 @@ vectorized paths (the other architectures, and the machine code of the largest f
 import re
 
 import pytest
-from _support import ARCHS, assert_no_spills, compiled, ptxas_ran
+from _support import ARCHS, assert_no_spills, checked_instantiations, compiled, ptxas_ran
 
 from cukern import families
 from cukern._compile import compile_program, source_dir, source_sha256
@@ -28,7 +28,7 @@ def test_every_instantiation_compiles_without_spills(source, arch):
     if not ptxas_ran(c):
         return  # machine code checked by .ci/run (tests/_support.py, PART)
     res = c.resources()
-    for inst in families.named(source).instantiations():
+    for inst in checked_instantiations(source):
         r = res[c.lowered[inst.expression]]
         assert_no_spills(r, arch, inst.expression)
 
@@ -36,16 +36,19 @@ def test_every_instantiation_compiles_without_spills(source, arch):
 @pytest.mark.nvrtc("rms_norm")
 @pytest.mark.parametrize("arch", ARCHS)
 def test_rms_norm_vector_path_uses_16_byte_accesses(arch):
-    from cukern import rmsnorm
     from cukern._dtypes import BFLOAT16
 
     c = compiled("rms_norm", arch)
-    for fused in (False, True):
-        vec = rmsnorm.plan(4096, 1, 8, 2, fused=fused).instantiation(BFLOAT16, BFLOAT16, fused)
-        body = c.kernel_ptx(vec)
-        assert "ld.global.v4.u32" in body and "st.global.v4.u32" in body
-        scalar = rmsnorm.plan(4095, 1, 1, 2, fused=fused).instantiation(BFLOAT16, BFLOAT16, fused)
-        assert "ld.global.v4" not in c.kernel_ptx(scalar)
+    for name in ("rms_norm_rows", "fused_add_rms_norm_rows"):
+        bf16 = [i for i in checked_instantiations("rms_norm") if i.name == name and i.args[:2] == (BFLOAT16,) * 2]
+        vec = [i for i in bf16 if i.args[2] == 8]
+        scalar = [i for i in bf16 if i.args[2] == 1]
+        assert vec and scalar, name
+        for inst in vec:
+            body = c.kernel_ptx(inst)
+            assert "ld.global.v4.u32" in body and "st.global.v4.u32" in body, inst.expression
+        for inst in scalar:
+            assert "ld.global.v4" not in c.kernel_ptx(inst), inst.expression
 
 
 def test_sources_are_found_and_hashed():

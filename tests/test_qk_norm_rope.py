@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import ml_dtypes
 import numpy as np
 import pytest
-from _support import ARCHS, assert_close, assert_no_spills, compiled, same_bits
+from _support import ARCHS, assert_close, assert_no_spills, checked_instantiations, compiled, same_bits
 from test_plumbing import test_params_match_the_struct_the_kernel_declares as _struct_matches
 
 from cukern import qknorm, reference, rmsnorm, rotary
@@ -313,7 +313,7 @@ def test_instantiations_generated_and_modest():
 def test_every_instantiation_compiles_without_spills_or_local_memory(arch):
     prog = compiled(qknorm.SOURCE, arch)
     res = prog.resources()
-    for inst in qknorm.instantiations():
+    for inst in checked_instantiations(qknorm.SOURCE):
         r = res[prog.lowered[inst.expression]]
         assert_no_spills(r, arch, inst.expression)
         assert ".local" not in prog.kernel_ptx(inst), inst.expression
@@ -326,7 +326,7 @@ def test_machine_code_rounds_every_step_and_uses_16_byte_accesses(arch):
     rounds every step); vectorized instantiations move q and k with 16-byte accesses, element-wise ones with
     none."""
     prog = compiled(qknorm.SOURCE, arch)
-    for inst in qknorm.instantiations():
+    for inst in checked_instantiations(qknorm.SOURCE):
         body = prog.kernel_ptx(inst)
         assert "fma.rn.f32" not in body and ".approx" not in body, inst.expression
         assert all(op in body for op in ("div.rn.f32", "sqrt.rn.f32", "rcp.rn.f32", "mul.rn.f32")), inst.expression

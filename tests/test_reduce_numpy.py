@@ -349,6 +349,34 @@ def test_f_order_results_keep_numpys_strides(rng, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_every_reduction_and_scan_keeps_numpys_memory_order(rng, dtype):
+    """The ops that finish with a CuPy element-wise step (any, all, nanmean's quotient) or scan (cumsum,
+    cumprod) lay their results out as NumPy's (K order) too: F-ordered and transposed inputs, every axis."""
+    import cupy as cp
+
+    import cukern
+
+    base = _data(rng, dtype, (4, 5, 6))
+    ops = {"any": np.any, "all": np.all, "nanmean": np.nanmean, "nansum": np.nansum, "var": np.var,
+           "count_nonzero": np.count_nonzero, "prod": np.prod, "cumsum": np.cumsum, "cumprod": np.cumprod}
+    for perm in ((0, 1, 2), (2, 1, 0), (1, 0, 2), (2, 0, 1)):
+        h = np.transpose(np.asfortranarray(base), perm)
+        d = cp.transpose(cp.asfortranarray(cp.asarray(base)), perm)
+        for name, ref in ops.items():
+            scan = name.startswith("cum")
+            for axis in (0, 1, 2) if scan else (0, 1, 2, (0, 2)):
+                for keepdims in (False,) if scan else (False, True):
+                    kw = {} if scan else {"keepdims": keepdims}
+                    with np.errstate(all="ignore"):
+                        want = np.asarray(ref(h, axis=axis, **kw))
+                    got = getattr(cukern, name)(d, axis=axis, **kw)
+                    _check(got, want, exact=want.dtype.kind in "biu")
+                    big = [i for i, n in enumerate(want.shape) if n > 1]
+                    assert [got.strides[i] for i in big] == [want.strides[i] for i in big], (name, perm, axis)
+
+
+@pytest.mark.gpu
 def test_widened_bits_do_not_depend_on_knobs(rng):
     import cupy as cp
 

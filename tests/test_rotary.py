@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import ml_dtypes
 import numpy as np
 import pytest
-from _support import ARCHS, assert_close, assert_no_spills, compiled, same_bits
+from _support import ARCHS, assert_close, assert_no_spills, checked_instantiations, compiled, same_bits
 from test_plumbing import test_params_match_the_struct_the_kernel_declares as _struct_matches
 
 from cukern import reference, rotary
@@ -494,7 +494,7 @@ def test_instantiations_generated_and_modest():
 def test_every_instantiation_compiles_without_spills_or_local_memory(arch):
     prog = compiled(rotary.SOURCE, arch)
     res = prog.resources()
-    for inst in rotary.instantiations():
+    for inst in checked_instantiations(rotary.SOURCE):
         lowered = prog.lowered[inst.expression]
         assert lowered in res, inst.expression
         r = res[lowered]
@@ -511,7 +511,7 @@ def test_every_instantiation_compiles_without_spills_or_local_memory(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_vectorized_instantiations_use_16_byte_accesses(arch):
     prog = compiled(rotary.SOURCE, arch)
-    for inst in rotary.instantiations():
+    for inst in checked_instantiations(rotary.SOURCE):
         if inst.name != "rotary_embedding":
             continue
         body = prog.kernel_ptx(inst)
@@ -530,7 +530,7 @@ def test_rotation_is_never_contracted_into_fma(arch):
     element-wise paths give the same bits (an fma in one path and not the other changed the last bit); the
     cache-free kernel's float64 cos and sin likewise, with no approximate instruction."""
     prog = compiled(rotary.SOURCE, arch)
-    for inst in rotary.instantiations():
+    for inst in checked_instantiations(rotary.SOURCE):
         if inst.name not in ("rotary_embedding", "rotary_embedding_positions"):
             continue
         body = prog.kernel_ptx(inst)
