@@ -20,7 +20,7 @@ from _support import (
 from cukern import reference as R
 from cukern import scan as C
 from cukern._dtypes import BFLOAT16, dtype_name
-from cukern._layout import k_order
+from cukern.reduce_plan import k_strides
 
 OPS = tuple(C.OPS)
 
@@ -42,8 +42,9 @@ def _values(rng, shape, dtype, op):
 
 def test_result_layout_is_numpys(rng):
     """A scan's result without ``out`` is laid out as NumPy's (K order: cukern/scan.py `_run` scans x's
-    memory-order view, `_layout.k_order` with no reduced axis, and transposes back): the strides of the
-    result's axes longer than one against np.cumsum's, on permuted, reversed and stepped layouts."""
+    memory-order view, `_layout.k_order` with no reduced axis, and transposes back, which gives the strides
+    `reduce_plan.k_strides` plans with no reduced axis): those of the result's axes longer than one against
+    np.cumsum's, on permuted, reversed and stepped layouts."""
     for _ in range(400):
         nd = int(rng.integers(1, 5))
         shape = tuple(int(v) for v in rng.integers(1, 6, nd))
@@ -52,12 +53,7 @@ def test_result_layout_is_numpys(rng):
         a = a[tuple(slice(None, None, int(rng.choice([-2, -1, 1, 1, 2]))) for _ in range(nd))]
         axis = int(rng.integers(nd))
         want = np.cumsum(a, axis=axis)
-        order = None
-        if nd > 1 and not a.flags.c_contiguous:
-            order = k_order(a.shape, [s // a.itemsize for s in a.strides], ())
-        strides, step = [0] * nd, a.itemsize
-        for i in reversed(order or range(nd)):
-            strides[i], step = step, step * a.shape[i]
+        strides = k_strides(a.shape, [s // a.itemsize for s in a.strides], (), a.itemsize, False)
         big = [i for i, n in enumerate(a.shape) if n > 1]
         assert [strides[i] for i in big] == [want.strides[i] for i in big], (a.shape, a.strides, axis)
 
