@@ -11,6 +11,12 @@ test as
   (a support gap); where CuPy raises as well, CuPy's error stands and the call counts as ``both_raised``;
 * ``wrong``: the answered calls of a test that failed (the test found a wrong value, dtype or layout).
 
+With ``CUKERN_ROUTING_OPS=all`` the plugin also routes ``prod``, ``var``, ``std``, ``nansum``, ``nanmean``,
+``nanmax``, ``nanmin``, ``argmax``, ``argmin``, ``nanargmax``, ``nanargmin``, ``cumsum``, ``cumprod``,
+``count_nonzero``, ``any`` and ``all`` (the functions and the ``ndarray`` methods CuPy has; a CuPy-only
+argument, such as argmax's ``dtype``, leaves the call to CuPy). Calls cukern makes while answering one go
+to CuPy unrouted. Every count is also kept per op (``answered:var``, ...).
+
 Tests whose node id matches ``CUKERN_ROUTING_SKIP`` (a regular expression; by default the classes that mock
 CuPy's CUB internals, which check CuPy's code path rather than results) run unrouted. The counts are printed
 at the end and written as JSON to the file named by ``CUKERN_ROUTING_JSON`` when set.
@@ -41,33 +47,53 @@ class _State:
 _state = _State()
 
 
-def _count(what: str) -> None:
+def _count(what: str, op: str) -> None:
     _state.current[what] += 1
+    _state.current[f"{what}:{op}"] += 1
 
 
-def _route(ours, theirs):
-    """Call cukern (``ours``), counting the outcome; CuPy (``theirs``) on a refusal."""
+def _route(op: str, ours, theirs):
+    """Call cukern (``ours``), counting the outcome; CuPy (``theirs``) on a refusal. Calls made while
+    cukern answers (its own CuPy steps) are not routed."""
+    _state.active = False
     try:
         result = ours()
     except _REFUSALS:
         try:
             result = theirs()
         except Exception:
-            _count("both_raised")
+            _count("both_raised", op)
             raise
-        _count("refused")
+        _count("refused", op)
         return result
-    _count("answered")
+    finally:
+        _state.active = True
+    _count("answered", op)
     return result
 
 
-def _reduction(name: str, theirs):
+# CuPy's positional parameters after the array, for the functions and the ndarray methods (where they differ).
+_AXIS_OUT_KEEPDIMS = ("axis", "out", "keepdims")
+_WITH_DTYPE = ("axis", "dtype", "out", "keepdims")
+_VAR = ("axis", "dtype", "out", "ddof", "keepdims")
+_SCAN = ("axis", "dtype", "out")
+_ISSUE_OPS = {"sum": _WITH_DTYPE, "mean": _WITH_DTYPE, "amax": _AXIS_OUT_KEEPDIMS, "amin": _AXIS_OUT_KEEPDIMS}
+_MORE_OPS = {
+    "prod": _WITH_DTYPE, "var": _VAR, "std": _VAR, "nansum": _WITH_DTYPE, "nanmean": _WITH_DTYPE,
+    "nanmax": _AXIS_OUT_KEEPDIMS, "nanmin": _AXIS_OUT_KEEPDIMS, "argmax": _WITH_DTYPE, "argmin": _WITH_DTYPE,
+    "nanargmax": _WITH_DTYPE, "nanargmin": _WITH_DTYPE, "cumsum": _SCAN, "cumprod": _SCAN,
+    "count_nonzero": ("axis",), "any": _AXIS_OUT_KEEPDIMS, "all": _AXIS_OUT_KEEPDIMS,
+}
+_METHOD_KEYS = {"argmax": ("axis", "out", "dtype", "keepdims"), "argmin": ("axis", "out", "dtype", "keepdims")}
+_CUPY_ONLY = {"argmax": "dtype", "argmin": "dtype", "nanargmax": "dtype", "nanargmin": "dtype"}
+
+
+def _reduction(name: str, theirs, keys: tuple):
     import cupy
 
     import cukern
 
     ours = getattr(cukern, name)
-    keys = ("axis", "dtype", "out", "keepdims") if name in ("sum", "mean") else ("axis", "out", "keepdims")
 
     @functools.wraps(theirs)
     def routed(a, *args, **kwargs):
@@ -75,8 +101,13 @@ def _reduction(name: str, theirs):
             return theirs(a, *args, **kwargs)
         kw = dict(zip(keys, args))
         kw.update(kwargs)
+        if kw.get(_CUPY_ONLY.get(name)) is not None:
+            return theirs(a, *args, **kwargs)
+        kw.pop(_CUPY_ONLY.get(name), None)
+        if "keepdims" in kw and kw["keepdims"] is None:  # ndarray.prod's default
+            kw["keepdims"] = False
         axis = kw.pop("axis", None)
-        return _route(lambda: ours(a, axis, **kw), lambda: theirs(a, *args, **kwargs))
+        return _route(name, lambda: ours(a, axis, **kw), lambda: theirs(a, *args, **kwargs))
 
     routed.__cukern_routed__ = True
     return routed
@@ -93,7 +124,8 @@ def _norm(theirs):
             ord == 2 and (isinstance(axis, int) or (axis is None and getattr(x, "ndim", 0) == 1)))
         if not _state.active or type(x) is not cupy.ndarray or not vector:
             return theirs(x, ord, axis, keepdims)
-        return _route(lambda: cukern.norm(x, axis, keepdims=keepdims), lambda: theirs(x, ord, axis, keepdims))
+        return _route("norm", lambda: cukern.norm(x, axis, keepdims=keepdims),
+                      lambda: theirs(x, ord, axis, keepdims))
 
     routed.__cukern_routed__ = True
     return routed
@@ -110,11 +142,14 @@ def _patch(owner, attr: str, make) -> None:
 def pytest_configure(config):
     import cupy
 
-    for attr, name in (("sum", "sum"), ("mean", "mean"), ("amax", "amax"), ("max", "amax"), ("amin", "amin"),
-                       ("min", "amin")):
-        _patch(cupy, attr, lambda f, n=name: _reduction(n, f))
-    for attr, name in (("sum", "sum"), ("mean", "mean"), ("max", "amax"), ("min", "amin")):
-        _patch(cupy.ndarray, attr, lambda f, n=name: _reduction(n, f))
+    ops = dict(_ISSUE_OPS, **(_MORE_OPS if os.environ.get("CUKERN_ROUTING_OPS") == "all" else {}))
+    aliases = {"max": "amax", "min": "amin"}
+    for attr in (*ops, *aliases):
+        name = aliases.get(attr, attr)
+        if name in ops and hasattr(cupy, attr):
+            _patch(cupy, attr, lambda f, n=name: _reduction(n, f, ops[n]))
+        if name in ops and hasattr(cupy.ndarray, attr) and attr not in ("amax", "amin"):
+            _patch(cupy.ndarray, attr, lambda f, n=name: _reduction(n, f, _METHOD_KEYS.get(n, ops[n])))
     _patch(cupy.linalg, "norm", _norm)
 
 
@@ -142,8 +177,9 @@ def pytest_runtest_logreport(report):
     counts = dict(dict(report.user_properties).get("cukern_routing", {}))
     if not counts:
         return
-    if report.failed and counts.get("answered"):
-        counts["wrong"] = counts.pop("answered")
+    if report.failed:
+        for key in [k for k in counts if k.startswith("answered")]:
+            counts["wrong" + key[8:]] = counts.pop(key)
     counts["outcome"] = report.outcome
     _state.tests[report.nodeid] = counts
 
@@ -163,6 +199,10 @@ def pytest_terminal_summary(terminalreporter):
         "routed calls: " + ", ".join(f"{k} {totals.get(k, 0)}" for k in ("answered", "refused", "wrong", "both_raised"))
         + f"; tests with routed calls: {len(_state.tests)} (" + ", ".join(
             f"{k[6:]} {v}" for k, v in sorted(totals.items()) if k.startswith("tests_")) + ")")
+    ops = sorted({k.split(":", 1)[1] for k in totals if ":" in k})
+    for op in ops:
+        terminalreporter.write_line(f"  {op}: " + ", ".join(
+            f"{k} {totals.get(f'{k}:{op}', 0)}" for k in ("answered", "refused", "wrong", "both_raised")))
     path = os.environ.get("CUKERN_ROUTING_JSON")
     if path:
         with open(path, "w") as f:

@@ -8,7 +8,9 @@ src=${1:?usage: $0 <cupy checkout or git dir> [tag]}
 tag=${2:-v14.2.0}
 dest=$(cd "$(dirname "$0")/.." && pwd)/.cupy_tests
 files=(tests/cupy_tests/math_tests/test_sumprod.py tests/cupy_tests/statistics_tests/test_meanvar.py
-       tests/cupy_tests/core_tests/test_ndarray_reduction.py tests/cupy_tests/linalg_tests/test_norms.py)
+       tests/cupy_tests/core_tests/test_ndarray_reduction.py tests/cupy_tests/linalg_tests/test_norms.py
+       tests/cupy_tests/statistics_tests/test_order.py tests/cupy_tests/sorting_tests/test_search.py
+       tests/cupy_tests/sorting_tests/test_count.py tests/cupy_tests/logic_tests/test_truth.py)
 mkdir -p "$dest"
 for f in "${files[@]}"; do
   out="$dest/$(basename "$(dirname "$f")")/$(basename "$f")"

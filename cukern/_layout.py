@@ -93,9 +93,9 @@ class RowsLayout:
 def k_order(shape, strides, axes) -> tuple | None:
     """NumPy's ``K`` order of a reduction's result (or, with no ``axes``, of a scan's): the permutation (kept
     axes outermost first, then the reduced ``axes`` in their order) that lays the kept axes out as x's memory
-    does, or None when that is C order. NumPy's iterator sorts the axes by |stride|, a stable insertion sort from the last axis
-    inwards in which an axis of stride 0 or size 1 compares with nothing; the result is allocated
-    contiguous in that order (positive strides)."""
+    does, or None when that is C order. NumPy's iterator sorts the axes by |stride|, a stable insertion sort
+    from the last axis inwards in which an axis of stride 0 or size 1 compares with nothing; the result is
+    allocated contiguous in that order (positive strides)."""
     nd = len(shape)
     mag = [0 if shape[i] == 1 else abs(strides[i]) for i in range(nd)]
     perm = list(range(nd))[::-1]  # innermost first

@@ -44,7 +44,7 @@ import cukern._check as _check
 import cukern._tuned as _tuned
 
 from ._compile import Instantiation, get_kernel
-from ._dtypes import BFLOAT16
+from ._dtypes import BFLOAT16, dtype_name
 from ._launch import (
     OUT_STRIDED,
     X_COPIED,
@@ -374,8 +374,18 @@ def _prepare(op: str, x, axis, keepdims, knobs: Knobs | None, sm: int | None) ->
     return _Call(kernel, pl.kernel == "span", pl.config, params, pl.copy, shape, check_nan, ws)
 
 
+# Why a call into an out of another integer type cannot be captured (its indices go through a temporary).
+OUT_CAST = "out is not int64 (the indices go through an int64 temporary); pass an int64 out"
+
+
 def _validate_out(out, shape, x):
-    out = _check.check_out(out, shape, np.dtype(np.int64), x)
+    """``out``: int64, or another type NumPy casts the indices into, one int64 can hold every value of
+    (``numpy.can_cast(out.dtype, int64)``: bool, the narrower integer types), the int64 result then cast
+    into it as NumPy's (unsafe: wrapping)."""
+    out = _check.check_out(out, shape, None, x)
+    if out.dtype != np.int64 and not np.can_cast(out.dtype, np.int64):
+        raise TypeError(f"out has dtype {dtype_name(out.dtype)}; the result has dtype int64 (an out of a "
+                        "narrower integer type or bool takes it cast, as NumPy's)")
     _check.check_no_overlap(out, "out", x, "x", identical_ok=False)
     return out
 
@@ -410,9 +420,9 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
     if call.check_nan and cp.cuda.get_current_stream().is_capturing():
         raise RuntimeError(f"{op} waits for the GPU to learn whether a slice is all NaN, which a CUDA graph "
                            "capture cannot do; capture argmax / argmin instead")
-    direct = out is not None and out.flags.c_contiguous
+    direct = out is not None and out.flags.c_contiguous and out.dtype == np.int64
     if call.kernel is not None and (call.copy or not (out is None or direct)):
-        refuse_temporary_in_capture(op, X_COPIED if call.copy else OUT_STRIDED)
+        refuse_temporary_in_capture(op, X_COPIED if call.copy else OUT_STRIDED if out.dtype == np.int64 else OUT_CAST)
     with on_device(x.data.device_id):
         dst = out if direct else cp.ndarray(call.shape, np.int64)
         if call.kernel is not None:
@@ -428,7 +438,7 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
         if out is None:
             return dst
         if not direct:
-            cp.copyto(out, dst)
+            cp.copyto(out, dst, casting="unsafe")
         return out
 
 
@@ -447,7 +457,9 @@ axis : None or int
     The axis searched (negative counts from the end); None searches the flattened array (C order).
 keepdims : bool
     Keep the searched axis (every axis, for None) as size 1.
-out : cupy.ndarray of int64 with the result's shape, optional; must not overlap x.
+out : cupy.ndarray of int64 with the result's shape, optional; must not overlap x. Or of bool or an integer
+    type narrower than int64 (NumPy's rule: one whose values int64 holds), which takes the indices cast
+    (wrapping), through an int64 temporary (so not under a CUDA-graph capture).
 
 Returns
 -------
@@ -456,7 +468,8 @@ out : int64 indices along ``axis`` (flat indices for None).
 Raises
 ------
 TypeError
-    For a dtype outside those above, a non-int axis, or an ``out`` that is not int64.
+    For a dtype outside those above, a non-int axis, or an ``out`` of a float, complex or 64-bit unsigned
+    type.
 ValueError
     For an empty search{all_nan}, or an ``out`` of the wrong shape or overlapping x. AxisError (a
     ValueError) for an axis out of range. Every check runs before anything is launched{after}.

@@ -21,13 +21,14 @@ all (a temporary count). prod and logsumexp have kernels of their own at one tun
 
 NumPy's dtypes and memory order. Every op takes the input dtypes NumPy takes for it
 (:data:`~cukern.reduce_plan.PUBLIC_INPUTS`: int8, int16 and the unsigned types too, bool for maxima, minima
-and norms, complex64 / complex128 for sum, mean, norm, prod, maxima and minima) and gives NumPy's result
+and norms, complex64 / complex128 for every op but sum_of_squares and logsumexp) and gives NumPy's result
 dtype, and ``dtype=`` takes NumPy's targets (:func:`~cukern.reduce_plan.targets`). The kernels read only their
 own dtypes, so the others are lowered on the device first (:func:`~cukern.reduce_plan.route`): narrower
 integers and bool converted exactly to int32, uint32 to int64 (one more pass over x); uint64 sums and products
 read as int64 (a view: both wrap modulo 2^64); uint64 maxima and minima with the sign bit flipped (one more
 pass); complex inputs as their real and imaginary parts, a trailing axis of a float view (no pass: each part
-its own tree, the norm one tree over both); complex products with kernels of their own, which read and
+its own tree, the norm one tree over both, var and std the parts' variances added; nansum zeroes a complex
+NaN first, counts read x != 0, one more pass each); complex products with kernels of their own, which read and
 multiply the (real, imaginary) pairs (reduce.cu ``Complex``), x converted first only for a target of another
 dtype, as NumPy multiplies in it; complex maxima and minima as the element at the index the arg-reduction
 kernels find (cuda_src/argreduce.cu: NumPy's lexicographic order, a NaN in either part winning, or skipped by
@@ -105,11 +106,13 @@ from ._compile import get_kernel
 from ._dtypes import BFLOAT16, dtype_name
 from ._launch import CallCache, Signature, launch, on_device, refuse_temporary_in_capture, sm_count
 from ._launch import cupy as _cupy
+from ._layout import k_order
 from .argreduce import extreme_index
 
 # The kernel families (cukern.families) read SOURCE and instantiations on the op module, the benchmarks
 # bytes_moved.
 from .reduce_plan import (  # noqa: F401
+    BOOL,
     COMPACT_KERNEL_OPS,
     COMPLEX,
     COUNT_OPS,
@@ -134,6 +137,7 @@ from .reduce_plan import (  # noqa: F401
     SOURCE,
     STATE_BYTES,
     U64,
+    VAR_OPS,
     Knobs,
     Op,
     Plan,
@@ -143,7 +147,6 @@ from .reduce_plan import (  # noqa: F401
     cols_geometry,
     gather_axes,
     instantiations,
-    k_order,
     kernel_dtype,
     kernel_op_knobs,
     kernels_answer,
@@ -589,9 +592,14 @@ def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, co
             inner_axes = axes
             if rt.how == "complex":
                 part = real_of(x.dtype)
-                xl = cp.ndarray(x.shape + (2,), part, memptr=x.data, strides=x.strides + (part.itemsize,))
+                src = x
+                if name == "nansum":  # NumPy's nansum zeroes a complex element with a NaN in either part
+                    src = cp.where(cp.isnan(x), cp.zeros((), x.dtype), x)
+                xl = cp.ndarray(x.shape + (2,), part, memptr=src.data, strides=src.strides + (part.itemsize,))
                 if name == "norm":
                     inner_axes = axes + (x.ndim,)
+            elif rt.how == "cast" and x.dtype in COMPLEX and rt.via == BOOL:  # a count: x != 0, either part
+                xl = cp.not_equal(x, 0)
             elif rt.how == "cast":
                 xl = x.astype(rt.via)
                 if name == "nansum" and rt.via.kind in "iu" and (x.dtype.kind == "f" or x.dtype == BFLOAT16):
@@ -612,6 +620,9 @@ def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, co
                 _elementwise(OPS[name], xl, axes, r, keepdims, float(max(1 - ddof, 0)))
             elif rt.op == "count_nonzero" and name != "count_nonzero":
                 c = _reduce("count_nonzero", xl, inner_axes, None, keepdims, None, knobs, sm, korder=False)
+                if name == "nansum" and xl.dtype in FLOATS:  # NumPy's nansum zeroes the NaNs, which count here
+                    c = c - (count - _reduce("count_not_nan", xl, inner_axes, None, keepdims, None, knobs, sm,
+                                             korder=False).astype(np.int64))
                 r = cp.equal(c, count) if name == "prod" else cp.greater(c, 0)
                 if name == "mean" and count == 0:
                     warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
@@ -619,7 +630,11 @@ def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, co
             else:
                 inner_dtype = None if rt.op in COUNT_OPS else rt.kernel
                 r = _reduce(rt.op, xl, inner_axes, inner_dtype, keepdims, None, knobs, sm, ddof, korder=False)
-                if rt.how == "complex" and name != "norm":
+                if rt.how == "complex" and name in VAR_OPS:
+                    r = r[..., 0].astype(np.float64) + r[..., 1]  # var(z) = var(z.real) + var(z.imag)
+                    if name == "std":
+                        r = cp.sqrt(r)
+                elif rt.how == "complex" and name != "norm":
                     r = cp.ndarray(r.shape[:-1], np.result_type(r.dtype, np.complex64), memptr=r.data)
                 elif rt.how == "complex" and keepdims:  # the norm reduced the parts' axis too: not one of x's
                     r = r.reshape(r.shape[:-1])
@@ -735,14 +750,18 @@ def var(x, axis=None, *, dtype=None, ddof=0, keepdims=False, out=None):
     as (count, mean, M2) along the one tree (module notes), so an offset far above the spread costs no
     accuracy; the bits depend only on the values, n, ``ddof`` and the dtypes, as
     :func:`cukern.reference.var_emulated` computes them. ``axis``, ``keepdims`` and ``out`` as :func:`sum`.
+    Complex x: the real and imaginary parts' variances (each its own tree, as above), added in float64 and
+    rounded to the real result dtype (float32 for complex64, float64 for complex128), as ``numpy.var``'s
+    mean of ``|x - mean|**2``; no ``dtype=`` (NumPy's float targets drop the imaginary parts of the mean).
     """
     return _reduce("var", x, axis, dtype, keepdims, out, ddof=ddof)
 
 
 def std(x, axis=None, *, dtype=None, ddof=0, keepdims=False, out=None):
     """Standard deviation over ``axis``: ``sqrt(var(x, axis, ddof=ddof))``, the square root taken once in
-    float64 and rounded to the result dtype (x's for floating x, float64 for integer and bool x). Everything
-    else as :func:`var` (:func:`cukern.reference.std_emulated` gives its bits)."""
+    float64 and rounded to the result dtype (x's for floating x, float64 for integer and bool x; complex x:
+    of the parts' variances added in float64). Everything else as :func:`var`
+    (:func:`cukern.reference.std_emulated` gives its bits)."""
     return _reduce("std", x, axis, dtype, keepdims, out, ddof=ddof)
 
 
@@ -770,7 +789,10 @@ def nansum(x, axis=None, *, dtype=None, keepdims=False, out=None):
 
     Result dtype, accumulation, ``axis``, ``keepdims`` and ``out`` as :func:`sum` (an all-NaN or empty slice
     gives 0, as ``numpy.nansum``). Each NaN becomes the sum's identity before the one tree, so the bits are
-    :func:`cukern.reference.nansum_emulated`'s, reproducible as :func:`sum`'s.
+    :func:`cukern.reference.nansum_emulated`'s, reproducible as :func:`sum`'s. Complex x: an element with a
+    NaN in either part is 0 (one more pass, zeroing them), as NumPy's. ``dtype=bool``: whether any non-NaN
+    element is non-zero (NumPy's "or" after zeroing the NaNs: counts of the non-zero and of the non-NaN
+    elements).
     """
     return _reduce("nansum", x, axis, dtype, keepdims, out)
 
@@ -826,7 +848,8 @@ def nanmean(x, axis=None, *, dtype=None, keepdims=False, out=None):
     and rounded to the result dtype (through float32 for half types), as
     :func:`cukern.reference.nanmean_emulated` computes. An all-NaN or empty slice gives NaN with NumPy's
     RuntimeWarning "Mean of empty slice." (a host check after a synchronization; a CUDA-graph capture is
-    refused). ``dtype``: as :func:`mean`.
+    refused). ``dtype``: as :func:`mean`. Complex x: each part of the sum (NaN elements, either part, zeroed)
+    divided in float64 by the count of elements with no NaN part, rounded to the part's dtype.
     """
     return _nanmean(x, axis, dtype, keepdims, out)
 
@@ -839,10 +862,16 @@ def _nanmean(x, axis, dtype, keepdims: bool, out, korder: bool = True):
     if x.dtype.kind in "biu":
         return _reduce("mean", x, axis, dtype, keepdims, out)
     final = result_dtype("mean", x.dtype, dtype)
-    if final not in FLOATS:
+    if final not in FLOATS + COMPLEX:
         raise TypeError(f"dtype={dtype_name(final)} is not supported for nanmean; use one of float32, float64, "
-                        "float16, bfloat16")
+                        "float16, bfloat16, complex64, complex128")
     x, _, out = _result_of(x, axis, keepdims, final, out)
+    if final in COMPLEX and x.dtype not in COMPLEX:  # a real mean, widened: NumPy's values
+        r = _nanmean(x, axis, real_of(final), keepdims, None, korder)
+        if out is None:
+            return r.astype(final)
+        cp.copyto(out, r)
+        return out
     _refuse_capture("nanmean", "it checks for all-NaN slices on the host; use mean, or nanmean outside")
     axes = normalize_axis(axis, x.ndim)
     perm = k_order(x.shape, x.strides, axes) if out is None and korder else None
@@ -851,8 +880,18 @@ def _nanmean(x, axis, dtype, keepdims: bool, out, korder: bool = True):
                            keepdims)
     acc = acc_dtype(final)
     total = _reduce("nansum", x, axis, acc, keepdims, None)
-    count = _reduce("count_not_nan", x, axis, None, keepdims, None)
-    q = total.astype(np.float64) / count
+    if x.dtype in COMPLEX:
+        # Each part of the sum over the count of elements with no NaN part, in float64, rounded to the part's
+        # dtype: NumPy's complex quotient by a real count, which divides each part.
+        count = _reduce("count_nonzero", cp.logical_not(cp.isnan(x)), axis, None, keepdims, None)
+        part = real_of(final)
+        sums = cp.ndarray(total.shape + (2,), part, memptr=total.data, strides=total.strides + (part.itemsize,))
+        q = cp.empty(total.shape, final)
+        parts = cp.ndarray(q.shape + (2,), part, memptr=q.data, strides=q.strides + (part.itemsize,))
+        cp.divide(sums.astype(np.float64), count[..., None].astype(np.float64), out=parts, casting="unsafe")
+    else:
+        count = _reduce("count_not_nan", x, axis, None, keepdims, None)
+        q = total.astype(np.float64) / count
     if final.itemsize == 2:
         q = q.astype(np.float32)  # as the mean kernels round a double result: to float, then to the half type
     if bool(cp.any(count == 0)):
@@ -866,7 +905,8 @@ def _nanmean(x, axis, dtype, keepdims: bool, out, korder: bool = True):
 def count_nonzero(x, axis=None, *, keepdims=False):
     """Number of non-zero elements over ``axis``: ``sum_i (x[i] != 0)`` (a NaN counts, -0.0 does not); an
     int64 array (0-d for ``axis=None``), as ``numpy.count_nonzero``: the 1s add in float64 (exact below 2^53)
-    with the sum kernels, then convert (a temporary: a CUDA-graph capture refuses it)."""
+    with the sum kernels, then convert (a temporary: a CUDA-graph capture refuses it). A complex element is
+    non-zero where either part is (x != 0 first, one more pass)."""
     return _reduce("count_nonzero", x, axis, None, keepdims, None)
 
 

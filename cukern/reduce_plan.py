@@ -247,8 +247,8 @@ _REAL = (BOOL,) + EVERY_INT + FLOATS
 PUBLIC_INPUTS = {
     "sum": NUMERIC, "mean": NUMERIC, "norm": NUMERIC, "amax": NUMERIC, "amin": NUMERIC, "nanmax": NUMERIC,
     "nanmin": NUMERIC, "prod": NUMERIC,
-    "sum_of_squares": _REAL, "var": _REAL, "std": _REAL, "nansum": _REAL, "nanmean": _REAL, "count_nonzero": _REAL,
-    "logsumexp": _REAL,
+    "var": NUMERIC, "std": NUMERIC, "nansum": NUMERIC, "nanmean": NUMERIC, "count_nonzero": NUMERIC,
+    "sum_of_squares": _REAL, "logsumexp": _REAL,
     "count_not_nan": FLOATS,
 }
 # Why an accepted-by-NumPy input is refused (the message names the way around it).
@@ -342,7 +342,11 @@ def targets(op: str, dtype) -> tuple:
     if op in ("sum", "mean", "sum_of_squares", "prod"):
         return COMPLEX if t in COMPLEX else NUMERIC
     if op == "nansum":
-        return EVERY_INT + FLOATS  # a bool target would be an "any" of the non-NaN values: not kept
+        return COMPLEX if t in COMPLEX else (BOOL,) + EVERY_INT + FLOATS  # bool: an "or" of the non-NaN values
+    if op in VAR_OPS and t in COMPLEX:
+        # NumPy's var of complex x in a float dtype= takes the mean of the real parts only (a ComplexWarning):
+        # not a variance, so not offered.
+        return ()
     if op in ("norm",) + VAR_OPS:
         return FLOATS  # var and std of another float type: x converted to it first, as NumPy computes in it
     return (default_dtype(op, t),)  # logsumexp
@@ -379,15 +383,19 @@ class Route:
     * ``flip``: x's bits with the sign bit flipped, read as ``via`` (uint64 to int64, preserving order,
       for maxima and minima; flipped back after);
     * ``complex``: the real and imaginary parts as a trailing axis of ``via`` (a view: each part its own
-      tree over the same elements; the norm reduces that axis too). Not for prod, whose kernels read complex
-      x as it is.
+      tree over the same elements; the norm reduces that axis too; var and std add the parts' variances,
+      as ``|z - mean|**2`` is the sum of the parts' squares; nansum zeroes a complex NaN's both parts
+      first, one more pass). Not for prod, whose kernels read complex x as it is. For a count: x != 0 as
+      bool (``cast``).
     * ``gather``: complex maxima and minima (``via`` x's dtype): the element at the index the arg-reduction
       kernels (cuda_src/argreduce.cu) find along the reduced axes merged into one, ordered as NumPy
       iterates them (:func:`gather_axes`); a gather, no kernel of this family.
 
-    ``op``: the op the kernels run: the public one, ``sum`` for a mean with an integer target, or
-    ``count_nonzero`` for a bool target of a sum, mean or product (NumPy accumulates in bool: an "or" for
-    sums and means, an "and" for products), whose count is compared with 0 or n.
+    ``op``: the op the kernels run: the public one, ``sum`` for a mean with an integer target, ``var`` for a
+    complex std (the square root taken after the parts' variances are added), or ``count_nonzero`` for a
+    bool target of a sum, mean, nansum or product (NumPy accumulates in bool: an "or" for sums and means,
+    an "and" for products; nansum's NaNs, counted with the non-NaN values, are taken off), whose count is
+    compared with 0 or n.
 
     ``kernel``: the dtype the kernels write (then converted to ``final``; an integer target takes the
     int64 result modulo its width, as NumPy's accumulation in that width wraps). ``mean_int``: a mean with
@@ -420,6 +428,8 @@ def route(op: str, dtype, final) -> Route:
     kin = OPS[op].inputs
     if op in MINMAX_OPS and t in COMPLEX:
         return Route(op, "gather", t, t)
+    if op in COUNT_OPS and t in COMPLEX:
+        return Route(op, "cast", BOOL, F64)  # x != 0 (either part), as NumPy's count_nonzero and bool of complex
     if op in MINMAX_OPS or op in COUNT_OPS:
         if t in kin:
             how, via = "direct", t
@@ -433,8 +443,8 @@ def route(op: str, dtype, final) -> Route:
         # to the target when that is another dtype, as NumPy multiplies in it.
         return Route(op, "direct" if t == final else "cast", final, final)
     if t in COMPLEX:
-        inner = route(op, real_of(t), real_of(final))
-        return Route(op, "complex", inner.via, inner.kernel)
+        inner = route("var" if op in VAR_OPS else op, real_of(t), real_of(final))
+        return Route(inner.op, "complex", inner.via, inner.kernel)
     if final == BOOL:
         how, via = ("direct", t) if t in OPS["count_nonzero"].inputs else _int_via("count_nonzero", t)
         return Route("count_nonzero", how, via, F64)

@@ -588,6 +588,8 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
     axes = P.normalize_axis(axis, x.ndim)
     final = P.result_dtype(name, x.dtype, dtype)
     shape = P.result_shape(x.shape, axes, keepdims)
+    if name in P.COUNT_OPS and x.dtype.kind == "c":
+        x = x != 0  # a complex element is non-zero where either part is
     rt = None
     if not (op.minmax or name in P.COUNT_OPS):
         # cukern lowers x first (reduce_plan.route): uint64 viewed as int64 (sums wrap the same modulo
@@ -665,8 +667,12 @@ def _lowered_emulated(name: str, x, axes, final, keepdims: bool, rt):
     kernels' op into ``rt.kernel`` emulated on that, then converted to ``final``. A bool target compares
     the count of non-zero elements with 0 (sum, mean; an empty mean is True) or n (prod); a mean's integer
     target is the int64 sum taken modulo that type, divided in float64, truncated into it."""
+    import cukern.reduce_plan as P
+
     n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
     inner_axes = axes
+    if name == "nansum" and (x.dtype.kind in "fc" or x.dtype == P.BFLOAT16):
+        x = np.where(np.isnan(x), np.zeros((), x.dtype), x)  # NumPy's nansum: a NaN (either part) is 0 first
     if rt.how == "complex":
         x = np.stack([x.real, x.imag], axis=-1)
         if name == "norm":
@@ -968,6 +974,12 @@ def _var_emulated(name: str, x, axis, dtype, ddof, keepdims: bool):
     final = P.result_dtype(name, x.dtype, dtype)
     shape = P.result_shape(x.shape, axes, keepdims)
     rt = P.route(name, x.dtype, final)
+    if rt.how == "complex":
+        # the parts' variances, each its own tree, added in float64 (then the square root), rounded once
+        r = _var_emulated("var", np.ascontiguousarray(x.real), axis, None, ddof, keepdims).astype(np.float64)
+        r = r + _var_emulated("var", np.ascontiguousarray(x.imag), axis, None, ddof, keepdims)
+        with np.errstate(invalid="ignore"):
+            return np.asarray(np.sqrt(r) if name == "std" else r).astype(final)
     if rt.how == "cast":
         x = x.astype(rt.via)  # as cukern converts x first (to a float ``dtype=``: NumPy computes in it)
     n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
@@ -1115,14 +1127,25 @@ def nanmin_emulated(x, axis=None, dtype=None, keepdims=False):
 def nanmean_emulated(x, axis=None, dtype=None, keepdims=False):
     """The bits :func:`cukern.nanmean` returns: :func:`nansum_emulated` in the accumulator dtype, widened to
     float64, divided by the count of non-NaN values (NaN for none), rounded to the result dtype (through
-    float32 for half types). Integer and bool inputs: :func:`mean_emulated`."""
+    float32 for half types). Integer and bool inputs: :func:`mean_emulated`. Complex x: each part of the sum
+    divided in float64 by the count of elements with no NaN part, rounded to the part's dtype; a real x
+    with a complex ``dtype=``: the real result in the parts' dtype, widened."""
     import cukern.reduce_plan as P
 
     x = _numpy(x)
     if x.dtype.kind in "biu":
         return mean_emulated(x, axis, dtype, keepdims)
     final = P.result_dtype("mean", x.dtype, dtype)
+    if final.kind == "c" and x.dtype.kind != "c":
+        return nanmean_emulated(x, axis, P.real_of(final), keepdims).astype(final)
     total = nansum_emulated(x, axis, P.acc_dtype(final), keepdims)
+    if x.dtype.kind == "c":
+        count = np.sum(~np.isnan(x), axis=P.normalize_axis(axis, x.ndim), keepdims=keepdims).astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            re, im = total.real.astype(np.float64) / count, total.imag.astype(np.float64) / count
+        q = np.empty(np.shape(total), final)
+        q.real, q.imag = re, im
+        return q
     with np.errstate(invalid="ignore", divide="ignore"):
         q = total.astype(np.float64) / _count_not_nan_emulated(x, axis, keepdims)
     if final.itemsize == 2:
@@ -1427,6 +1450,12 @@ def _scan_emulated(op: str, x, axis, dtype):
     from .scan import BLOCK, DTYPES, GROUP, ITEMS, TILE, result_dtype
 
     x = _numpy(x)
+    if op == "cumsum" and (x.dtype.kind == "c" or (dtype is not None and np.dtype(dtype).kind == "c")):
+        # the real and imaginary parts scanned apart, x converted to the complex result dtype first
+        z = x.astype(x.dtype if dtype is None else np.dtype(dtype))
+        r = np.empty((z.size,) if axis is None else z.shape, z.dtype)
+        r.real, r.imag = (_scan_emulated(op, np.ascontiguousarray(p), axis, None) for p in (z.real, z.imag))
+        return r
     check_dtype(x, "x", DTYPES)  # the public op's TypeError
     o = result_dtype(x.dtype, dtype)
     if x.size == 0:
@@ -1474,7 +1503,7 @@ def _scan_emulated(op: str, x, axis, dtype):
 def cumsum_emulated(x, axis=None, dtype=None):
     """The bits :func:`cukern.cumsum` returns: per thread a running sum of 16 elements, the lanes' ladder,
     the warps in order, the tiles of a group in order, the groups in order, combined as ``((P + W) + L) + s``
-    with ``P = B + Q`` (cuda_src/scan.cu's notes)."""
+    with ``P = B + Q`` (cuda_src/scan.cu's notes). Complex x or ``dtype``: each part so, apart."""
     return _scan_emulated("cumsum", x, axis, dtype)
 
 

@@ -91,7 +91,9 @@ def route(dtype, requested=None):
     does it, else ``(via, result)``: x converted to ``via`` (NumPy's element conversion; uint64 only viewed
     as int64), scanned into ``via`` (int64 for integer results), and that converted to ``result``. Integer
     sums and products wrap, so their low bits are those of the narrower integer arithmetic NumPy would do.
-    TypeError for complex and other non-numeric dtypes, either side, and for bool results."""
+    A bool result goes through bool: NumPy adds bools as "or" and multiplies them as "and", and an int64
+    count of the nonzero elements so far (a product of zeros and ones) is nonzero exactly where that is
+    True. TypeError for complex and other non-numeric dtypes, either side."""
     t = np.dtype(dtype)
     if not _numeric(t):
         names = ", ".join(dtype_name(d) for d in DTYPES)
@@ -100,8 +102,10 @@ def route(dtype, requested=None):
         r = DEFAULT_DTYPE.get(t) or np.dtype(np.uint64 if t.kind == "u" else np.int64)
     else:
         r = parse_dtype(requested)
-        if not _numeric(r) or r.kind == "b":
-            raise TypeError(f"dtype={dtype_name(r)} is not supported; use a float or an integer type")
+        if r.kind == "b":
+            return _BOOL, r
+        if not _numeric(r):
+            raise TypeError(f"dtype={dtype_name(r)} is not supported; use a float, integer or bool type")
     if (t, r) in PAIRS:
         return None
     if r.kind in "iu":
@@ -350,12 +354,13 @@ def _validate_out(out, call: _Call, x):
 
 def _routed(op: str, x, axis, via, final, out):
     """A scan :func:`route` sends through a conversion: every check first, then x converted to ``via``, its
-    scan, and the result converted to ``final`` (into ``out``, which may be x itself)."""
+    scan, and the result converted to ``final`` (cast into ``out`` of any dtype, as NumPy casts, unsafely;
+    ``out`` may be x itself)."""
     cp = _cupy()
     a = normalize_axis(axis, x.ndim)
     shape = (x.size,) if a is None else x.shape
     if out is not None:
-        out = _check.check_out(out, shape, final, x)
+        out = _check.check_out(out, shape, None, x)
         _check.check_no_overlap(out, "out", x, "x", identical_ok=True)
     with on_device(x.data.device_id):
         if cp.cuda.get_current_stream().is_capturing():
@@ -367,13 +372,49 @@ def _routed(op: str, x, axis, via, final, out):
         else:
             src = x.astype(via)
         scanned = DEFAULT_DTYPE[via]
-        if out is not None and scanned == final and src is not x:
+        if out is not None and scanned == final == out.dtype and src is not x:
             return _run(op, src, a, scanned, out)  # src is a new array: out may be x's memory
         r = _run(op, src, a, scanned, None)
+        if r.dtype != final and (out is None or out.dtype != final):  # NumPy's result (wrapped) first
+            r = r.view(final) if final.kind == "u" and final.itemsize == 8 else r.astype(final)
         if out is None:
-            if r.dtype == final:
-                return r
-            return r.view(final) if final.kind == "u" and final.itemsize == 8 else r.astype(final)
+            return r
+        cp.copyto(out, r, casting="unsafe")
+        return out
+
+
+def _complex(op: str, x, axis, final, out):
+    """cumsum of complex x, or into a complex ``dtype=``: the real and imaginary parts scanned as a trailing
+    axis of a float view by the float kernels (each part its own line, as NumPy adds the parts apart), x
+    converted first where it is not of ``final`` (a real x's imaginary parts are zeros). Everything is
+    checked first: cumprod of complex (its products mix the parts, no kernel of its own) and a real dtype=
+    for complex x (NumPy does not cast complex to real) raise TypeError."""
+    cp = _cupy()
+    if final.kind != "c":
+        raise TypeError(f"dtype={dtype_name(final)} is not supported for {op} of {dtype_name(x.dtype)}: NumPy "
+                        "does not cast complex to real; use a complex dtype, or scan x.real")
+    if op == "cumprod":
+        raise TypeError(f"cumprod into {dtype_name(final)} is not supported: a complex product mixes the parts, "
+                        "and cukern has no complex scan kernel; use cupy.cumprod")
+    a = normalize_axis(axis, x.ndim)
+    shape = (x.size,) if a is None else x.shape
+    if out is not None:
+        out = _check.check_out(out, shape, None, x)
+        _check.check_no_overlap(out, "out", x, "x", identical_ok=True)
+    if cp.cuda.get_current_stream().is_capturing():
+        _refuse_capture()
+    with on_device(x.data.device_id):
+        src = x if x.dtype == final else (x.astype(_F32) if x.dtype == BFLOAT16 else x).astype(final)
+        if a is None:
+            src, a = cp.ascontiguousarray(src).reshape(-1), 0
+        direct = out is not None and out.dtype == final
+        r = out if direct else cp.empty(shape, final)
+        part = np.dtype(np.float32 if final == np.complex64 else np.float64)
+        parts = [cp.ndarray(v.shape + (2,), part, memptr=v.data, strides=v.strides + (part.itemsize,))
+                 for v in (src, r)]
+        _run(op, parts[0], a, None, parts[1], korder=False)
+        if out is None or direct:
+            return r
         cp.copyto(out, r, casting="unsafe")
         return out
 
@@ -390,6 +431,8 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
         if perm is not None:  # NumPy's K order: scan x with its axes in memory order, give the result back
             r = _run(op, x.transpose(perm), perm.index(normalize_axis(axis, x.ndim)), dtype, None, korder=False)
             return r.transpose([perm.index(i) for i in range(x.ndim)])
+    if x.dtype.kind == "c" or (dtype is not None and parse_dtype(dtype).kind == "c"):
+        return _complex(op, x, axis, x.dtype if dtype is None else parse_dtype(dtype), out)
     key = None
     call = _MISSING
     if (axis is None or type(axis) is int) and (dtype is None or isinstance(dtype, (str, type, np.dtype))) and (
@@ -404,6 +447,12 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
     if call is _MISSING:
         if out is not None:
             out = _check.as_array(out, "out", writable=True)
+            if x.dtype in DTYPES and out.dtype != result_dtype(x.dtype, dtype):  # NumPy casts into out
+                a = normalize_axis(axis, x.ndim)
+                out = _check.check_out(out, (x.size,) if a is None else x.shape, None, x)
+                _check.check_no_overlap(out, "out", x, "x", identical_ok=True)  # read whole before out is written
+                cp.copyto(out, _run(op, x, a, dtype, None, korder=False), casting="unsafe")
+                return out
         call = _prepare(op, x, axis, dtype, out)
         if key is not None:
             _calls.put(key, call)
@@ -437,17 +486,19 @@ bfloat16 results), float64 or int64 (wrapping), in the fixed order of ``cuda_src
 
 Parameters
 ----------
-x : cupy.ndarray of float32, float64, float16, bfloat16, any integer type or bool; any strides.
+x : cupy.ndarray of float32, float64, float16, bfloat16, any integer type or bool, and complex64 / complex128
+    for cumsum (the real and imaginary parts scanned apart, a view, as NumPy adds them); any strides.
 axis : None or int
     The axis scanned (negative counts from the end); None scans the flattened array (C order).
 dtype : optional
-    The result dtype, any float or integer type. Kernels scan float32, float64, float16, bfloat16 into
-    themselves, float32 into float64, int32, int64 and bool into int64; any other pair first converts x
-    (NumPy's element conversion; one more pass) to the result's float type, or to int64 for an integer
-    result, which is then converted to that type: integer sums and products wrap, so the low bits are
-    NumPy's (:func:`cukern.scan.route`).
-out : cupy.ndarray of the result's shape (x's, or ``(x.size,)`` for None) and dtype, optional; may be x itself
-    (in place), must not overlap it otherwise.
+    The result dtype, any float, integer or bool type (complex ones for cumsum). Kernels scan float32,
+    float64, float16, bfloat16 into themselves, float32 into float64, int32, int64 and bool into int64; any
+    other pair first converts x (NumPy's element conversion; one more pass) to the result's float type, or
+    to int64 for an integer result, which is then converted to that type: integer sums and products wrap,
+    so the low bits are NumPy's (:func:`cukern.scan.route`).
+out : cupy.ndarray of the result's shape (x's, or ``(x.size,)`` for None), optional; may be x itself (in
+    place), must not overlap it otherwise. Of another dtype than the result, it takes the result cast (as
+    NumPy's unsafe casting), through a temporary.
 
 Returns
 -------
@@ -456,7 +507,7 @@ out, or a new array laid out as x (NumPy's K order: an F-ordered x gives an F-or
 Raises
 ------
 TypeError
-    For complex x or ``dtype=`` (or bool), a non-int axis or an ``out`` of another dtype.
+    For cumprod of complex x or into a complex ``dtype=``, a real ``dtype=`` for complex x, or a non-int axis.
 ValueError
     For an ``out`` of the wrong shape or partially overlapping x; AxisError (a ValueError) for an axis out of
     range. Every check runs before anything is launched. RuntimeError under CUDA-graph capture.

@@ -423,9 +423,23 @@ def test_out_is_written_and_checked(rng):
     kept = cupy.full((37, 1), -7, np.int64)
     A.nanargmax(x, axis=1, keepdims=True, out=kept)
     np.testing.assert_array_equal(kept.get()[:, 0], want)
+    # another type int64 holds takes the indices (up to 128) cast, as NumPy's: int8 wraps, bool is nonzero
+    top = R.argmax_emulated(xh, axis=1)
+    for t in (np.int32, np.int16, np.uint8, np.int8, np.bool_):
+        cast = cupy.full(37, 7, t)
+        assert A.argmax(x, axis=1, out=cast) is cast
+        np.testing.assert_array_equal(cast.get(), top.astype(t), err_msg=str(t))
+        np.argmax(xh, axis=1, out=np.empty(37, t))  # NumPy takes it too
+    stepped = cupy.full(74, 7, np.int32)
+    A.argmax(x, axis=1, out=stepped[::2])
+    np.testing.assert_array_equal(stepped[::2].get(), top)
+    assert (stepped[1::2] == 7).all()
     before = x.copy()
     for bad, err, match in [(cupy.empty(36, np.int64), ValueError, "shape"),
-                            (cupy.empty(37, np.int32), TypeError, "int64"),
+                            (cupy.empty(37, np.float64), TypeError, "int64"),
+                            (cupy.empty(37, np.uint64), TypeError, "int64"),
+                            (cupy.empty(37, np.complex64), TypeError, "int64"),
+                            (cupy.empty(36, np.int32), ValueError, "shape"),
                             (cupy.empty((37, 1), np.int64), ValueError, "shape"),
                             (np.empty(37, np.int64), TypeError, "numpy.ndarray"),
                             (cupy.broadcast_to(cupy.zeros(1, np.int64), (37,)), ValueError, "zero stride")]:
@@ -486,8 +500,10 @@ def test_capture_refuses_a_temporary_and_replays_the_rest(rng):
 
     x = cupy.asarray(rng.standard_normal((300, 1000)).astype(np.float32))
     strided_out = cupy.empty(2000, np.int64)[::2]
+    narrow_out = cupy.empty(300, np.int32)
     cases = {"copied layout": lambda: A.argmax(x.T),
-             "strided out": lambda: A.argmin(x, axis=0, out=strided_out)}
+             "strided out": lambda: A.argmin(x, axis=0, out=strided_out),
+             "int32 out": lambda: A.argmax(x, axis=1, out=narrow_out)}
     stream = cupy.cuda.Stream(non_blocking=True)
     for call in cases.values():
         with stream:

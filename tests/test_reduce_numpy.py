@@ -58,7 +58,8 @@ def test_new_inputs_and_targets():
             assert np.dtype(t) in P.public_inputs(op), (op, t)
     for op in ("amax", "amin", "norm"):
         assert P.BOOL in P.public_inputs(op)
-    for op in ("sum", "mean", "norm", "prod", "amax", "amin", "nanmax", "nanmin"):
+    for op in ("sum", "mean", "norm", "prod", "amax", "amin", "nanmax", "nanmin", "var", "std", "nansum", "nanmean",
+               "count_nonzero"):
         assert set(P.COMPLEX) <= set(P.public_inputs(op))
     assert P.result_dtype("mean", np.int32, np.int64) == np.int64
     assert P.result_dtype("sum", np.int32, np.bool_) == np.bool_
@@ -70,8 +71,10 @@ def test_new_inputs_and_targets():
         P.result_dtype("prod", np.complex64, np.float32)
     with pytest.raises(TypeError, match="dtype=float32 is not supported for sum of complex64"):
         P.result_dtype("sum", np.complex64, np.float32)
-    with pytest.raises(TypeError, match="nansum"):
-        P.result_dtype("nansum", np.float32, np.bool_)
+    assert P.result_dtype("nansum", np.float32, np.bool_) == np.bool_
+    assert P.result_dtype("var", np.complex64) == np.float32
+    with pytest.raises(TypeError, match="dtype=float64 is not supported for var of complex64"):
+        P.result_dtype("var", np.complex64, np.float64)  # NumPy's would drop the mean's imaginary parts
     with pytest.raises(TypeError):
         P.result_dtype("count_nonzero", np.int32, np.int64)
 
@@ -117,6 +120,12 @@ def test_route_choices():
     assert R_("prod", np.int16, np.complex64) == P.Route("prod", "cast", P.C64, P.C64)
     assert P.kernels_answer("prod", np.complex128, np.complex128)
     assert R_("sum", np.float32, np.float16) == P.Route("sum", "direct", P.F32, P.F32)  # then rounded
+    # complex var and std: the parts' variances (std's square root after they are added); counts of x != 0
+    assert R_("std", np.complex64, np.float32) == P.Route("var", "complex", P.F32, P.F32)
+    assert R_("var", np.complex128, np.float64) == P.Route("var", "complex", P.F64, P.F64)
+    assert R_("count_nonzero", np.complex64, np.int64) == P.Route("count_nonzero", "cast", P.BOOL, P.F64)
+    assert R_("nansum", np.complex64, np.complex128) == P.Route("nansum", "complex", P.F32, P.F64)
+    assert R_("nansum", np.float32, np.bool_).op == "count_nonzero"
     assert P.kernels_answer("sum", np.float32, np.float64) and not P.kernels_answer("sum", np.int8, np.int64)
 
 
@@ -449,3 +458,171 @@ def test_var_and_std_into_half_types_against_float64(rng, target):
                     want = np.asarray(_NP[name](exact, axis=axis, ddof=ddof)).astype(r).astype(np.float64)
                     np.testing.assert_allclose(got.get().astype(np.float64), want, rtol=rtol,
                                                err_msg=f"{name} of {t} axis={axis} ddof={ddof}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Complex var, std, nansum, nanmean and counts; nansum into bool.
+
+_COMPLEX_OPS = ("var", "std", "nansum", "nanmean", "count_nonzero")
+
+
+def _complex_cases(rng, dtype, shape=_SHAPE):
+    """Complex data with NaNs in either part (a whole slice along axis 0 of them) and exact zeros in either
+    part or both."""
+    h = _data(rng, dtype, shape)
+    pick = rng.random(shape)
+    h[pick < 0.1] = complex(np.nan, 1.0)
+    h[(pick >= 0.1) & (pick < 0.2)] = complex(-2.0, np.nan)
+    h[1] = complex(np.nan, np.nan)
+    h.real[(pick >= 0.2) & (pick < 0.3)] = 0
+    h.imag[(pick >= 0.3) & (pick < 0.4)] = 0
+    h[(pick >= 0.4) & (pick < 0.5)] = 0
+    return h
+
+
+def _numpy_of(name, h, axis, keepdims, ddof=0):
+    kw = {"ddof": ddof} if name in ("var", "std") else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with np.errstate(all="ignore"):
+            if name == "count_nonzero":
+                return np.asarray(np.count_nonzero(h, axis=axis, keepdims=keepdims), dtype=np.int64)
+            return np.asarray(_NP[name](h, axis=axis, keepdims=keepdims, **kw))
+
+
+def _emulated_of(name, h, axis, keepdims, ddof=0):
+    from cukern import reference
+
+    kw = {"ddof": ddof} if name in ("var", "std") else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.asarray(getattr(reference, f"{name}_emulated")(h, axis=axis, keepdims=keepdims, **kw))
+
+
+def _close(got, want, name):
+    assert got.dtype == want.dtype and got.shape == want.shape, (name, got.dtype, want.dtype, got.shape)
+    if want.dtype.kind in "biu":
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    else:
+        single = want.dtype in (np.float32, np.complex64)
+        np.testing.assert_allclose(got, want, rtol=1e-5 if single else 1e-12, atol=1e-5 if single else 1e-12,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_complex_emulators_against_numpy(rng, dtype):
+    """The emulators' complex var and std (the parts' variances added), nansum and nanmean (an element with a
+    NaN in either part zeroed and not counted) and count_nonzero (either part non-zero) give NumPy's dtypes,
+    shapes and values; var and std on the NaN-free data."""
+    h = _complex_cases(rng, dtype)
+    clean = np.where(np.isnan(h), np.zeros((), h.dtype), h)
+    for axis in (None, 0, 1, (0, 2), -1):
+        for keepdims in (False, True):
+            for name in _COMPLEX_OPS:
+                x = clean if name in ("var", "std") else h
+                for ddof in (0, 1) if name in ("var", "std") else (0,):
+                    _close(_emulated_of(name, x, axis, keepdims, ddof), _numpy_of(name, x, axis, keepdims, ddof),
+                           f"{name} {axis} {keepdims} {ddof}")
+
+
+def test_nansum_into_bool_is_an_or_of_the_non_nan_values(rng):
+    from cukern import reference
+
+    h = np.array([[0.0, np.nan, 2.0], [np.nan, 0.0, -0.0], [np.nan, np.nan, np.nan], [0.0, 0.0, 0.5]], np.float32)
+    for axis in (None, 0, 1):
+        want = np.nansum(h, axis=axis, dtype=bool)
+        got = reference.nansum_emulated(h, axis=axis, dtype=bool)
+        assert got.dtype == np.bool_ and np.array_equal(got, want), axis
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_complex_var_nan_ops_and_counts_on_the_gpu(rng, dtype):
+    """cukern's complex var, std, nansum, nanmean and count_nonzero (and any / all): the emulators' bits and
+    NumPy's values, dtypes, shapes and strides on C, F and negative-stride layouts; out of another dtype;
+    empty slices; longer slices (the parts' trees over many chunks)."""
+    import cupy as cp
+
+    import cukern
+    from _support import same_bits
+
+    h = _complex_cases(rng, dtype)
+    clean = np.where(np.isnan(h), np.zeros((), h.dtype), h)
+    for label, lay in {
+        "c": lambda a: (a, cp.asarray(a)),
+        "f": lambda a: (np.asfortranarray(a), cp.asfortranarray(cp.asarray(a))),
+        "neg": lambda a: (a[::-1, :, ::-2], cp.asarray(a)[::-1, :, ::-2]),
+    }.items():
+        (xh, d), (xc, dc) = lay(h), lay(clean)
+        for axis in (None, 0, 1, (0, 2), -1):
+            for keepdims in (False, True):
+                for name in _COMPLEX_OPS:
+                    x, dx = (xc, dc) if name in ("var", "std") else (xh, d)
+                    for ddof in (0, 1) if name in ("var", "std") else (0,):
+                        kw = {"ddof": ddof} if name in ("var", "std") else {}
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")
+                            got = getattr(cukern, name)(dx, axis=axis, keepdims=keepdims, **kw)
+                        where = f"{name} {label} axis={axis} keepdims={keepdims} ddof={ddof}"
+                        assert same_bits(got, _emulated_of(name, x, axis, keepdims, ddof)), where
+                        want = _numpy_of(name, x, axis, keepdims, ddof)
+                        _close(got.get(), want, where)
+                        big = [i for i, n in enumerate(want.shape) if n > 1]
+                        assert [got.strides[i] for i in big] == [want.strides[i] for i in big], where
+                for name, ref in (("any", np.any), ("all", np.all)):
+                    got = getattr(cukern, name)(d, axis=axis, keepdims=keepdims)
+                    np.testing.assert_array_equal(got.get(), ref(xh, axis=axis, keepdims=keepdims), err_msg=name)
+    # out of another dtype, cast as NumPy casts
+    d = cp.asarray(clean)
+    o = cp.full(_SHAPE[0], 7, np.float64)
+    assert cukern.std(d, axis=(1, 2), ddof=1, out=o) is o
+    np.testing.assert_allclose(o.get(), np.std(clean, axis=(1, 2), ddof=1), rtol=1e-5)
+    o = cp.full(_SHAPE[1], 7, np.complex128)
+    assert cukern.nansum(cp.asarray(h), axis=(0, 2), out=o) is o
+    np.testing.assert_allclose(o.get(), np.nansum(h, axis=(0, 2)), rtol=1e-5)
+    # empty slices: NaN variances and means with NumPy's warnings, zero sums and counts
+    e = cp.zeros((3, 0), dtype)
+    with pytest.warns(RuntimeWarning):
+        assert np.isnan(cukern.var(e, axis=1).get()).all()
+    with pytest.warns(RuntimeWarning):
+        assert np.isnan(cukern.nanmean(e, axis=1).get()).all()
+    assert (cukern.nansum(e, axis=1).get() == 0).all() and (cukern.count_nonzero(e, axis=1).get() == 0).all()
+    # longer slices: many chunks of each part's tree
+    long = _data(rng, dtype, (3, 70001)) + np.asarray(1e3 + 1e3j, dtype)
+    dl = cp.asarray(long)
+    for name in ("var", "std", "nansum", "nanmean"):
+        for axis in (None, 1):
+            got = getattr(cukern, name)(dl, axis=axis)
+            assert same_bits(got, _emulated_of(name, long, axis, False)), (name, axis)
+            want = np.asarray(_NP[name](long.astype(np.complex128), axis=axis))
+            np.testing.assert_allclose(got.get(), want, rtol=1e-4 if dtype == "complex64" else 1e-11)
+
+
+@pytest.mark.gpu
+def test_nansum_into_bool_and_nanmean_into_complex_on_the_gpu(rng):
+    import cupy as cp
+
+    import cukern
+
+    h = rng.standard_normal((6, 9)).astype(np.float32)
+    h[rng.random(h.shape) < 0.3] = np.nan
+    h[rng.random(h.shape) < 0.3] = 0
+    h[2] = np.nan
+    h[3] = 0
+    h[4, ::2] = np.nan
+    h[4, 1::2] = 0
+    d = cp.asarray(h)
+    for axis in (None, 0, 1):
+        for keepdims in (False, True):
+            got = cukern.nansum(d, axis=axis, dtype=bool, keepdims=keepdims)
+            want = np.nansum(h, axis=axis, dtype=bool, keepdims=keepdims)
+            assert got.dtype == np.bool_ and np.array_equal(got.get(), want), (axis, keepdims)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                got = cukern.nanmean(d, axis=axis, dtype=np.complex64, keepdims=keepdims)
+                want = np.asarray(np.nanmean(h, axis=axis, dtype=np.complex64, keepdims=keepdims))
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_allclose(got.get(), want, rtol=1e-5, atol=1e-6)
+    hi = rng.integers(-2, 3, size=(4, 5)).astype(np.int16)
+    got = cukern.nansum(cp.asarray(hi), axis=1, dtype=bool)
+    assert np.array_equal(got.get(), np.nansum(hi, axis=1, dtype=bool))

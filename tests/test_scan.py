@@ -121,6 +121,7 @@ def test_routes_give_numpys_result_dtypes(dtype):
     """Every integer and float dtype scans: a pair of PAIRS where one exists, else a conversion, a pair's scan
     and a conversion to NumPy's result dtype (its default, or any float or integer ``dtype=``)."""
     x = np.zeros(3, dtype)
+    assert C.route(dtype, np.bool_) == (np.bool_, np.bool_) and np.cumsum(x, dtype=np.bool_).dtype == np.bool_
     for requested in (None, np.int8, np.uint16, np.int32, np.int64, np.uint64, np.float16, np.float32, np.float64):
         want = np.cumsum(x, dtype=requested).dtype
         how = C.route(dtype, requested)
@@ -132,9 +133,20 @@ def test_routes_give_numpys_result_dtypes(dtype):
             assert via == (final if final.kind == "f" else np.dtype(dtype) if dtype in (np.int32, np.int64, np.bool_)
                            else np.int64)
     assert C.route(BFLOAT16, np.float64) == (np.float64, np.float64)
-    for bad_x, bad_dtype in ((np.complex64, None), (np.float32, np.complex64), (np.int32, np.bool_)):
+    for bad_x, bad_dtype in ((np.complex64, None), (np.float32, np.complex64), (np.int32, np.str_)):
         with pytest.raises(TypeError, match="not supported|supported:"):
             C.route(bad_x, bad_dtype)
+
+
+def test_bool_results_are_counts_of_nonzero_elements(rng):
+    """The route of a bool result (:func:`cukern.scan.route`): NumPy's bool cumsum ("or") and cumprod ("and")
+    are an int64 cumsum and cumprod of ``x != 0`` (a NaN counts as nonzero), then nonzero."""
+    x = rng.choice([0.0, 1.5, -2.0, np.nan], (9, 40)).astype(np.float32)
+    x[3] = 0
+    for axis in (None, 0, 1):
+        for op in ("cumsum", "cumprod"):
+            counts = getattr(np, op)(x.astype(np.bool_), axis=axis, dtype=np.int64)
+            assert np.array_equal(counts.astype(np.bool_), getattr(np, op)(x, axis=axis, dtype=np.bool_)), (op, axis)
 
 
 def test_instantiations_are_the_pairs():
@@ -372,10 +384,20 @@ def test_out_in_place_and_checked(rng):
     assert same_bits(flat, R.cumsum_emulated(xh))
     y = x.copy()
     assert C.cumsum(y, axis=1, out=y) is y and same_bits(y, want)
+    # an out of another dtype takes the result cast, as NumPy's (which casts its own float32 result)
+    for t in (np.float64, np.float16, np.int32, np.complex64, np.bool_):
+        cast = cupy.full(x.shape, 3, t)
+        assert C.cumsum(x, axis=1, out=cast) is cast
+        assert same_bits(cast, want.astype(t)), t
+        assert np.cumsum(xh, axis=1, out=np.empty(xh.shape, t)).dtype == t
+    cast = cupy.full((9000, 5), 3, np.float64)
+    C.cumsum(x.T, axis=0, out=cast)  # a transposed view (K order inside), into an out of its own layout
+    assert same_bits(cast, want.T.astype(np.float64))
     before = x.copy()
     for bad, err, match in [(cupy.empty((5, 8999), np.float32), ValueError, "shape"),
-                            (cupy.empty((5, 9000), np.float64), TypeError, "dtype"),
+                            (cupy.empty((5, 8999), np.float64), ValueError, "shape"),
                             (x[:, ::-1], ValueError, "overlaps"),
+                            (x.view(np.int32)[:, ::-1], ValueError, "overlaps"),
                             (cupy.broadcast_to(cupy.zeros(1, np.float32), (5, 9000)), ValueError, "zero stride")]:
         with pytest.raises(err, match=match):
             C.cumsum(x, axis=1, out=bad)
@@ -424,8 +446,14 @@ def test_other_dtypes_and_targets_follow_numpy(op, dtype, requested, rng):
     if want.dtype == dt:  # in place
         y = x.copy()
         assert getattr(C, op)(y, axis=1, dtype=requested, out=y) is y and same_bits(y, out)
-    for bad, err in ((cupy.zeros((7, 1300), want.dtype), ValueError), (cupy.zeros(want.shape, np.complex64), TypeError),
-                     (x[:, ::-1], ValueError if want.dtype == dt else TypeError)):
+    # out of another dtype: the result cast, as NumPy's (a float result into an integer out only where NumPy
+    # defines the values: here cumprod's reach inf)
+    for t in (np.complex64, np.float64) + ((np.int16,) if want.dtype.kind in "iu" else ()):
+        cast = cupy.zeros(want.shape, t)
+        assert getattr(C, op)(x, axis=1, dtype=requested, out=cast) is cast
+        np.testing.assert_array_equal(cast.get(), out.get().astype(t), err_msg=str(t))
+    for bad, err in ((cupy.zeros((7, 1300), want.dtype), ValueError), (cupy.zeros((7, 1300), np.complex64), ValueError),
+                     (x[:, ::-1], ValueError)):
         with pytest.raises(err):
             getattr(C, op)(x, axis=1, dtype=requested, out=bad)
     assert same_bits(x, before)
@@ -437,6 +465,29 @@ def test_other_dtypes_and_targets_follow_numpy(op, dtype, requested, rng):
                 getattr(C, op)(x, axis=1, dtype=requested)
         finally:
             stream.end_capture()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.bool_], ids=dtype_name)
+@pytest.mark.parametrize("op", OPS)
+def test_bool_results_are_numpys(op, dtype, rng):
+    """``dtype=bool``: NumPy's "or" (cumsum) and "and" (cumprod) of ``x != 0``, NaN counting as nonzero; views,
+    every axis, an ``out`` of bool and of another dtype."""
+    import cupy
+
+    xh = rng.choice([0.0, 1.5, -2.0, np.nan if dtype == np.float32 else 3.0], (7, 1301)).astype(dtype)
+    xh[2] = 0
+    x = cupy.asarray(xh)
+    for v, vh in ((x, xh), (x[::-1, ::3], xh[::-1, ::3]), (x.T, xh.T)):
+        for axis in (None, 0, 1):
+            got = getattr(C, op)(v, axis=axis, dtype=bool)
+            want = getattr(np, op)(vh, axis=axis, dtype=bool)
+            assert got.dtype == np.bool_ and np.array_equal(got.get(), want), (axis,)
+    want = getattr(np, op)(xh, axis=1, dtype=bool)
+    for t in (np.bool_, np.int8):
+        out = cupy.full(xh.shape, 7, t)
+        assert getattr(C, op)(x, axis=1, dtype=bool, out=out) is out
+        np.testing.assert_array_equal(out.get(), want.astype(t))
 
 
 @pytest.mark.gpu
@@ -467,3 +518,42 @@ def test_ahead_gives_the_same_bits_on_any_grid(op, sms, dtype, rng, monkeypatch)
         _check(op, x, xh, axis)
         y = x.copy()
         assert same_bits(getattr(C, op)(y, axis=axis, out=y), getattr(R, f"{op}_emulated")(xh, axis))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128], ids=dtype_name)
+def test_complex_cumsum_scans_the_parts_apart(dtype, rng):
+    """cumsum of complex x: each part scanned by the float kernels (a view), the emulator's bits, NumPy's
+    values, dtype and layout, on C, F, negative-stride and flattened layouts, in place and into an out of
+    another dtype; a real x into a complex dtype=; cumprod of complex and a real dtype= refused before any
+    launch."""
+    import cupy
+
+    h = (rng.standard_normal((9, 5000)) + 1j * rng.standard_normal((9, 5000))).astype(dtype)
+    h[2, 7] = complex(np.nan, 1)
+    for label, (xh, x) in {"c": (h, cupy.asarray(h)),
+                           "f": (np.asfortranarray(h), cupy.asfortranarray(cupy.asarray(h))),
+                           "neg": (h[::-1, ::-3], cupy.asarray(h)[::-1, ::-3])}.items():
+        for axis in (None, 0, 1, -1):
+            got = C.cumsum(x, axis=axis)
+            assert same_bits(got, R.cumsum_emulated(xh, axis)), (label, axis)
+            want = np.cumsum(xh, axis=axis)
+            assert got.dtype == want.dtype and got.shape == want.shape, (label, axis)
+            big = [i for i, n in enumerate(want.shape) if n > 1]
+            assert [got.strides[i] for i in big] == [want.strides[i] for i in big], (label, axis)
+            np.testing.assert_allclose(got.get(), want, rtol=1e-4 if dtype == np.complex64 else 1e-10, atol=1e-3)
+    x = cupy.asarray(h)
+    want = R.cumsum_emulated(h, 1)
+    y = x.copy()
+    assert C.cumsum(y, axis=1, out=y) is y and same_bits(y, want)
+    wide = cupy.zeros(h.shape, np.complex128)
+    assert C.cumsum(x, axis=1, out=wide) is wide and same_bits(wide, want.astype(np.complex128))
+    real = rng.standard_normal((4, 77)).astype(np.float32)
+    got = C.cumsum(cupy.asarray(real), axis=1, dtype=dtype)
+    assert same_bits(got, R.cumsum_emulated(real, 1, dtype=dtype))
+    np.testing.assert_allclose(got.get(), np.cumsum(real, axis=1, dtype=dtype), rtol=1e-5, atol=1e-5)
+    before = x.copy()
+    for call in (lambda: C.cumprod(x), lambda: C.cumsum(x, dtype=np.float64), lambda: C.cumsum(x, out=x[:, ::-1])):
+        with pytest.raises((TypeError, ValueError)):
+            call()
+    assert same_bits(x, before)
