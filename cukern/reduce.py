@@ -752,7 +752,9 @@ def var(x, axis=None, *, dtype=None, ddof=0, keepdims=False, out=None):
     :func:`cukern.reference.var_emulated` computes them. ``axis``, ``keepdims`` and ``out`` as :func:`sum`.
     Complex x: the real and imaginary parts' variances (each its own tree, as above), added in float64 and
     rounded to the real result dtype (float32 for complex64, float64 for complex128), as ``numpy.var``'s
-    mean of ``|x - mean|**2``; no ``dtype=`` (NumPy's float targets drop the imaginary parts of the mean).
+    mean of ``|x - mean|**2``. A complex ``dtype=`` (any x) is the variance in its parts' type, widened to it
+    (NumPy's has a zero imaginary part); a float one is refused for complex x (NumPy's drops the imaginary
+    parts of the mean).
     """
     return _reduce("var", x, axis, dtype, keepdims, out, ddof=ddof)
 

@@ -343,12 +343,13 @@ def targets(op: str, dtype) -> tuple:
         return COMPLEX if t in COMPLEX else NUMERIC
     if op == "nansum":
         return COMPLEX if t in COMPLEX else (BOOL,) + EVERY_INT + FLOATS  # bool: an "or" of the non-NaN values
-    if op in VAR_OPS and t in COMPLEX:
-        # NumPy's var of complex x in a float dtype= takes the mean of the real parts only (a ComplexWarning):
-        # not a variance, so not offered.
-        return ()
-    if op in ("norm",) + VAR_OPS:
-        return FLOATS  # var and std of another float type: x converted to it first, as NumPy computes in it
+    if op in VAR_OPS:
+        # x converted to a float target first, as NumPy computes in it; a complex target is the variance in its
+        # parts' type, widened (NumPy's is complex with a zero imaginary part). NumPy's var of complex x in a
+        # float dtype= takes the mean of the real parts only (a ComplexWarning): not a variance, not offered.
+        return COMPLEX if t in COMPLEX else FLOATS + COMPLEX
+    if op == "norm":
+        return FLOATS
     return (default_dtype(op, t),)  # logsumexp
 
 

@@ -976,8 +976,8 @@ def _var_emulated(name: str, x, axis, dtype, ddof, keepdims: bool):
     rt = P.route(name, x.dtype, final)
     if rt.how == "complex":
         # the parts' variances, each its own tree, added in float64 (then the square root), rounded once
-        r = _var_emulated("var", np.ascontiguousarray(x.real), axis, None, ddof, keepdims).astype(np.float64)
-        r = r + _var_emulated("var", np.ascontiguousarray(x.imag), axis, None, ddof, keepdims)
+        r = _var_emulated("var", np.ascontiguousarray(x.real), axis, rt.kernel, ddof, keepdims).astype(np.float64)
+        r = r + _var_emulated("var", np.ascontiguousarray(x.imag), axis, rt.kernel, ddof, keepdims)
         with np.errstate(invalid="ignore"):
             return np.asarray(np.sqrt(r) if name == "std" else r).astype(final)
     if rt.how == "cast":
@@ -993,7 +993,7 @@ def _var_emulated(name: str, x, axis, dtype, ddof, keepdims: bool):
             # cukern reduces size-1 axes elementwise: 0 for a finite element, NaN otherwise, over the divisor.
             r = np.where(np.isfinite(v[:, 0].astype(np.float64)), 0.0, np.nan) / np.float64(divisor)
             return r.astype(final).reshape(shape)
-        s = P.acc_dtype(final)
+        s = P.acc_dtype(rt.kernel)  # a complex target's: its parts'
         w = v.astype(s)
         _, mean, m2 = _moments_tree(w - w[:, :1])
         r = np.where(np.isfinite(mean), m2.astype(np.float64) / np.float64(divisor), np.nan)

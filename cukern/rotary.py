@@ -216,7 +216,8 @@ def plan(tokens: int, num_heads: int, num_kv_heads: int, rotary_dim: int, vec: i
     per_thread = min(max(math.ceil(tokens * heads * units / wave), 1), items)
     groups = max(1, min(math.ceil(heads / per_thread), MAX_BLOCK // lanes))
     tpt = lanes * groups
-    tokens_per_block = max(1, min(max(knobs.target_block // tpt, 1), math.ceil(max(tokens, 1) / max(sm_count, 1))))
+    target = min(knobs.target_block, MAX_BLOCK)  # a tuning entry past the launch bound would not launch
+    tokens_per_block = max(1, min(max(target // tpt, 1), math.ceil(max(tokens, 1) / max(sm_count, 1))))
     tokens_per_block = max(tokens_per_block, min(32 // tpt, tokens))  # a block takes whole warps anyway
     block = tokens_per_block * tpt
     grid = math.ceil(tokens / tokens_per_block)
@@ -738,8 +739,14 @@ def positions_bytes_moved(tokens: int, num_heads: int, num_kv_heads: int, rotary
             + tokens * np.dtype(positions_dtype).itemsize)
 
 
+# rotary_embedding_positions fills blocks to 160 threads, not 256: its kernel holds 108 registers (the
+# table's float64 work beside the first loads), and two tokens of 80 threads a block ran 86.3 µs against
+# 88.0 for three (240 threads) on bf16 [16384, 32 + 8, 128] (H200, bench/NOTES.md; one token a block: 91.1).
+POSITIONS_KNOBS = dataclasses.replace(DEFAULT_KNOBS, target_block=160)
+
+
 def positions_plan(tokens: int, num_heads: int, num_kv_heads: int, rotary_dim: int, vec: int, is_neox: bool = True,
-                   sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> tuple:
+                   sm_count: int = 132, knobs: Knobs = POSITIONS_KNOBS) -> tuple:
     """``(plan, shared_bytes)`` for :func:`rotary_embedding_positions`: :func:`plan`'s launch with
     :data:`POSITIONS_ITEMS` heads a thread (``knobs.items`` is replaced by them), plus the block's table of
     ``tokens_per_block`` rows of ``rotary_dim`` float32 cos and sin."""

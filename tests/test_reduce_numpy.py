@@ -545,6 +545,7 @@ def test_complex_var_nan_ops_and_counts_on_the_gpu(rng, dtype):
 
     import cukern
     from _support import same_bits
+    from cukern import reference
 
     h = _complex_cases(rng, dtype)
     clean = np.where(np.isnan(h), np.zeros((), h.dtype), h)
@@ -572,6 +573,15 @@ def test_complex_var_nan_ops_and_counts_on_the_gpu(rng, dtype):
                 for name, ref in (("any", np.any), ("all", np.all)):
                     got = getattr(cukern, name)(d, axis=axis, keepdims=keepdims)
                     np.testing.assert_array_equal(got.get(), ref(xh, axis=axis, keepdims=keepdims), err_msg=name)
+    # complex targets: the variance in the parts' type, widened (NumPy's, with a zero imaginary part)
+    real = clean.real.copy()
+    for x in (clean, real, real.astype(np.int16)):
+        for target in (np.complex64, np.complex128):
+            for name in ("var", "std"):
+                got = getattr(cukern, name)(cp.asarray(x), axis=1, dtype=target, ddof=1)
+                emulated = getattr(reference, f"{name}_emulated")(x, axis=1, dtype=target, ddof=1)
+                assert same_bits(got, emulated), (name, x.dtype, target)
+                _close(got.get(), np.asarray(getattr(np, name)(x, axis=1, dtype=target, ddof=1)), name)
     # out of another dtype, cast as NumPy casts
     d = cp.asarray(clean)
     o = cp.full(_SHAPE[0], 7, np.float64)

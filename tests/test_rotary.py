@@ -1077,6 +1077,17 @@ def test_positions_plan_loads_one_head_a_thread_when_one_wave_holds_the_launch()
     assert rotary.positions_plan(16384, 32, 8, 128, 8)[0].items == 4
 
 
+def test_blocks_stay_within_the_launch_bound_and_positions_fill_160_threads():
+    """No knobs (a tuning cache entry, say) plan a block past the kernels' launch bound; the cache-free kernel
+    fills blocks to 160 threads (two 80-thread tokens of 32 + 8 heads of 128), as measured fastest."""
+    for target in (32, 160, 256, 512, 640, 4096):
+        for tokens, nh, nkv, rot, vec in ((16384, 32, 8, 128, 8), (4096, 1, 0, 2, 1), (1 << 20, 64, 64, 64, 8)):
+            p = rotary.plan(tokens, nh, nkv, rot, vec, knobs=rotary.Knobs(target_block=target))
+            assert p.block <= rotary.MAX_BLOCK, (target, tokens, nh, nkv, rot, vec, p)
+    p, _ = rotary.positions_plan(16384, 32, 8, 128, 8)
+    assert (p.tokens_per_block, p.block) == (2, 160)
+
+
 def _positions_case(rng, *, tokens, nh, nkv, hs, rot, dtype, is_neox, kind="contiguous", pos=None, base=10000.0,
                     scaling=None, pos_dtype=np.int64):
     import cupy
