@@ -520,6 +520,22 @@ def test_ahead_gives_the_same_bits_on_any_grid(op, sms, dtype, rng, monkeypatch)
         assert same_bits(getattr(C, op)(y, axis=axis, out=y), getattr(R, f"{op}_emulated")(xh, axis))
 
 
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128], ids=dtype_name)
+def test_complex_cumsum_emulator_is_the_parts_scans(dtype, rng):
+    """The emulator's complex cumsum: each part's own scan bit for bit, NumPy's dtype, shape and values; a real
+    x into a complex dtype= has zero imaginary parts."""
+    h = (rng.standard_normal((5, 4100)) + 1j * rng.standard_normal((5, 4100))).astype(dtype)
+    for axis in (None, 0, 1):
+        got = R.cumsum_emulated(h, axis)
+        want = np.cumsum(h, axis=axis)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert same_bits(got.real, R.cumsum_emulated(np.ascontiguousarray(h.real), axis))
+        assert same_bits(got.imag, R.cumsum_emulated(np.ascontiguousarray(h.imag), axis))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+    real = R.cumsum_emulated(h.real, 1, dtype=dtype)
+    assert real.dtype == dtype and not real.imag.any()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.complex64, np.complex128], ids=dtype_name)
 def test_complex_cumsum_scans_the_parts_apart(dtype, rng):
