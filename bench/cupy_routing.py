@@ -15,7 +15,8 @@ With ``CUKERN_ROUTING_OPS=all`` the plugin also routes ``prod``, ``var``, ``std`
 ``nanmax``, ``nanmin``, ``argmax``, ``argmin``, ``nanargmax``, ``nanargmin``, ``cumsum``, ``cumprod``,
 ``count_nonzero``, ``any`` and ``all`` (the functions and the ``ndarray`` methods CuPy has; a CuPy-only
 argument, such as argmax's ``dtype``, leaves the call to CuPy). Calls cukern makes while answering one go
-to CuPy unrouted. Every count is also kept per op (``answered:var``, ...).
+to CuPy unrouted. Every count is also kept per op (``answered:var``, ...), and a call both raise in which
+cukern's exception is not of CuPy's type is counted as ``raised_otherwise:<op>:<cukern's>/<CuPy's>``.
 
 Tests whose node id matches ``CUKERN_ROUTING_SKIP`` (a regular expression; by default the classes that mock
 CuPy's CUB internals, which check CuPy's code path rather than results) run unrouted. The counts are printed
@@ -58,11 +59,13 @@ def _route(op: str, ours, theirs):
     _state.active = False
     try:
         result = ours()
-    except _REFUSALS:
+    except _REFUSALS as ours_err:
         try:
             result = theirs()
-        except Exception:
+        except Exception as theirs_err:
             _count("both_raised", op)
+            if not isinstance(ours_err, type(theirs_err)):  # NumPy's exception type is CuPy's here
+                _state.current[f"raised_otherwise:{op}:{type(ours_err).__name__}/{type(theirs_err).__name__}"] += 1
             raise
         _count("refused", op)
         return result
@@ -199,10 +202,12 @@ def pytest_terminal_summary(terminalreporter):
         "routed calls: " + ", ".join(f"{k} {totals.get(k, 0)}" for k in ("answered", "refused", "wrong", "both_raised"))
         + f"; tests with routed calls: {len(_state.tests)} (" + ", ".join(
             f"{k[6:]} {v}" for k, v in sorted(totals.items()) if k.startswith("tests_")) + ")")
-    ops = sorted({k.split(":", 1)[1] for k in totals if ":" in k})
+    kinds = ("answered", "refused", "wrong", "both_raised")
+    ops = sorted({k.split(":", 1)[1] for k in totals if k.split(":", 1)[0] in kinds and ":" in k})
     for op in ops:
-        terminalreporter.write_line(f"  {op}: " + ", ".join(
-            f"{k} {totals.get(f'{k}:{op}', 0)}" for k in ("answered", "refused", "wrong", "both_raised")))
+        terminalreporter.write_line(f"  {op}: " + ", ".join(f"{k} {totals.get(f'{k}:{op}', 0)}" for k in kinds))
+    for k in sorted(k for k in totals if k.startswith("raised_otherwise:")):
+        terminalreporter.write_line(f"  {k[len('raised_otherwise:'):]}: raised otherwise {totals[k]}")
     path = os.environ.get("CUKERN_ROUTING_JSON")
     if path:
         with open(path, "w") as f:
