@@ -104,6 +104,14 @@ class Knobs:
     waves: int | None = None
     min_blocks: int = 2
 
+    def __post_init__(self):
+        # a tuning cache entry that fails here is dropped with a warning (the heuristic's knobs are used)
+        _check.check_least_int(self, "items", 1)
+        _check.check_least_int(self, "target_block", 1)
+        _check.check_least_int(self, "min_blocks", 1)
+        if self.waves is not None:
+            _check.check_least_int(self, "waves", 1)
+
 
 DEFAULT_KNOBS = Knobs()
 _KNOB_NAMES = frozenset(f.name for f in dataclasses.fields(Knobs))

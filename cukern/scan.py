@@ -352,16 +352,22 @@ def _validate_out(out, call: _Call, x):
     return out
 
 
+def _check_cast_out(out, x, a):
+    """An ``out`` the result is cast into (any dtype): the result's shape, and x whole or apart (x is read
+    whole before out is written)."""
+    out = _check.check_out(out, (x.size,) if a is None else x.shape, None, x)
+    _check.check_no_overlap(out, "out", x, "x", identical_ok=True)
+    return out
+
+
 def _routed(op: str, x, axis, via, final, out):
     """A scan :func:`route` sends through a conversion: every check first, then x converted to ``via``, its
     scan, and the result converted to ``final`` (cast into ``out`` of any dtype, as NumPy casts, unsafely;
     ``out`` may be x itself)."""
     cp = _cupy()
     a = normalize_axis(axis, x.ndim)
-    shape = (x.size,) if a is None else x.shape
     if out is not None:
-        out = _check.check_out(out, shape, None, x)
-        _check.check_no_overlap(out, "out", x, "x", identical_ok=True)
+        out = _check_cast_out(out, x, a)
     with on_device(x.data.device_id):
         if cp.cuda.get_current_stream().is_capturing():
             _refuse_capture()
@@ -399,8 +405,7 @@ def _complex(op: str, x, axis, final, out):
     a = normalize_axis(axis, x.ndim)
     shape = (x.size,) if a is None else x.shape
     if out is not None:
-        out = _check.check_out(out, shape, None, x)
-        _check.check_no_overlap(out, "out", x, "x", identical_ok=True)
+        out = _check_cast_out(out, x, a)
     if cp.cuda.get_current_stream().is_capturing():
         _refuse_capture()
     with on_device(x.data.device_id):
@@ -431,8 +436,6 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
         if perm is not None:  # NumPy's K order: scan x with its axes in memory order, give the result back
             r = _run(op, x.transpose(perm), perm.index(normalize_axis(axis, x.ndim)), dtype, None, korder=False)
             return r.transpose([perm.index(i) for i in range(x.ndim)])
-    if x.dtype.kind == "c" or (dtype is not None and parse_dtype(dtype).kind == "c"):
-        return _complex(op, x, axis, x.dtype if dtype is None else parse_dtype(dtype), out)
     key = None
     call = _MISSING
     if (axis is None or type(axis) is int) and (dtype is None or isinstance(dtype, (str, type, np.dtype))) and (
@@ -440,17 +443,17 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
         okey = None if out is None else (out.shape, out.strides, out.dtype, out.data.ptr % 16)
         key = (op, x.shape, x.strides, x.dtype, x.data.ptr % 16, x.data.device_id, axis, str(dtype), okey)
         call = _calls.get(key)  # only pairs a kernel scans are ever stored
-    if call is _MISSING and (dtype is not None or x.dtype not in DEFAULT_DTYPE):
-        how = route(x.dtype, dtype)
+    if call is _MISSING:
+        if x.dtype.kind == "c" or (dtype is not None and parse_dtype(dtype).kind == "c"):
+            return _complex(op, x, axis, x.dtype if dtype is None else parse_dtype(dtype), out)
+        how = route(x.dtype, dtype) if dtype is not None or x.dtype not in DEFAULT_DTYPE else None
         if how is not None:
             return _routed(op, x, axis, *how, out)
-    if call is _MISSING:
         if out is not None:
             out = _check.as_array(out, "out", writable=True)
             if x.dtype in DTYPES and out.dtype != result_dtype(x.dtype, dtype):  # NumPy casts into out
                 a = normalize_axis(axis, x.ndim)
-                out = _check.check_out(out, (x.size,) if a is None else x.shape, None, x)
-                _check.check_no_overlap(out, "out", x, "x", identical_ok=True)  # read whole before out is written
+                out = _check_cast_out(out, x, a)
                 cp.copyto(out, _run(op, x, a, dtype, None, korder=False), casting="unsafe")
                 return out
         call = _prepare(op, x, axis, dtype, out)

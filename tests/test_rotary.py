@@ -1077,6 +1077,16 @@ def test_positions_plan_loads_one_head_a_thread_when_one_wave_holds_the_launch()
     assert rotary.positions_plan(16384, 32, 8, 128, 8)[0].items == 4
 
 
+def test_knobs_out_of_range_are_refused():
+    """A tuning cache entry with such knobs is dropped with a warning (the heuristic's are used) rather than
+    planned into a division by zero or an empty block."""
+    for bad in ({"items": 0}, {"target_block": 0}, {"waves": 0}, {"min_blocks": 0}, {"items": 2.5}):
+        with pytest.raises(ValueError):
+            rotary.Knobs(**bad)
+        with pytest.warns(UserWarning, match="do not fit"):
+            assert rotary._tuning_rule("rotary_embedding").knobs_from(bad) is None
+
+
 def test_blocks_stay_within_the_launch_bound_and_positions_fill_160_threads():
     """No knobs (a tuning cache entry, say) plan a block past the kernels' launch bound; the cache-free kernel
     fills blocks to 160 threads (two 80-thread tokens of 32 + 8 heads of 128), as measured fastest."""
