@@ -217,10 +217,13 @@ def science_cases():
         run(cukern.cumsum, x[::-2])
         if dtype.kind == "f":
             run(cukern.cumprod, x * 0 + 1, axis=1)
-            offsets = cupy.asarray(np.array([0, 0, 5, 6, 33], np.int64))
-            for fn in (cukern.segment_sum, cukern.segment_max, cukern.segment_min, cukern.segment_mean):
-                run(fn, x, offsets)
-                run(fn, x[:, :7], offsets.astype(I32))
+        offsets = cupy.asarray(np.array([0, 0, 5, 6, 33], np.int64))
+        for fn in (cukern.segment_sum, cukern.segment_max, cukern.segment_min, cukern.segment_mean):
+            run(fn, x, offsets)
+            run(fn, x[:, :7], offsets.astype(I32))
+            if dtype == I32:  # the integer kernels of the narrow types and bool (64-bit accumulators)
+                run(fn, x[:, 1:9].astype(np.int16), offsets)
+                run(fn, x[:, :40] > 0, offsets)
     for dtype in FLOATS:  # scan_ahead: rows of unit stride with 16-byte aligned starts, several a launch
         x = dev((6, 4104), dtype)
         run(cukern.cumsum, x, axis=1)

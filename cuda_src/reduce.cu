@@ -127,20 +127,6 @@ template <> struct Store<bf16> {
   template <typename A> __device__ __forceinline__ static bf16 from(A a) { return from_float<bf16>(static_cast<float>(a)); }
 };
 
-template <typename A> struct Limits;
-template <> struct Limits<float> {
-  __device__ __forceinline__ static float lowest() { return __int_as_float(0xff800000); }
-  __device__ __forceinline__ static float highest() { return __int_as_float(0x7f800000); }
-};
-template <> struct Limits<double> {
-  __device__ __forceinline__ static double lowest() { return __longlong_as_double(0xfff0000000000000ll); }
-  __device__ __forceinline__ static double highest() { return __longlong_as_double(0x7ff0000000000000ll); }
-};
-template <> struct Limits<long long> {
-  __device__ __forceinline__ static long long lowest() { return -0x7fffffffffffffffll - 1; }
-  __device__ __forceinline__ static long long highest() { return 0x7fffffffffffffffll; }
-};
-
 // Correctly rounded and never fused: the default -fmad=true would otherwise turn a square and an add into
 // one FMA on some paths and not on others.
 __device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }

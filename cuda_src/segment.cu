@@ -14,7 +14,10 @@
 // slice along axis 0 (cukern/reference.py `segment_sum_emulated` evaluates the same tree). Sums add with
 // __fadd_rn / __dadd_rn (never contracted); max and min propagate NaN and are commutative bit for bit (+0
 // over -0 in max, -0 in min); a mean divides the sum, widened to double, by L once (IEEE), then rounds to
-// the result dtype (through float for the half types). An empty segment gives the identity (NaN for mean).
+// the result dtype (through float for the half types). An empty segment gives the identity (NaN for mean;
+// the dtype's lowest / highest value for an integer max / min). Integer and bool x: sums in 64-bit integers
+// (wrapping, exact in any order) into int64 / uint64, maxima and minima exact into x's dtype, means summed
+// in double into float64: NumPy's result dtypes (cukern/segment.py `result_dtype`).
 //
 // The six questions (cukern/segment.py `plan` keeps the launch math as a pure plan; the card in
 // cukern/lab/segment.py shows the same answers):
@@ -27,7 +30,8 @@
 //    of the run's segment l), so only a run's first segment waits for its offsets; a warp's 32 loads of
 //    one chain step are 32 consecutive rows, contiguous when x is a unit-stride column; segment_cols: a
 //    warp's 32 threads read 32 adjacent columns of one row.
-// 3. Accumulation: in float (float32, float16, bfloat16) or double (float64) along the tree above. Warp:
+// 3. Accumulation: in float (float32, float16, bfloat16), double (float64; integer means) or a 64-bit
+//    integer (integer and bool sums, maxima, minima) along the tree above. Warp:
 //    chains in the lanes, a leaf's 32 chains by shuffles (common/reduce.cuh group_tree_reduce), leaves by
 //    a stack per warp (tree_push / tree_result). Cols: all 32 chains of a leaf in one thread's registers,
 //    the leaf by tree_reduce, leaves by a stack per thread in shared memory. No atomics.
@@ -56,28 +60,38 @@ constexpr int SEG_GROUP = 8;         // chains segment_cols holds at once
 
 enum : int { SEG_SUM = 0, SEG_MAX = 1, SEG_MIN = 2 };
 
-template <typename T> struct SegAcc { using type = float; };
-template <> struct SegAcc<double> { using type = double; };
-template <typename T> using seg_acc_t = typename SegAcc<T>::type;
+// The accumulator for x of type T and a result of type O: float for float32 and the half types, double for
+// a double result (float64 x, and the means of integers and bool), else a 64-bit integer: integer and bool
+// sums wrap there, as NumPy's, and maxima and minima compare there (signed; unsigned for uint64), since the
+// warp's shuffles move 32- and 64-bit values, not bytes or shorts (cukern/segment.py `result_dtype`).
+template <typename T> struct SegFloat { static constexpr bool value = false; };  // x of a float type
+template <> struct SegFloat<float> { static constexpr bool value = true; };
+template <> struct SegFloat<double> { static constexpr bool value = true; };
+template <> struct SegFloat<f16> { static constexpr bool value = true; };
+template <> struct SegFloat<bf16> { static constexpr bool value = true; };
+template <typename T> struct SegWide { using type = long long; };
+template <> struct SegWide<unsigned long long> { using type = unsigned long long; };
+template <typename T, typename O> struct SegAcc { using type = typename SegWide<T>::type; };
+template <typename T> struct SegAcc<T, double> { using type = double; };
+template <typename O> struct SegAcc<float, O> { using type = float; };
+template <typename O> struct SegAcc<f16, O> { using type = float; };
+template <typename O> struct SegAcc<bf16, O> { using type = float; };
+template <typename T, typename O> using seg_acc_t = typename SegAcc<T, O>::type;
 
 __device__ __forceinline__ float seg_add(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ double seg_add(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ float seg_load(float v) { return v; }
-__device__ __forceinline__ double seg_load(double v) { return v; }
+__device__ __forceinline__ long long seg_add(long long a, long long b) {  // wraps, as NumPy's int64
+  return static_cast<long long>(static_cast<unsigned long long>(a) + static_cast<unsigned long long>(b));
+}
+__device__ __forceinline__ unsigned long long seg_add(unsigned long long a, unsigned long long b) { return a + b; }
+template <typename T> __device__ __forceinline__ T seg_load(T v) { return v; }
 __device__ __forceinline__ float seg_load(f16 v) { return to_float(v); }
 __device__ __forceinline__ float seg_load(bf16 v) { return to_float(v); }
 
+template <typename A> __device__ __forceinline__ bool seg_negative_zero(A) { return false; }
 __device__ __forceinline__ bool seg_negative_zero(float a) { return __float_as_uint(a) == 0x80000000u; }
 __device__ __forceinline__ bool seg_negative_zero(double a) {
   return __double_as_longlong(a) == static_cast<long long>(0x8000000000000000ull);
-}
-
-__device__ __forceinline__ void seg_infinity(float& v) { v = __int_as_float(0x7f800000); }
-__device__ __forceinline__ void seg_infinity(double& v) { v = __longlong_as_double(0x7ff0000000000000ll); }
-template <typename A> __device__ __forceinline__ A seg_infinity() {
-  A v;
-  seg_infinity(v);
-  return v;
 }
 
 struct SegSum {
@@ -87,7 +101,7 @@ struct SegSum {
 // NumPy's max and min: a NaN operand gives a NaN (their sum), and of two equal values max keeps +0 over -0,
 // min -0 over +0, so that both are commutative bit for bit as the shuffle trees need.
 struct SegMax {
-  template <typename A> __device__ __forceinline__ static A identity() { return -seg_infinity<A>(); }
+  template <typename A> __device__ __forceinline__ static A identity() { return Limits<A>::lowest(); }
   template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
     if (a != a || b != b) return seg_add(a, b);
     if (a > b) return a;
@@ -96,7 +110,7 @@ struct SegMax {
   }
 };
 struct SegMin {
-  template <typename A> __device__ __forceinline__ static A identity() { return seg_infinity<A>(); }
+  template <typename A> __device__ __forceinline__ static A identity() { return Limits<A>::highest(); }
   template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
     if (a != a || b != b) return seg_add(a, b);
     if (a < b) return a;
@@ -108,10 +122,20 @@ template <int OP> struct SegCombine { using type = SegSum; };
 template <> struct SegCombine<SEG_MAX> { using type = SegMax; };
 template <> struct SegCombine<SEG_MIN> { using type = SegMin; };
 
-template <typename T> __device__ __forceinline__ T seg_store(float a) { return from_float<T>(a); }
-template <typename T> __device__ __forceinline__ T seg_store(double a) { return static_cast<T>(a); }
-template <> __device__ __forceinline__ f16 seg_store<f16>(double a) { return from_float<f16>(static_cast<float>(a)); }
-template <> __device__ __forceinline__ bf16 seg_store<bf16>(double a) { return from_float<bf16>(static_cast<float>(a)); }
+// A result from its accumulator: the half types through float, the others a plain conversion.
+template <typename O> struct SegStore {
+  template <typename A> __device__ __forceinline__ static O from(A a) { return static_cast<O>(a); }
+};
+template <> struct SegStore<f16> {
+  template <typename A> __device__ __forceinline__ static f16 from(A a) {
+    return from_float<f16>(static_cast<float>(a));
+  }
+};
+template <> struct SegStore<bf16> {
+  template <typename A> __device__ __forceinline__ static bf16 from(A a) {
+    return from_float<bf16>(static_cast<float>(a));
+  }
+};
 
 // Every scalar of a launch (cukern/segment.py PARAMS, the same fields in the same order). Row r, column j
 // of x is at r * row_stride + j * col_stride; out is C-contiguous [segments, cols].
@@ -134,9 +158,12 @@ template <typename I> __device__ __forceinline__ void segment_bounds(const I* of
   length = b - a;
 }
 
-template <typename T, int OP, typename A> __device__ __forceinline__ T seg_finish(A v, long long length, int mean) {
-  if (OP == SEG_SUM && mean) return seg_store<T>(static_cast<double>(v) / static_cast<double>(length));
-  return seg_store<T>(v);
+// A segment's result: a mean divides once in double; an empty segment's max or min is O's own limit (an
+// integer accumulator's identity, a 64-bit limit, does not fit a narrower O).
+template <typename O, int OP, typename A> __device__ __forceinline__ O seg_finish(A v, long long length, int mean) {
+  if (OP == SEG_SUM && mean) return SegStore<O>::from(static_cast<double>(v) / static_cast<double>(length));
+  if (OP != SEG_SUM && length == 0) return OP == SEG_MAX ? Limits<O>::lowest() : Limits<O>::highest();
+  return SegStore<O>::from(v);
 }
 
 // A leaf's chain for lane c of a warp: the values at[32 m], m < M, that lie in the segment (`in_leaf`: its
@@ -146,26 +173,25 @@ template <typename T, int OP, typename A> __device__ __forceinline__ T seg_finis
 // in a chain is already the combine's NaN).
 template <int M, typename C, typename A, typename T, typename Index>
 __device__ __forceinline__ A seg_chain(const T* at, Index step, int in_leaf) {
-  A v[M];
+  using L = decltype(seg_load(T()));
+  L v[M];  // as loaded: widened only when combined
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    v[m] = SEG_CHAINS * m < in_leaf ? static_cast<A>(seg_load(at[m * step])) : C::template identity<A>();
-  }
+  for (int m = 0; m < M; ++m) v[m] = SEG_CHAINS * m < in_leaf ? seg_load(at[m * step]) : C::template identity<L>();
   A chain = C::template identity<A>();
 #pragma unroll
-  for (int m = 0; m < M; ++m) chain = C::apply(chain, v[m]);
+  for (int m = 0; m < M; ++m) chain = C::apply(chain, static_cast<A>(v[m]));
   return chain;
 }
 
 // The same for a leaf every lane fills (no test a load).
 template <typename C, typename A, typename T, typename Index>
 __device__ __forceinline__ A seg_full_chain(const T* at, Index step) {
+  decltype(seg_load(T())) v[SEG_CHAIN_LENGTH];
+#pragma unroll
+  for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) v[m] = seg_load(at[m * step]);
   A chain = C::template identity<A>();
-  A v[SEG_CHAIN_LENGTH];
 #pragma unroll
-  for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) v[m] = static_cast<A>(seg_load(at[m * step]));
-#pragma unroll
-  for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) chain = C::apply(chain, v[m]);
+  for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) chain = C::apply(chain, static_cast<A>(v[m]));
   return chain;
 }
 
@@ -212,10 +238,15 @@ __device__ __forceinline__ A seg_warp_tree(A* stack, const T* col, Index length,
 // bench/NOTES.md). Nsight Compute then showed the kernel issue-bound, not short of loads in flight: so a
 // load's offset is a constant for unit strides, a full leaf's loads have no test, a short leaf's chain takes
 // only its steps, and a unit-stride segment's leaf loop counts in 32 bits.
-template <typename T, int OP, typename I>
-__global__ void __launch_bounds__(SEG_WARP_BLOCK)
-    segment_warp(T* out, const T* x, const I* offsets, const __grid_constant__ SegParams p) {
-  using A = seg_acc_t<T>;
+// segment_warp's resident blocks: none stated for floats (ptxas chooses); integer and bool x state sixteen,
+// 64 registers, on every architecture: left to choose, ptxas spilled 8 to 32 bytes at 32 or 40 registers for
+// some of them on sm_100 and sm_120.
+template <typename T> __host__ __device__ constexpr int seg_warp_min_blocks() { return SegFloat<T>::value ? 0 : 16; }
+
+template <typename T, int OP, typename I, typename O>
+__global__ void __launch_bounds__(SEG_WARP_BLOCK, seg_warp_min_blocks<T>())
+    segment_warp(O* out, const T* x, const I* offsets, const __grid_constant__ SegParams p) {
+  using A = seg_acc_t<T, O>;
   using C = typename SegCombine<OP>::type;
   constexpr int kWarps = SEG_WARP_BLOCK / 32;
   constexpr long long kShort = (1ll << 31) - 2 * SEG_LEAF;  // leaf counts and rows left stay in an int
@@ -236,15 +267,21 @@ __global__ void __launch_bounds__(SEG_WARP_BLOCK)
     const A result = p.row_stride == 1 && length < kShort
                          ? seg_warp_tree<C, A, int>(stacks[warp], col, static_cast<int>(length), 1, lane)
                          : seg_warp_tree<C, A, long long>(stacks[warp], col, length, p.row_stride, lane);
-    if (lane == 0) out[(first + r) * p.cols + j] = seg_finish<T, OP>(result, length, p.mean);
+    if (lane == 0) out[(first + r) * p.cols + j] = seg_finish<O, OP>(result, length, p.mean);
   }
 }
 
 // segment_cols' resident blocks: none stated on sm_90 (ptxas chooses), one from sm_100 on (as CUKERN_BOUNDS).
 // Before sm_90, ptxas left to choose put the float-accumulator minima at 64 registers and spilled 8 bytes;
 // told the eight blocks of those 64 registers, maxima and minima fit them.
-template <int OP> __host__ __device__ constexpr int seg_cols_min_blocks() {
-  return before_sm90_min_blocks(OP == SEG_SUM ? 0 : 8);
+// Integer and bool x (64-bit accumulators) state four blocks, 128 registers, before sm_100: left to choose,
+// ptxas spilled 8 to 20 bytes at 80 registers for several of them on sm_90.
+template <typename T, int OP> __host__ __device__ constexpr int seg_cols_min_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+  return 1;
+#else
+  return SegFloat<T>::value ? before_sm90_min_blocks(OP == SEG_SUM ? 0 : 8) : 4;
+#endif
 }
 
 // One thread per (segment, column): segment blockIdx.x, column blockIdx.y * SEG_COL_BLOCK + thread. A leaf's
@@ -252,10 +289,11 @@ template <int OP> __host__ __device__ constexpr int seg_cols_min_blocks() {
 // group's chains in registers, filled row by row, and reduced by tree_reduce; the groups' values are aligned
 // subtrees of the one tree (four to a leaf), so the thread's own stack in shared memory, counting groups,
 // merges them into the same tree the warp kernel's shuffles and leaf stack form.
-template <typename T, int OP, typename I>
-__global__ void __launch_bounds__(SEG_COL_BLOCK, seg_cols_min_blocks<OP>())
-    segment_cols(T* out, const T* x, const I* offsets, const __grid_constant__ SegParams p) {
-  using A = seg_acc_t<T>;
+template <typename T, int OP, typename I, typename O>
+__global__ void __launch_bounds__(SEG_COL_BLOCK, seg_cols_min_blocks<T, OP>())
+    segment_cols(O* out, const T* x, const I* offsets, const __grid_constant__ SegParams p) {
+  using A = seg_acc_t<T, O>;
+  using L = decltype(seg_load(T()));
   using C = typename SegCombine<OP>::type;
   __shared__ A stacks[SEG_COL_BLOCK][SEG_STACK_DEPTH];
   const long long s = blockIdx.x;
@@ -274,20 +312,20 @@ __global__ void __launch_bounds__(SEG_COL_BLOCK, seg_cols_min_blocks<OP>())
       for (int c = 0; c < SEG_GROUP; ++c) chains[c] = C::template identity<A>();
 #pragma unroll
       for (int m = 0; m < SEG_CHAIN_LENGTH; ++m) {
-        A v[SEG_GROUP];
+        L v[SEG_GROUP];  // as loaded: widened only when combined (int values, not doubles, in flight)
 #pragma unroll
         for (int c = 0; c < SEG_GROUP; ++c) {
           const long long i = k * SEG_LEAF + m * SEG_CHAINS + g * SEG_GROUP + c;
-          v[c] = i < length ? static_cast<A>(seg_load(col[i * p.row_stride])) : C::template identity<A>();
+          v[c] = i < length ? seg_load(col[i * p.row_stride]) : C::template identity<L>();
         }
 #pragma unroll
-        for (int c = 0; c < SEG_GROUP; ++c) chains[c] = C::apply(chains[c], v[c]);
+        for (int c = 0; c < SEG_GROUP; ++c) chains[c] = C::apply(chains[c], static_cast<A>(v[c]));
       }
       tree_push<C>(stacks[threadIdx.x], tree_reduce<C>(chains), static_cast<unsigned long long>(k * kGroups + g));
     }
   }
   const A r = tree_result<C>(stacks[threadIdx.x], static_cast<unsigned long long>(leaves * kGroups));
-  out[s * p.cols + j] = seg_finish<T, OP>(r, length, p.mean);
+  out[s * p.cols + j] = seg_finish<O, OP>(r, length, p.mean);
 }
 
 }  // namespace cukern

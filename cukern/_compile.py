@@ -41,8 +41,13 @@ _CTYPES = {
     BFLOAT16: "cukern::bf16",
     np.dtype(np.int32): "int",
     np.dtype(np.int64): "long long",
+    np.dtype(np.int8): "signed char",
+    np.dtype(np.int16): "short",
     np.dtype(np.bool_): "bool",
     np.dtype(np.uint8): "unsigned char",
+    np.dtype(np.uint16): "unsigned short",
+    np.dtype(np.uint32): "unsigned",
+    np.dtype(np.uint64): "unsigned long long",
     np.dtype(np.complex64): "cukern::Complex<float>",
     np.dtype(np.complex128): "cukern::Complex<double>",
 }

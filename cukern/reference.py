@@ -1379,12 +1379,21 @@ def segment_mean(x, offsets):
 
 def _segment_emulated(op: str, x, offsets):
     """Each segment through :func:`reduction_tree` over its own length, segments of one length at a time,
-    in float32 (float64 for float64 x), then rounded to x's dtype (a mean: the sum widened to float64,
-    divided by the length, rounded through float32 for the half types)."""
+    in float32 (float64 for float64 x and for the means of integers and bool), then rounded to the result
+    dtype (a mean: the sum widened to float64, divided by the length, rounded through float32 for the half
+    types). Integer and bool sums, maxima and minima are exact (sums wrap at 64 bits, as NumPy's), so
+    their values do not depend on any order."""
+    from .segment import result_dtype
+
     x, o, v = _segments(x, offsets)
-    acc = np.float64 if x.dtype == np.float64 else np.float32
+    rt = result_dtype(op, x.dtype)
+    exact = x.dtype.kind in "biu" and op != "segment_mean"
+    acc = rt if exact else np.float64 if rt == np.float64 else np.float32
     combine, identity = {"segment_sum": (_tree_sum, 0), "segment_mean": (_tree_sum, 0),
                          "segment_max": (_tree_max, -np.inf), "segment_min": (_tree_min, np.inf)}[op]
+    if exact and op != "segment_sum":
+        limits = (False, True) if x.dtype == np.bool_ else (np.iinfo(x.dtype).min, np.iinfo(x.dtype).max)
+        identity = limits[op == "segment_min"]
     rows = x.shape[0]
     start = np.clip(o[:-1], 0, rows)
     length = np.clip(o[1:], start, rows) - start
@@ -1393,12 +1402,17 @@ def _segment_emulated(op: str, x, offsets):
         which = np.flatnonzero(length == n)
         idx = start[which, None] + np.arange(n)[None, :]
         seg = v[idx].astype(acc)  # [segments of this length, n, cols]
-        out[which] = reduction_tree(np.moveaxis(seg, 1, 2), combine, identity) if n else identity
+        if not n:
+            out[which] = identity
+        elif exact:
+            out[which] = {"segment_sum": np.sum, "segment_max": np.max, "segment_min": np.min}[op](seg, axis=1)
+        else:
+            out[which] = reduction_tree(np.moveaxis(seg, 1, 2), combine, identity)
     if op == "segment_mean":
         with np.errstate(invalid="ignore", divide="ignore"):
             wide = out.astype(np.float64) / length[:, None]
         out = wide if acc == np.float64 else wide.astype(np.float32)
-    return out.astype(x.dtype).reshape((len(o) - 1,) + x.shape[1:])
+    return out.astype(rt).reshape((len(o) - 1,) + x.shape[1:])
 
 
 def segment_sum_emulated(x, offsets):

@@ -5,15 +5,21 @@ References (float64, :mod:`cukern.reference`)::
 
     out[s] = reduce(x[offsets[s] : offsets[s + 1]], axis=0)      s < len(offsets) - 1
 
-An empty segment gives the identity: 0 for sums, -inf for max, +inf for min, NaN for mean.
+An empty segment gives the identity: 0 for sums, -inf for max, +inf for min (an integer dtype's lowest and
+highest values, False and True for bool), NaN for mean.
+
+Result dtypes are NumPy's for the same reduction of a slice (:func:`result_dtype`): x's for floats, and
+for the maxima and minima of integers and bool; int64 (uint64 for unsigned x) for integer and bool sums,
+which wrap as NumPy's; float64 for their means.
 
 Memory traffic, the count every GB/s figure uses: x read once, the offsets read once, out written once
 (:func:`bytes_moved`).
 
 Reproducibility: each segment is reduced by the tree of :mod:`cukern.reduce_plan`'s notes over its own
 length (chains of 8 rows 32 apart, then pairs of neighbours), in float32 for float32 / float16 / bfloat16
-and float64 for float64, so its bits depend only on its values and its length: not on the other segments,
-the number of columns, the launch or the GPU. They equal :func:`cukern.sum` (``amax``, ``amin``) of the same
+and float64 for float64 and for the means of integers and bool (integer sums, maxima and minima are exact),
+so its bits depend only on its values and its length: not on the other segments, the number of columns,
+the launch or the GPU. They equal :func:`cukern.sum` (``amax``, ``amin``) of the same
 slice along axis 0 (but for a one-row segment holding -0, which the tree's chain, started at +0, sums to
 +0); :func:`cukern.reference.segment_sum_emulated` and its siblings compute them on the host.
 
@@ -65,11 +71,28 @@ MAX_GRID_Y = 65535
 RUN_MAX = 32
 RUN_WARPS = 1 << 16
 
-DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BFLOAT16)
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BFLOAT16)
+INT_DTYPES = tuple(np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                         np.uint32, np.uint64))
+DTYPES = FLOAT_DTYPES + INT_DTYPES
 OFFSET_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 SEG_SUM, SEG_MAX, SEG_MIN = 0, 1, 2
 OPS = {"segment_sum": (SEG_SUM, False), "segment_max": (SEG_MAX, False), "segment_min": (SEG_MIN, False),
        "segment_mean": (SEG_SUM, True)}
+
+
+
+def result_dtype(op: str, dtype) -> np.dtype:
+    """The result's dtype, NumPy's for the same reduction of a slice: x's for floats, and for the maxima and
+    minima of integers and bool; int64 for the sums of bool and signed integers, uint64 for unsigned ones
+    (NumPy's ``sum``); float64 for the means of integers and bool (NumPy's ``mean``)."""
+    dtype = np.dtype(dtype)
+    if dtype in FLOAT_DTYPES or op in ("segment_max", "segment_min"):
+        return dtype
+    if op == "segment_mean":
+        return np.dtype(np.float64)
+    return np.dtype(np.uint64 if dtype.kind == "u" else np.int64)
+
 
 # The kernels' scalars, one struct (``SegParams`` in cuda_src/segment.cu).
 PARAMS = Params((("segments", "i64"), ("cols", "i64"), ("rows", "i64"), ("row_stride", "i64"),
@@ -96,8 +119,9 @@ class Plan:
     def config(self) -> LaunchConfig:
         return LaunchConfig(grid=self.grid, block=(self.block,))
 
-    def instantiation(self, dtype, op: int, offsets_dtype) -> Instantiation:
-        return Instantiation(SOURCE, f"segment_{self.kernel}", (np.dtype(dtype), op, np.dtype(offsets_dtype)))
+    def instantiation(self, dtype, op: int, offsets_dtype, out_dtype) -> Instantiation:
+        return Instantiation(SOURCE, f"segment_{self.kernel}",
+                             (np.dtype(dtype), op, np.dtype(offsets_dtype), np.dtype(out_dtype)))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -134,24 +158,20 @@ def plan(shape, segments: int, *, strides=None, ptr: int = 0, itemsize: int = 4)
 
 
 def instantiations() -> list:
-    """Both kernels for every dtype, combine and offsets dtype: what :func:`plan` chooses, from its kernel
-    names and the tables above."""
-    out = []
-    for kernel in ("warp", "cols"):
-        p = Plan(kernel, (1, 1), 1, False, 1, 1, 1, 1)
-        for dt in DTYPES:
-            for op in (SEG_SUM, SEG_MAX, SEG_MIN):
-                for o in OFFSET_DTYPES:
-                    out.append(p.instantiation(dt, op, o))
-    return out
+    """Both kernels for every dtype, op's combine and result dtype, and offsets dtype: what :func:`plan`
+    chooses, from its kernel names and the tables above (a float mean is its sum's kernel)."""
+    kinds = sorted({(dt, OPS[op][0], result_dtype(op, dt)) for dt in DTYPES for op in OPS}, key=str)
+    return [Plan(kernel, (1, 1), 1, False, 1, 1, 1, 1).instantiation(dt, kind, o, rt)
+            for kernel in ("warp", "cols") for dt, kind, rt in kinds for o in OFFSET_DTYPES]
 
 
-def bytes_moved(shape, dtype, segments: int, offsets_dtype=np.int64) -> int:
-    """Bytes the op must move: x read once (every row inside a segment), the offsets read once, out
-    written once."""
-    size = np.dtype(dtype).itemsize
+def bytes_moved(shape, dtype, segments: int, offsets_dtype=np.int64, out_dtype=None) -> int:
+    """Bytes the op must move: x read once (every row inside a segment), the offsets read once, out (of
+    ``out_dtype``, default x's) written once."""
+    written = np.dtype(dtype if out_dtype is None else out_dtype).itemsize
     cols = math.prod(shape[1:])
-    return math.prod(shape) * size + (segments + 1) * np.dtype(offsets_dtype).itemsize + segments * cols * size
+    return (math.prod(shape) * np.dtype(dtype).itemsize + (segments + 1) * np.dtype(offsets_dtype).itemsize
+            + segments * cols * written)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -165,6 +185,7 @@ class _Call:
     params: object
     copy: bool
     shape: tuple
+    out_dtype: np.dtype
 
 
 _calls = CallCache()
@@ -192,15 +213,16 @@ def _prepare(op: str, x, offsets) -> _Call:
     aligned = all(s % x.itemsize == 0 for s in x.strides)
     pl = plan(x.shape, segments, strides=strides if aligned else None, ptr=x.data.ptr if aligned else 1,
               itemsize=x.itemsize)
+    rt = result_dtype(op, x.dtype)
     if pl.kernel is None:
-        return _Call(None, None, None, pl.copy, shape)
+        return _Call(None, None, None, pl.copy, shape, rt)
     kind, mean = OPS[op]
     params = struct_argument(PARAMS.struct(segments=segments, cols=pl.cols, rows=x.shape[0],
                                            row_stride=pl.row_stride, col_stride=pl.col_stride, mean=int(mean),
                                            run=pl.run))
     with on_device(x.data.device_id):
-        kernel = get_kernel(pl.instantiation(x.dtype, kind, offsets.dtype))
-    return _Call(kernel, pl.config, params, pl.copy, shape)
+        kernel = get_kernel(pl.instantiation(x.dtype, kind, offsets.dtype, rt))
+    return _Call(kernel, pl.config, params, pl.copy, shape, rt)
 
 
 def check_offsets(offsets, rows: int) -> None:
@@ -225,8 +247,8 @@ def check_offsets(offsets, rows: int) -> None:
                              "decrease")
 
 
-def _validate_out(out, shape, x, offsets):
-    out = _check.check_out(out, shape, x.dtype, x)
+def _validate_out(out, call: _Call, x, offsets):
+    out = _check.check_out(out, call.shape, call.out_dtype, x)
     _check.check_no_overlap(out, "out", x, "x", identical_ok=False)
     _check.check_no_overlap(out, "out", offsets, "offsets", identical_ok=False)
     return out
@@ -249,7 +271,7 @@ def _run(op: str, x, offsets, out, check: bool):
         if key is not None:
             _calls.put(key, call)
     if out is not None:
-        out = _validate_out(out, call.shape, x, offsets)
+        out = _validate_out(out, call, x, offsets)
     direct = out is not None and out.flags.c_contiguous
     if not offsets.flags.c_contiguous:
         refuse_temporary_in_capture(op, "offsets are copied to contiguous first; pass contiguous offsets")
@@ -260,7 +282,7 @@ def _run(op: str, x, offsets, out, check: bool):
             offsets = cp.ascontiguousarray(offsets)
         if check:
             check_offsets(offsets, x.shape[0])
-        dst = out if direct else cp.ndarray(call.shape, x.dtype)
+        dst = out if direct else cp.ndarray(call.shape, call.out_dtype)
         if call.kernel is not None:
             src = cp.ascontiguousarray(x) if call.copy else x
             launch(call.kernel, call.config, (dst, src, offsets, call.params))
@@ -271,18 +293,20 @@ def _run(op: str, x, offsets, out, check: bool):
         return out
 
 
-_DOC = """``out[s] = {formula}`` over rows ``offsets[s] : offsets[s + 1]`` of x, in x's dtype.
+_DOC = """``out[s] = {formula}`` over rows ``offsets[s] : offsets[s + 1]`` of x, in {rdtype}.
 
-{what} An empty segment gives {empty}. Accumulates in float32 (float64 for float64 x) along the tree fixed by
-the segment's length, so each result's bits depend only on that segment's values
-(:func:`cukern.reference.{op}_emulated`).
+{what} An empty segment gives {empty}. Accumulates in float32 (float64 for float64 x{mean64}) along the tree
+fixed by the segment's length, so each result's bits depend only on that segment's values
+(:func:`cukern.reference.{op}_emulated`); {ints}.
 
 Parameters
 ----------
-x : cupy.ndarray of float32, float16, bfloat16 or float64, shape ``[rows, ...]``; any strides.
+x : cupy.ndarray of float32, float16, bfloat16, float64, any integer type or bool, shape ``[rows, ...]``;
+    any strides.
 offsets : cupy.ndarray of int32 or int64, shape ``[segments + 1]``, non-decreasing, within ``[0, rows]``; any
     stride (a strided view is copied to a contiguous one first).
-out : cupy.ndarray of x's dtype and shape ``[segments, ...]``, optional; must not overlap x or offsets.
+out : cupy.ndarray of the result's dtype and shape ``[segments, ...]``, optional; must not overlap x or
+    offsets.
 check_offsets : bool
     Check the offsets on the GPU first and wait for the answer (a host synchronization, refused under
     CUDA-graph capture). False skips it: nothing waits, and bad offsets give wrong values (bounds are
@@ -290,7 +314,7 @@ check_offsets : bool
 
 Returns
 -------
-out : shape ``[segments, ...]``, x's dtype.
+out : shape ``[segments, ...]``, {rdtype}.
 
 Raises
 ------
@@ -318,10 +342,18 @@ def segment_mean(x, offsets, *, out=None, check_offsets=True):
     return _run("segment_mean", x, offsets, out, check_offsets)
 
 
-for _fn, _formula, _what, _empty in (
-        (segment_sum, "sum(x[a:b], axis=0)", "Sums add each value once, rounded to nearest.", "0"),
-        (segment_max, "max(x[a:b], axis=0)", "A NaN in a segment gives NaN; +0 is above -0.", "-inf"),
-        (segment_min, "min(x[a:b], axis=0)", "A NaN in a segment gives NaN; -0 is below +0.", "+inf"),
+_SAME = "x's dtype"
+for _fn, _formula, _what, _empty, _rdtype, _ints in (
+        (segment_sum, "sum(x[a:b], axis=0)", "Sums add each value once, rounded to nearest.", "0",
+         "x's dtype for floats, int64 for bool and signed integers, uint64 for unsigned ones",
+         "integer and bool sums are exact in 64 bits, wrapping as NumPy's"),
+        (segment_max, "max(x[a:b], axis=0)", "A NaN in a segment gives NaN; +0 is above -0.",
+         "-inf (an integer dtype's lowest value, False for bool)", _SAME, "integer maxima are exact"),
+        (segment_min, "min(x[a:b], axis=0)", "A NaN in a segment gives NaN; -0 is below +0.",
+         "+inf (an integer dtype's highest value, True for bool)", _SAME, "integer minima are exact"),
         (segment_mean, "sum(x[a:b], axis=0) / (b - a)",
-         "The sum, widened to float64, divided once by the length, then rounded to x's dtype.", "NaN")):
-    _fn.__doc__ = _DOC.format(formula=_formula, what=_what, empty=_empty, op=_fn.__name__)
+         "The sum, widened to float64, divided once by the length, then rounded to the result dtype.", "NaN",
+         "x's dtype for floats, float64 for integers and bool", "integer and bool values are summed as float64")):
+    _fn.__doc__ = _DOC.format(formula=_formula, what=_what, empty=_empty, op=_fn.__name__, rdtype=_rdtype,
+                              ints=_ints, mean64=" and for the means of integers and bool" if _fn is segment_mean
+                              else "")

@@ -26,6 +26,16 @@ OPS = tuple(S.OPS)
 F32 = np.dtype(np.float32)
 
 
+def _values(rng, shape, dtype):
+    """Standard normal floats; integers over their whole range (so sums wrap); bools half true."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype.kind in "iu":
+        return rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, shape, dtype=dtype, endpoint=True)
+    return rng.standard_normal(shape).astype(dtype)
+
+
 def _offsets(rng, rows, segments, *, empties=True):
     cuts = np.sort(rng.integers(0, rows + 1, segments - 1)) if segments > 1 else np.zeros(0, np.int64)
     o = np.concatenate([[0], cuts, [rows]]).astype(np.int64)
@@ -74,13 +84,14 @@ def test_too_many_columns():
 
 def test_every_plan_uses_a_listed_instantiation():
     insts = set(S.instantiations())
-    assert len(insts) == 2 * len(S.DTYPES) * 3 * len(S.OFFSET_DTYPES)
+    # floats: sum (a mean is its sum's kernel), max, min; integers and bool a mean kernel as well
+    assert len(insts) == 2 * (3 * len(S.FLOAT_DTYPES) + 4 * len(S.INT_DTYPES)) * len(S.OFFSET_DTYPES)
     for shape in [(1000,), (1000, 3), (1000, 64)]:
         p = S.plan(shape, 5)
         for dt in S.DTYPES:
-            for op, _ in S.OPS.values():
+            for name, (op, _) in S.OPS.items():
                 for o in S.OFFSET_DTYPES:
-                    assert p.instantiation(dt, op, o) in insts
+                    assert p.instantiation(dt, op, o, S.result_dtype(name, dt)) in insts
 
 
 def test_params_match_the_struct():
@@ -96,7 +107,37 @@ def test_bytes_moved():
 # The emulator on the host.
 
 
-@pytest.mark.parametrize("dtype", S.DTYPES, ids=dtype_name)
+def test_result_dtypes_are_numpys():
+    for dt in S.DTYPES:
+        x = np.zeros((2, 3), dt)
+        assert S.result_dtype("segment_max", dt) == S.result_dtype("segment_min", dt) == dt
+        if dt in S.INT_DTYPES:
+            assert S.result_dtype("segment_sum", dt) == np.sum(x, axis=0).dtype
+            assert S.result_dtype("segment_mean", dt) == np.mean(x, axis=0).dtype == np.float64
+        else:
+            assert S.result_dtype("segment_sum", dt) == S.result_dtype("segment_mean", dt) == dt
+
+
+@pytest.mark.parametrize("dtype", S.INT_DTYPES, ids=dtype_name)
+def test_integer_emulator_is_numpys_slice_reductions(dtype, rng):
+    """Sums wrap at 64 bits as NumPy's sum does, maxima and minima are exact, means are float64 sums (the
+    tree) divided by the length; an empty segment's max / min is the dtype's lowest / highest value."""
+    x = _values(rng, (700, 2), dtype)
+    o = np.array([0, 1, 1, 300, 301, 700])
+    info = (False, True) if dtype == np.bool_ else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+    for op, fn, empty in (("segment_sum", np.sum, 0), ("segment_max", np.max, info[0]),
+                          ("segment_min", np.min, info[1]), ("segment_mean", np.mean, np.nan)):
+        got = getattr(R, f"{op}_emulated")(x, o)
+        assert got.dtype == S.result_dtype(op, dtype) and got.shape == (5, 2)
+        for s in range(5):
+            want = fn(x[o[s]:o[s + 1]], axis=0) if o[s + 1] > o[s] else np.full(2, empty)
+            if op == "segment_mean":
+                np.testing.assert_allclose(got[s], want, rtol=1e-13, atol=0)
+            else:
+                assert np.array_equal(got[s], want.astype(got.dtype)), (op, s)
+
+
+@pytest.mark.parametrize("dtype", S.FLOAT_DTYPES, ids=dtype_name)
 def test_emulator_is_close_to_the_reference(dtype, rng):
     x = rng.standard_normal((3000, 3)).astype(dtype)
     o = _offsets(rng, 3000, 40)
@@ -160,9 +201,10 @@ def test_every_instantiation_compiles_without_spills_or_contraction(arch):
 def _check(op, x, xh, o, oh, **kw):
     got = getattr(S, op)(x, o, **kw)
     want = getattr(R, f"{op}_emulated")(xh, oh)
-    assert got.dtype == xh.dtype and got.shape == want.shape, op
+    assert got.dtype == S.result_dtype(op, xh.dtype) and got.shape == want.shape, op
     assert same_bits(got, want), op
-    assert_close(got, getattr(R, op)(xh, oh), xh.dtype, terms=max(xh.shape[0], 1))
+    if xh.dtype in S.FLOAT_DTYPES:
+        assert_close(got, getattr(R, op)(xh, oh), xh.dtype, terms=max(xh.shape[0], 1))
     return got
 
 
@@ -172,7 +214,7 @@ def _check(op, x, xh, o, oh, **kw):
 def test_every_dtype_op_and_kernel(dtype, shape, segments, rng):
     import cupy
 
-    xh = rng.standard_normal(shape).astype(dtype)
+    xh = _values(rng, shape, dtype)
     oh = _offsets(rng, shape[0], segments)
     x = cupy.asarray(xh)
     # int32 offsets for one dtype only: each (dtype, op, offsets dtype) is a kernel compiled on first use
@@ -239,11 +281,11 @@ def test_runs_of_segments_give_each_segments_own_bits(cols, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [np.float32, BFLOAT16], ids=dtype_name)
+@pytest.mark.parametrize("dtype", [np.float32, BFLOAT16, np.int16, np.uint64], ids=dtype_name)
 def test_strided_negative_and_misaligned_views(dtype, rng):
     import cupy
 
-    base_h = rng.standard_normal((400, 6, 40)).astype(dtype)
+    base_h = _values(rng, (400, 6, 40), dtype)
     base = cupy.asarray(base_h)
     views = [lambda a: a[::2, 1], lambda a: a[::-1, :, 3], lambda a: a[1:, 2, 1:], lambda a: a.transpose(0, 2, 1),
              lambda a: a.reshape(-1)[1:2001]]
@@ -298,6 +340,34 @@ def test_out_is_written_and_checked(rng):
 
 
 @pytest.mark.gpu
+def test_integer_results_wrap_and_fill_as_numpy():
+    """int64 sums wrap (NumPy's sum), an empty segment's max / min is the dtype's lowest / highest, a uint64
+    compares unsigned, a mean sums in float64; out takes the result dtype only."""
+    import cupy
+
+    xh = np.array([2**63 - 1, 1, 5, -7], np.int64)
+    oh = np.array([0, 2, 2, 4])
+    x, o = cupy.asarray(xh), cupy.asarray(oh)
+    assert cupy.asnumpy(S.segment_sum(x, o)).tolist() == [-2**63, 0, -2]
+    assert cupy.asnumpy(S.segment_max(x, o)).tolist() == [2**63 - 1, -2**63, 5]
+    mean = cupy.asnumpy(S.segment_mean(x, o))
+    assert mean[0] == np.mean(xh[:2]) and np.isnan(mean[1]) and mean[2] == -1.0
+    u = cupy.asarray(np.array([2**64 - 1, 3, 2**63], np.uint64))
+    assert cupy.asnumpy(S.segment_max(u, cupy.asarray(np.array([0, 3, 3])))).tolist() == [2**64 - 1, 0]
+    assert cupy.asnumpy(S.segment_min(u, cupy.asarray(np.array([0, 3, 3])))).tolist() == [3, 2**64 - 1]
+    b = cupy.asarray(np.array([True, False, False], bool))
+    ob = cupy.asarray(np.array([0, 1, 3, 3]))
+    assert cupy.asnumpy(S.segment_max(b, ob)).tolist() == [True, False, False]
+    assert cupy.asnumpy(S.segment_min(b, ob)).tolist() == [True, False, True]
+    assert cupy.asnumpy(S.segment_sum(b, ob)).tolist() == [1, 0, 0]
+    out = cupy.full(3, -9, np.int64)
+    assert S.segment_sum(cupy.asarray(np.array([1, 2, 3], np.int8)), ob, out=out) is out
+    assert cupy.asnumpy(out).tolist() == [1, 5, 0]
+    with pytest.raises(TypeError, match="dtype"):
+        S.segment_sum(cupy.asarray(np.array([1, 2, 3], np.int8)), ob, out=cupy.empty(3, np.int8))
+
+
+@pytest.mark.gpu
 def test_bad_offsets_raise_before_the_launch():
     import cupy
 
@@ -315,8 +385,8 @@ def test_bad_offsets_raise_before_the_launch():
     assert (out == -7).all() and same_bits(x, before)
     with pytest.raises(TypeError, match="numpy.ndarray"):
         S.segment_sum(x.get(), cupy.zeros(2, np.int64))
-    with pytest.raises(TypeError, match="dtype int32"):
-        S.segment_sum(cupy.zeros(4, np.int32), cupy.zeros(2, np.int64))
+    with pytest.raises(TypeError, match="dtype complex64"):
+        S.segment_sum(cupy.zeros(4, np.complex64), cupy.zeros(2, np.int64))
     with pytest.raises(TypeError, match="check_offsets"):
         S.segment_sum(x, cupy.zeros(2, np.int64), check_offsets=1)
 

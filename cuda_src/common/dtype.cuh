@@ -44,4 +44,30 @@ template <> __device__ __forceinline__ unsigned pack2<f16>(float lo, float hi) {
   return r;
 }
 
+// The lowest and highest values of V (max's and min's identities): the infinities for the float types; for
+// integers the two's complement limits (a signed V's lowest is its sign bit alone, highest its complement),
+// false and true for bool.
+template <typename V> struct Limits {
+  __device__ __forceinline__ static V lowest() {
+    return V(-1) < V(0) ? static_cast<V>(1ull << (8 * sizeof(V) - 1)) : V(0);
+  }
+  __device__ __forceinline__ static V highest() { return static_cast<V>(~lowest()); }
+};
+template <> struct Limits<float> {
+  __device__ __forceinline__ static float lowest() { return __int_as_float(0xff800000); }
+  __device__ __forceinline__ static float highest() { return __int_as_float(0x7f800000); }
+};
+template <> struct Limits<double> {
+  __device__ __forceinline__ static double lowest() { return __longlong_as_double(0xfff0000000000000ll); }
+  __device__ __forceinline__ static double highest() { return __longlong_as_double(0x7ff0000000000000ll); }
+};
+template <> struct Limits<f16> {
+  __device__ __forceinline__ static f16 lowest() { return from_float<f16>(Limits<float>::lowest()); }
+  __device__ __forceinline__ static f16 highest() { return from_float<f16>(Limits<float>::highest()); }
+};
+template <> struct Limits<bf16> {
+  __device__ __forceinline__ static bf16 lowest() { return from_float<bf16>(Limits<float>::lowest()); }
+  __device__ __forceinline__ static bf16 highest() { return from_float<bf16>(Limits<float>::highest()); }
+};
+
 }  // namespace cukern

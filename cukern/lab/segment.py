@@ -59,12 +59,13 @@ def _describe(name: str):
     def describe(shape, dt, params, device, knobs):
         segments = _segments(params)
         pl = segment.plan(shape, segments, itemsize=dt.itemsize)
+        rt = segment.result_dtype(name, dt)
         launches = []
         if pl.kernel is not None:
             role = {"warp": f"a warp per {pl.run} segment(s) of a column",
                     "cols": "a thread per segment and column"}[pl.kernel]
-            launches.append(card.Launch(pl.instantiation(dt, segment.OPS[name][0], np.int64), pl.grid[0] * pl.grid[1],
-                                        pl.block, role))
+            launches.append(card.Launch(pl.instantiation(dt, segment.OPS[name][0], np.int64, rt),
+                                        pl.grid[0] * pl.grid[1], pl.block, role))
         rows, cols = shape[0], math.prod(shape[1:])
         mean_length = rows / max(segments, 1)
         if pl.kernel == "cols":
@@ -76,18 +77,19 @@ def _describe(name: str):
             block = f"{segment.WARP_BLOCK // 32} runs of {pl.run} consecutive segments of one column, a warp each"
         tile = {"kernel": pl.kernel, "grid": pl.grid, "block": pl.block, "segments": segments, "columns": cols,
                 "one_block_computes": block, "one_thread_computes": thread}
-        nbytes = segment.bytes_moved(shape, dt, segments)
-        written = segments * cols * dt.itemsize
+        nbytes = segment.bytes_moved(shape, dt, segments, out_dtype=rt)
+        written = segments * cols * rt.itemsize
         coalesced = ("yes: a warp's threads read adjacent columns of a row" if pl.kernel == "cols" else
                      "yes for a 1-D x: a warp's 32 loads are 32 consecutive rows" if cols == 1 else
                      "no: lanes read rows of a column with few columns a row")
         traffic = {"bytes_read": nbytes - written, "bytes_written": written,
-                   "counted_by": "cukern.segment.bytes_moved(shape, dtype, segments)",
+                   "counted_by": "cukern.segment.bytes_moved(shape, dtype, segments, out_dtype=result)",
                    "access_bytes": f"{dt.itemsize} B", "coalesced": coalesced,
                    "re_read": ["each offset twice (the end of one segment, the start of the next), from L1/L2"]}
         accumulation = {
             "reduces": f"{name} of about {mean_length:,.0f} rows per segment, {cols} column(s)",
-            "precision": ("float64" if dt == np.float64 else "float32") + f" accumulators, result {dt}",
+            "precision": (("float64" if rt == np.float64 else "float32") if rt.kind == "f" or dt.kind == "f" else
+                          "64-bit integer") + f" accumulators, result {rt}",
             "order": ("one fixed tree per segment length (chains of 8 rows 32 apart, then pairs): cukern.sum's "
                       "tree of the slice (cukern.reference.segment_sum_emulated)"),
             "combine": ("chains in lanes, shuffles, a leaf stack per warp" if pl.kernel == "warp" else
