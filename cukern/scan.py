@@ -396,13 +396,13 @@ def _complex(op: str, x, axis, final, out):
     checked first: cumprod of complex (its products mix the parts, no kernel of its own) and a real dtype=
     for complex x (NumPy does not cast complex to real) raise TypeError."""
     cp = _cupy()
+    a = normalize_axis(axis, x.ndim)  # a bad axis is an AxisError first, as NumPy's
     if final.kind != "c":
         raise TypeError(f"dtype={dtype_name(final)} is not supported for {op} of {dtype_name(x.dtype)}: NumPy "
                         "does not cast complex to real; use a complex dtype, or scan x.real")
     if op == "cumprod":
         raise TypeError(f"cumprod into {dtype_name(final)} is not supported: a complex product mixes the parts, "
                         "and cukern has no complex scan kernel; use cupy.cumprod")
-    a = normalize_axis(axis, x.ndim)
     shape = (x.size,) if a is None else x.shape
     if out is not None:
         out = _check_cast_out(out, x, a)

@@ -572,4 +572,6 @@ def test_complex_cumsum_scans_the_parts_apart(dtype, rng):
     for call in (lambda: C.cumprod(x), lambda: C.cumsum(x, dtype=np.float64), lambda: C.cumsum(x, out=x[:, ::-1])):
         with pytest.raises((TypeError, ValueError)):
             call()
+    with pytest.raises(np.exceptions.AxisError):  # the axis before the refusal, as NumPy checks it
+        C.cumprod(x, axis=2)
     assert same_bits(x, before)
