@@ -144,10 +144,14 @@ __device__ __forceinline__ key_t<BYTES> element_key(typename Bits<BYTES>::type b
     } else if constexpr (KIND == KIND_UNSIGNED) {
       return static_cast<K>(b) ^ (flip & kMask);
     } else {
+      // No branch: -0 becomes +0, then one shift of the sign makes the mask (all ones for a negative
+      // number, the sign bit alone else) and the NaN test is a select. The same keys as a test-and-branch
+      // form, whose early return for a NaN cost argmax fp32 2^28 3% of the copy (bench/NOTES.md).
       const U mag = static_cast<U>(b & static_cast<U>(~kSign));
-      if (mag > static_cast<U>(infinity_bits<KIND, BYTES>())) return nan_key & kMask;
-      const U ordered = (b & kSign) && mag ? static_cast<U>(~b) : static_cast<U>(mag | kSign);
-      return static_cast<K>(ordered) ^ (flip & kMask);
+      const U c = mag ? b : U(0);
+      const U mask = static_cast<U>(static_cast<U>(U(0) - static_cast<U>(c >> (8 * BYTES - 1))) | kSign);
+      const K k = static_cast<K>(static_cast<U>(c ^ mask)) ^ (flip & kMask);
+      return mag > static_cast<U>(infinity_bits<KIND, BYTES>()) ? static_cast<K>(nan_key & kMask) : k;
     }
   }
 }
