@@ -20,8 +20,16 @@ bound.
 
 Workspace: per (device, stream), a tile counter, a status word and a value per tile and per group (at most
 as many groups as tiles: two 64-bit words and three values per tile), grown to the largest call; status
-words carry the launch's epoch, so they are never cleared. A call made while a CUDA graph is being captured
-is refused (a replayed launch would reuse its epoch and read stale status).
+words carry the launch's epoch, so eager calls never clear them. Buffers it outgrows are kept, never freed.
+
+CUDA graphs. A call made while its stream is capturing records a clearing of the status words it will use
+and its launch, tagged with an epoch no eager call uses (:data:`CAPTURED_EPOCH`), so every replay starts from
+cleared words and leaves none that a later eager launch could take for its own. It allocates nothing but its
+result when ``out`` is not given (the caller's: the graph writes it on every replay). It needs the stream's
+workspace large enough already (one eager call of that size on the stream first), and replays must run in
+order with that stream's scans, as the reductions' workspaces must. Calls that would go through a temporary
+(a layout copied first, a conversion of x, an ``out`` of another dtype) are refused with a RuntimeError
+before anything is recorded.
 
 Layouts: the scanned axis may have any stride; the other axes of x and out are merged into at most two
 levels of lines; anything else goes through C-contiguous temporaries. ``out`` may be x itself (in place):
@@ -33,7 +41,7 @@ from __future__ import annotations
 import math
 import operator
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,7 +49,8 @@ import cukern._check as _check
 
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, dtype_name, parse_dtype
-from ._launch import CallCache, LaunchConfig, Params, launch, on_device, sm_count, struct_argument
+from ._launch import X_COPIED, CallCache, LaunchConfig, Params, launch, on_device, refuse_temporary_in_capture, sm_count
+from ._launch import struct_argument
 from ._launch import cupy as _cupy
 from ._layout import collapse, k_order
 
@@ -66,6 +75,7 @@ PARAMS = Params((("inner", "i64"), ("x_s0", "i64"), ("x_s1", "i64"), ("x_step", 
                  ("o_s1", "i64"), ("o_step", "i64"), ("n", "i64"), ("tiles_per_row", "i64"), ("tiles", "i64"),
                  ("epoch", "i32")))
 EPOCHS = 1 << 30  # status words keep an epoch in their top 30 bits
+CAPTURED_EPOCH = EPOCHS - 1  # captured launches' (after clearing the words); eager ones cycle through 1 .. EPOCHS - 2
 
 
 def result_dtype(dtype, requested=None) -> np.dtype:
@@ -262,37 +272,46 @@ class Workspace:
     counter: object  # uint32[1], zero between launches (the block drawing the last tile resets it)
     status: object  # uint64[2 * tiles], epoch-tagged words: the tiles', then the groups'
     values: object  # uint64[3 * tiles]: the tiles' aggregates, the groups' totals, the groups' prefixes
+    epoch: int = 0
+    outgrown: list = field(default_factory=list)  # buffers a graph captured before may still use
 
     @property
     def tiles(self) -> int:
         return self.status.size // 2
-    epoch: int = 0
 
 
 _workspaces: dict = {}
 _work_lock = threading.Lock()
 
 
-def _refuse_capture():
-    raise RuntimeError("cumsum and cumprod tag their look-back status with a per-launch epoch, which a CUDA "
-                       "graph would replay unchanged; call them outside the capture")
-
-
 def workspace(tiles: int):
-    """(workspace, epoch) for a launch of ``tiles`` tiles on the current stream; refused under capture."""
+    """(workspace, epoch) for a launch of ``tiles`` tiles on the current stream. Eagerly: made or grown (at
+    least doubling) as needed, and the next epoch of the cycle. Under a CUDA-graph capture it must already be
+    large enough (a RuntimeError otherwise, before anything is recorded); the capture then records the
+    clearing of the words the launch uses and gets :data:`CAPTURED_EPOCH`."""
     cp = _cupy()
     stream = cp.cuda.get_current_stream()
-    if stream.is_capturing():
-        _refuse_capture()
     key = (cp.cuda.runtime.getDevice(), stream.ptr)
-    with _work_lock:
+    if stream.is_capturing():
         ws = _workspaces.get(key)
         if ws is None or ws.tiles < tiles:
-            size = max(tiles, 2 * (ws.tiles if ws is not None else 0))
-            # The pool hands the old buffers out again only in this stream's order, after the launches using them.
-            ws = _workspaces[key] = Workspace(cp.zeros(1, np.uint32), cp.zeros(2 * size, np.uint64),
-                                              cp.empty(3 * size, np.uint64), 0 if ws is None else ws.epoch)
-        ws.epoch = ws.epoch % (EPOCHS - 1) + 1
+            have = "none" if ws is None else f"one for {ws.tiles}"
+            raise RuntimeError(f"this scan needs the current stream's workspace for {tiles} tiles (it has {have}), "
+                               "and a CUDA-graph capture cannot allocate it; make the same call once on this stream "
+                               "before capturing")
+        for words in (ws.status.data.ptr, ws.status.data.ptr + 8 * ws.tiles):  # the tiles', the groups'
+            cp.cuda.runtime.memsetAsync(words, 0, 8 * tiles, stream.ptr)
+        return ws, CAPTURED_EPOCH
+    with _work_lock:
+        ws = _workspaces.get(key)
+        if ws is None:
+            ws = _workspaces[key] = Workspace(cp.zeros(1, np.uint32), cp.zeros(2 * tiles, np.uint64),
+                                              cp.empty(3 * tiles, np.uint64))
+        elif ws.tiles < tiles:
+            ws.outgrown += [ws.status, ws.values]
+            size = max(tiles, 2 * ws.tiles)
+            ws.status, ws.values = cp.zeros(2 * size, np.uint64), cp.empty(3 * size, np.uint64)
+        ws.epoch = ws.epoch % (EPOCHS - 2) + 1
         if ws.epoch == 1:  # a new cycle of epochs: status words of the last one must not match
             ws.status.fill(0)
         return ws, ws.epoch
@@ -313,6 +332,10 @@ class _Call:
 
 _calls = CallCache()
 _MISSING = CallCache.MISSING
+# Why a call cannot be captured (refuse_temporary_in_capture): the temporary it would go through.
+CONVERTED = ("x is scanned through a converted temporary (its dtype, or dtype=, has no kernel of its own); convert "
+             "x to the result's dtype before capturing")
+CAST_OUT = "the result is cast into out through a temporary; pass an out of the result's dtype"
 
 
 def _prepare(op: str, x, axis, dtype, out) -> _Call:
@@ -368,9 +391,8 @@ def _routed(op: str, x, axis, via, final, out):
     a = normalize_axis(axis, x.ndim)
     if out is not None:
         out = _check_cast_out(out, x, a)
+    refuse_temporary_in_capture(op, CONVERTED)
     with on_device(x.data.device_id):
-        if cp.cuda.get_current_stream().is_capturing():
-            _refuse_capture()
         if x.dtype == via:
             src = x
         elif x.dtype.kind == "u" and x.itemsize == 8 and via == _I64:
@@ -406,8 +428,9 @@ def _complex(op: str, x, axis, final, out):
     shape = (x.size,) if a is None else x.shape
     if out is not None:
         out = _check_cast_out(out, x, a)
-    if cp.cuda.get_current_stream().is_capturing():
-        _refuse_capture()
+    flat_copy = a is None and not x.flags.c_contiguous
+    refuse_temporary_in_capture(op, CONVERTED if x.dtype != final else X_COPIED if flat_copy
+                                else CAST_OUT if out is not None and out.dtype != final else None)
     with on_device(x.data.device_id):
         src = x if x.dtype == final else (x.astype(_F32) if x.dtype == BFLOAT16 else x).astype(final)
         if a is None:
@@ -454,6 +477,7 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
             if x.dtype in DTYPES and out.dtype != result_dtype(x.dtype, dtype):  # NumPy casts into out
                 a = normalize_axis(axis, x.ndim)
                 out = _check_cast_out(out, x, a)
+                refuse_temporary_in_capture(op, CAST_OUT)
                 cp.copyto(out, _run(op, x, a, dtype, None, korder=False), casting="unsafe")
                 return out
         call = _prepare(op, x, axis, dtype, out)
@@ -463,10 +487,13 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
         out = _validate_out(out, call, x)
     with on_device(x.data.device_id):
         pl = call.plan
+        if pl.copy:
+            refuse_temporary_in_capture(op, X_COPIED)
+        if call.kernel is not None:
+            ws, epoch = workspace(pl.tiles)  # under capture: refused (nothing recorded) or the words cleared
         dst = out if out is not None and not pl.copy else cp.ndarray(call.shape, call.out_dtype)
         if call.kernel is not None:
             src = cp.ascontiguousarray(x) if pl.copy else x
-            ws, epoch = workspace(pl.tiles)
             params = struct_argument(PARAMS.struct(**call.fields, epoch=epoch))
             status, values, size = ws.status.data.ptr, ws.values.data.ptr, ws.tiles
             launch(call.kernel, pl.config,
@@ -513,7 +540,10 @@ TypeError
     For cumprod of complex x or into a complex ``dtype=``, a real ``dtype=`` for complex x, or a non-int axis.
 ValueError
     For an ``out`` of the wrong shape or partially overlapping x; AxisError (a ValueError) for an axis out of
-    range. Every check runs before anything is launched. RuntimeError under CUDA-graph capture.
+    range. Every check runs before anything is launched.
+RuntimeError
+    Under CUDA-graph capture, for a call that would go through a temporary or whose stream has no workspace
+    large enough yet (module notes).
 """
 
 

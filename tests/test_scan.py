@@ -3,7 +3,9 @@ axis and layout against the emulator (bits) and NumPy in float64 (closeness)."""
 
 from __future__ import annotations
 
+import gc
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,10 +13,13 @@ from _support import (
     ARCHS,
     assert_close,
     assert_no_spills,
+    capture,
     compiled,
     fake_array,
+    refused_in_capture,
     same_bits,
     struct_fields,
+    victims,
 )
 
 from cukern import reference as R
@@ -34,6 +39,55 @@ def _values(rng, shape, dtype, op):
         return rng.integers(-3, 4, shape).astype(dt) if op == "cumsum" else rng.choice([-1, 1, 2], shape).astype(dt)
     spread = 1e-3 if op == "cumprod" else 0.5
     return (1 + spread * rng.uniform(-1, 1, shape)).astype(dt)
+
+
+class _FakeCupy:
+    """What :func:`cukern.scan.workspace` asks of CuPy: one stream on device 0, capturing or not, allocations
+    that know their size and address, their fills and the memsets recorded."""
+
+    def __init__(self, capturing: bool):
+        self.allocations, self.fills, self.memsets = [], [], []
+        stream = SimpleNamespace(ptr=7, is_capturing=lambda: self.capturing)
+        self.capturing = capturing
+        runtime = SimpleNamespace(getDevice=lambda: 0, memsetAsync=lambda *a: self.memsets.append(a))
+        self.cuda = SimpleNamespace(get_current_stream=lambda: stream, runtime=runtime)
+
+    def empty(self, n, dtype):
+        buf = SimpleNamespace(size=n, data=SimpleNamespace(ptr=1 << 20 * (1 + len(self.allocations))))
+        buf.fill = lambda v, buf=buf: self.fills.append(buf)
+        self.allocations.append(buf)
+        return buf
+
+    zeros = empty
+
+
+def test_workspace_is_made_and_grown_only_outside_a_capture(monkeypatch):
+    """Eagerly the workspace is made, grown (outgrown buffers kept) and the epoch advanced, never to the
+    captured launches' epoch; under capture it must be large enough already (nothing allocated otherwise),
+    and the capture records the clearing of the words the launch uses."""
+    fake = _FakeCupy(capturing=True)
+    monkeypatch.setattr(C, "_cupy", lambda: fake)
+    monkeypatch.setattr(C, "_workspaces", {})
+    with pytest.raises(RuntimeError, match="before capturing"):
+        C.workspace(10)  # none yet: making one would allocate inside the capture
+    assert fake.allocations == [] and C._workspaces == {}
+    fake.capturing = False
+    ws, epoch = C.workspace(10)
+    assert ws.tiles == 10 and epoch == 1 and fake.fills == [ws.status]  # a new cycle clears the words
+    fake.capturing = True
+    made = len(fake.allocations)
+    assert C.workspace(10) == (ws, C.CAPTURED_EPOCH) and C.workspace(4) == (ws, C.CAPTURED_EPOCH)
+    words = ws.status.data.ptr
+    assert fake.memsets == [(words, 0, 80, 7), (words + 80, 0, 80, 7), (words, 0, 32, 7), (words + 80, 0, 32, 7)]
+    with pytest.raises(RuntimeError, match="for 11 tiles"):
+        C.workspace(11)  # would have to grow
+    assert len(fake.allocations) == made and ws.epoch == 1
+    fake.capturing = False
+    first = [ws.status, ws.values]
+    assert C.workspace(11) == (ws, 2) and ws.tiles == 20 and ws.outgrown == first  # kept: graphs may use them
+    ws.epoch = C.EPOCHS - 3
+    assert C.workspace(1)[1] == C.EPOCHS - 2 and C.workspace(1)[1] == 1  # the cycle skips CAPTURED_EPOCH
+    assert C.CAPTURED_EPOCH == C.EPOCHS - 1 and fake.fills[-1] is ws.status
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -461,7 +515,7 @@ def test_other_dtypes_and_targets_follow_numpy(op, dtype, requested, rng):
     with stream:
         stream.begin_capture()
         try:
-            with pytest.raises(RuntimeError, match="outside the capture"):
+            with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph here: x is scanned through"):
                 getattr(C, op)(x, axis=1, dtype=requested)
         finally:
             stream.end_capture()
@@ -575,3 +629,93 @@ def test_complex_cumsum_scans_the_parts_apart(dtype, rng):
     with pytest.raises(np.exceptions.AxisError):  # the axis before the refusal, as NumPy checks it
         C.cumprod(x, axis=2)
     assert same_bits(x, before)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+def test_captured_scans_replay_into_their_results(op, rng):
+    """After one eager call on the stream (workspace, kernels), a capture of scans of both kernels and several
+    layouts, fresh, into an out and in place, frees nothing; each replay scans x's values of the moment into
+    the same arrays (the emulator's bits), eager scans between replays stay right, and arrays allocated after
+    the capture are never written."""
+    import cupy
+
+    cases = [((3 * 4096 * 32 + 5,), np.float32, None), ((37, 9001), np.float32, 1), ((300, 4104), np.float16, 0),
+             ((9, 70001), np.int32, 1), ((5000, 7), np.float64, 0), ((4096 * 40,), np.complex64, None)]
+    pool = cupy.get_default_memory_pool()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        xs, outs, ins = [], [], []
+        for shape, dt, axis in cases:
+            h = _values(rng, shape, dt, op) if dt != np.complex64 else (
+                _values(rng, shape, np.float32, op) + 1j * _values(rng, shape, np.float32, op)).astype(dt)
+            x = cupy.asarray(h)
+            if op == "cumprod" and dt == np.complex64:
+                x = x.real.copy()
+            xs.append((x, axis))
+            want = getattr(C, op)(x, axis=axis)  # eager: the workspace and the kernels
+            outs.append(cupy.full(want.shape, -1, want.dtype))
+            ins.append(x.copy() if want.dtype == x.dtype and want.shape == x.shape else None)
+        stream.synchronize()
+        gc.collect()
+        pool.free_all_blocks()
+
+        def step():
+            fresh = [getattr(C, op)(x, axis=axis) for x, axis in xs]
+            into = [getattr(C, op)(x, axis=axis, out=o) for (x, axis), o in zip(xs, outs)]
+            inplace = [getattr(C, op)(y, axis=axis, out=y) for (_, axis), y in zip(xs, ins) if y is not None]
+            return fresh, into, inplace
+
+        graph, (fresh, into, inplace), freed = capture(stream, step)
+        later = victims(pool)
+        for v in later:
+            v.fill(0x5A)
+        for replay in range(2):
+            sources = []
+            for (x, axis), y in zip(xs, ins):
+                x[...] = cupy.asarray(_values(rng, x.shape, x.dtype, op)) if x.dtype.kind != "c" else x[::-1].copy()
+                if y is not None:
+                    y[...] = x
+                sources.append(x.get())
+            graph.launch(stream)
+            eager = [getattr(C, op)(x, axis=axis) for x, axis in xs]  # between replays: its own epoch
+            stream.synchronize()
+            k = 0
+            for i, ((x, axis), y) in enumerate(zip(xs, ins)):
+                want = getattr(R, f"{op}_emulated")(sources[i], axis)
+                assert same_bits(fresh[i], want) and same_bits(into[i], want) and same_bits(eager[i], want), (i, replay)
+                if y is not None:
+                    assert same_bits(inplace[k], want), (i, replay)
+                    k += 1
+    assert not freed, f"the capture freed blocks of {freed} bytes that its replays may still write"
+    assert all(bool((v == 0x5A).all()) for v in later), "a replay wrote into a later allocation"
+    assert all(r is o for r, o in zip(into, outs))
+
+
+@pytest.mark.gpu
+def test_capture_refuses_a_temporary_or_a_missing_workspace(rng, monkeypatch):
+    """Calls that would go through a temporary (a copied layout, a conversion, a cast into out) or need a larger
+    workspace than the stream has raise RuntimeError under capture before anything is recorded or allocated,
+    and work eagerly."""
+    import cupy
+
+    monkeypatch.setattr(C, "_workspaces", {})  # (a stream made by another test may have had this address)
+    x = cupy.asarray(_values(rng, (4, 5, 6, 4100), np.float32, "cumsum"))
+    deep = x[:, ::2, :, ::3]
+    assert C.plan(deep.shape, 2, x_strides=[s // 4 for s in deep.strides]).copy
+    narrow = cupy.asarray(_values(rng, (70, 4100), np.int8, "cumsum"))
+    cast = cupy.empty(x.shape, np.float64)
+    z = x[:, ::2].astype(np.complex64)[:, :, ::2]
+    big = cupy.ones(4096 * 4096, np.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        C.cumsum(x, axis=3)  # the workspace for these tiles
+        cases = [(lambda: C.cumsum(deep, axis=2), "copied to C-contiguous"),
+                 (lambda: C.cumsum(narrow, axis=1), "converted temporary"),
+                 (lambda: C.cumsum(x, axis=3, out=cast), "cast into out"),
+                 (lambda: C.cumsum(z), "copied to C-contiguous"),  # complex, flattened from a view
+                 (lambda: C.cumsum(big), "before capturing")]
+        for call, match in cases:
+            refused_in_capture(stream, call, match=match)
+        assert same_bits(C.cumsum(x, axis=3, out=cast), R.cumsum_emulated(x.get(), 3).astype(np.float64))
+        assert same_bits(C.cumsum(deep, axis=2), R.cumsum_emulated(deep.get(), 2))
