@@ -428,6 +428,127 @@ def test_graph_capture_and_replay_match_eager():
             assert same(got, fn(x, axis=axis))
 
 
+_REDUCTIONS = ("sum", "mean", "amax", "amin", "norm", "sum_of_squares", "var", "std", "logsumexp", "prod", "any",
+               "all", "count_nonzero", "nansum", "nanmax", "nanmean")
+
+
+def _captured_against_eager(bases, call, refill):
+    """Capture ``call()`` on a new stream after one eager call, replay it on new contents of ``bases`` (the
+    arrays it reads or writes, ``refill`` giving each its new values), then make the same call eagerly on the
+    same contents: "same" when the replay left every base and result with the eager bits, else the refusal's
+    message (a RuntimeError raised while capturing, the capture left valid) or "eager refused"."""
+    import cupy
+
+    def snapshot(outs):
+        return [bits(cupy.ascontiguousarray(a)).get().tobytes() for a in list(bases) + outs if a is not None]
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        try:
+            call()
+        except (TypeError, ValueError):
+            return "eager refused"
+        for b in bases:
+            b[...] = refill(b)
+        before = [b.copy() for b in bases]
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            got = call()
+        except RuntimeError as e:
+            graph = stream.end_capture()
+            graph.launch(stream)  # still valid
+            stream.synchronize()
+            return str(e)
+        except BaseException:
+            stream.end_capture()
+            raise
+        graph = stream.end_capture()
+        got = list(got) if isinstance(got, tuple) else [got]
+        graph.launch(stream)
+        stream.synchronize()
+        replayed = snapshot(got)
+        for b, v in zip(bases, before):
+            b[...] = v
+        want = call()
+        want = list(want) if isinstance(want, tuple) else [want]
+        stream.synchronize()
+        return "same" if replayed == snapshot(want) else "different"
+
+
+@pytest.mark.gpu
+def test_every_op_captured_in_random_layouts_replays_its_eager_bits():
+    """Reductions, arg-reductions, scans, segment reductions and the LLM ops, each captured in a random dtype,
+    layout (C, transposed, strided, reversed, misaligned, F-ordered) and axis: every capture either replays
+    the bits of an eager call on the same inputs, or refuses while capturing with a RuntimeError that says
+    why, leaving the capture valid; most are captured."""
+    import cupy
+
+    rng = np.random.default_rng(2026)
+
+    def refill(b):
+        if b.dtype == np.bool_:
+            return cupy.asarray(rng.random(b.shape) < 0.5)
+        if b.dtype.kind in "iu":
+            return cupy.asarray(rng.integers(0, 5, b.shape).astype(b.dtype))
+        if b.dtype.kind == "c":
+            return cupy.asarray((rng.standard_normal(b.shape) + 1j * rng.standard_normal(b.shape)).astype(b.dtype))
+        return cupy.asarray((1 + 0.5 * rng.standard_normal(b.shape)).astype(np.float32).astype(b.dtype))
+
+    views = {"c": lambda b: b, "t": lambda b: b.T, "s": lambda b: b[..., ::2], "n": lambda b: b[::-1],
+             "m": lambda b: b[..., 1:], "f": lambda b: b.T.copy().T}
+    dtypes = (np.float32, np.float64, np.float16, BFLOAT16, np.int32, np.bool_, np.complex64)
+    outcomes = {}
+    for _ in range(120):
+        dt = np.dtype(dtypes[int(rng.choice(7, p=[.35, .15, .1, .1, .1, .1, .1]))])
+        shape = tuple(int(v) for v in rng.choice([1, 3, 7, 64, 129, 1000, 4099], size=rng.integers(1, 4)))
+        if np.prod(shape) > 3_000_000:
+            continue
+        layout = str(rng.choice(list(views)))
+        base = cupy.empty(shape, dt)
+        base[...] = refill(base)
+        x = views[layout](base)
+        axis = [None, 0, -1, (0, -1) if x.ndim > 1 else 0][int(rng.choice(4, p=[.35, .25, .3, .1]))]
+        op = str(rng.choice(_REDUCTIONS + ("argmax", "argmin", "cumsum", "cumprod", "segment_sum", "segment_max")))
+        fn = getattr(cukern, op)
+        one = None if axis is None or isinstance(axis, tuple) else axis
+        if op.startswith("segment"):
+            n = x.shape[0]
+            offsets = cupy.asarray(np.concatenate([[0], np.sort(rng.integers(0, n + 1, 4)), [n]]).astype(np.int64))
+            checked = bool(rng.random() < 0.5)
+            result = _captured_against_eager([base], lambda: fn(x, offsets, check_offsets=checked), refill)
+        elif op in ("argmax", "argmin", "cumsum", "cumprod"):
+            result = _captured_against_eager([base], lambda: fn(x, axis=one), refill)
+        else:
+            result = _captured_against_eager([base], lambda: fn(x, axis=axis), refill)
+        outcomes.setdefault(result, []).append(f"{op} {shape} {dt.name} {layout} axis={axis}")
+    t, heads, kv, d = 33, 4, 2, 128
+    for dt in (np.float32, np.float16, BFLOAT16):
+        dt = np.dtype(dt)
+        x, res = (cupy.asarray(rng.standard_normal((t, 1024)).astype(dt)) for _ in range(2))
+        w = cupy.asarray(rng.standard_normal(1024).astype(dt))
+        qkv = cupy.asarray(rng.standard_normal((t, (heads + 2 * kv) * d)).astype(dt))
+        q, k = qkv[:, :heads * d].reshape(t, heads, d), qkv[:, heads * d:(heads + kv) * d].reshape(t, kv, d)
+        qw, kw = (cupy.asarray(rng.standard_normal(d).astype(dt)) for _ in range(2))
+        pos = cupy.asarray(rng.integers(0, 4096, t))
+        cache = cukern.rope_cache(4096, d)
+        fp8 = {} if dt == np.float32 else {"out_dtype": "float8_e4m3fn", "scale": "per_token"}
+        calls = {"rms_norm": ([x], lambda: cukern.rms_norm(x, w, **fp8)),
+                 "fused_add_rms_norm": ([x, res], lambda: cukern.fused_add_rms_norm(x, res, w)),
+                 "rotary_embedding": ([qkv], lambda: cukern.rotary_embedding(pos, q, k, cache, check_positions=False)),
+                 "qk_norm_rope": ([qkv], lambda: cukern.qk_norm_rope(pos, q, k, qw, kw, cache, check_positions=False)),
+                 "rotary_embedding_positions": ([qkv], lambda: cukern.rotary_embedding_positions(pos, q, k,
+                                                                                                 rotary_dim=d))}
+        for name, (bases, call) in calls.items():
+            outcomes.setdefault(_captured_against_eager(bases, call, refill), []).append(f"{name} {dt.name}")
+    assert "different" not in outcomes, outcomes["different"]
+    refused = {why: cases for why, cases in outcomes.items() if why not in ("same", "eager refused")}
+    assert all("captur" in why for why in refused), refused
+    assert len(outcomes["same"]) > sum(map(len, refused.values())), refused
+    llm = [c for c in outcomes["same"] if c.split()[0] in calls]
+    assert len(llm) == 3 * len(calls), refused  # the LLM ops are captured in every dtype
+
+
 @pytest.mark.gpu
 def test_graph_replay_time_for_decode_shapes():
     a = _inputs(tokens=1)
