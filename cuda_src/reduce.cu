@@ -57,6 +57,7 @@
 #include "common/bounds.cuh"
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
+#include "common/complex.cuh"
 #include "common/reduce.cuh"
 
 namespace cukern {
@@ -95,16 +96,6 @@ constexpr int FINISH_BITS = 4;
 __device__ __forceinline__ int finish_of(int finalize) { return finalize & ((1 << FINISH_BITS) - 1); }
 __device__ __forceinline__ int lift_of(int finalize) { return finalize >> FINISH_BITS; }
 
-// complex64 / complex128 as prod reads, carries and writes them: both parts in one 8- or 16-byte aligned
-// value, so that a 16-byte vector holds two complex64 or one complex128. Sums, means and norms never see it
-// (they reduce a complex array as a float view with a trailing axis of parts, each part its own tree); a
-// product mixes the parts, so it multiplies the pairs. Complex<S>(1) is 1 + 0i, prod's identity.
-template <typename S> struct alignas(2 * sizeof(S)) Complex {
-  S re, im;
-  Complex() = default;  // trivial, so that shared memory and vector packs can hold it
-  __device__ __forceinline__ explicit Complex(S r, S i = S(0)) : re(r), im(i) {}
-};
-
 // The accumulator for a result type: half types widen to float, integers to 64 bits; complex is its own.
 template <typename O> struct Acc { using type = float; };
 template <> struct Acc<double> { using type = double; };
@@ -129,16 +120,11 @@ template <> struct Store<bf16> {
 
 // Correctly rounded and never fused: the default -fmad=true would otherwise turn a square and an add into
 // one FMA on some paths and not on others.
-__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+// (float and double add_rn, sub_rn, mul_rn: common/complex.cuh)
 __device__ __forceinline__ long long add_rn(long long a, long long b) { return a + b; }
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 __device__ __forceinline__ long long mul_rn(long long a, long long b) {  // wraps, as NumPy's int64
   return static_cast<long long>(static_cast<unsigned long long>(a) * static_cast<unsigned long long>(b));
 }
-__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
 __device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
 __device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
 
@@ -203,30 +189,9 @@ struct Chan {
   }
 };
 
-__device__ __forceinline__ bool is_positive_zero(float a) { return __float_as_uint(a) == 0u; }
-__device__ __forceinline__ bool is_positive_zero(double a) { return __double_as_longlong(a) == 0ll; }
 
-template <typename S> __device__ __forceinline__ Complex<S> shuffle_xor(Complex<S> v, int m) {
-  return Complex<S>(__shfl_xor_sync(0xffffffffu, v.re, m), __shfl_xor_sync(0xffffffffu, v.im, m));
-}
 
-// A complex product by the textbook formula, which NumPy's complex multiply uses too: re = ar br - ai bi,
-// im = ar bi + ai br, each product, difference and sum correctly rounded and none fused into an FMA.
-// Commutative bit for bit, as the shuffle trees need: each product is, and so is each sum of two. An operand
-// of exactly 1 + 0i (both parts' bits) returns the other one as it is, where the formula would not: x (1 + 0i)
-// is (xr - xi 0, xr 0 + xi), which turns a -0 part into +0 (the real part over an imaginary part of sign -,
-// the imaginary part over a real part of sign +) and spreads an infinite or NaN part to the other as a NaN.
-// The identity pads chains, spans and the tree wherever a split leaves a gap, so only an exact identity keeps
-// the bits free of the split. An element equal to 1 + 0i multiplies the same way: it changes nothing.
-template <typename S> __device__ __forceinline__ bool is_one(Complex<S> a) {
-  return a.re == S(1) && is_positive_zero(a.im);
-}
-template <typename S> __device__ __forceinline__ Complex<S> mul_rn(Complex<S> a, Complex<S> b) {
-  if (is_one(b)) return a;
-  if (is_one(a)) return b;
-  const S re = sub_rn(mul_rn(a.re, b.re), mul_rn(a.im, b.im));
-  return Complex<S>(re, add_rn(mul_rn(a.re, b.im), mul_rn(a.im, b.re)));
-}
+// The complex product (mul_rn of Complex): common/complex.cuh.
 
 // prod: correctly rounded products (integers wrap, in any order the same; complex ones as above).
 struct MulRn {
@@ -382,9 +347,6 @@ template <typename S> __device__ __forceinline__ Moments<S> load_cg(const Moment
 }
 template <typename S> __device__ __forceinline__ MaxSum<S> load_cg(const MaxSum<S>* p) {
   return MaxSum<S>{__ldcg(&p->m), __ldcg(&p->s)};
-}
-template <typename S> __device__ __forceinline__ Complex<S> load_cg(const Complex<S>* p) {
-  return Complex<S>(__ldcg(&p->re), __ldcg(&p->im));
 }
 template <int OP> using combine_t = typename CombineOf<OP>::type;
 

@@ -17,7 +17,8 @@
 //     last tile; the row's group prefixes B_0 = the identity, B_{g+1} = B_g (+) S_g; P_{t-1} = B_g (+) Q_t;
 //   * out = ((P_{t-1} (+) W_w) (+) L_h) (+) s_k, rounded once from the accumulator to the result dtype.
 // The identity is -0.0 for float sums (so that it is exact: -0 + x is x for every x, -0 included), 0 for
-// integer sums and 1 for products, so combining with it never changes a bit. Why groups: a left fold of
+// integer sums and 1 for products (1 + 0i for complex ones, which mul_rn returns the other operand for), so
+// combining with it never changes a bit. Why groups: a left fold of
 // every tile's aggregate in turn (the simpler definition) chains each tile's prefix to the one before it
 // across the whole row, one dependent combine and one look-back step a tile, and the walk back to a
 // published prefix falls behind at 65,536 tiles (2^28 elements); with groups a tile waits on at most 31
@@ -45,17 +46,21 @@
 //    scan_ahead reads a thread's 16 elements as 16-byte vectors into registers, twice (the second time a
 //    round later, from L1 or L2, streaming), and stores them the same way. The look-back reads a
 //    status word and a value from L2 for each earlier tile of the group and for a few earlier groups.
-// 3. Accumulation: in double (float64 results), float (float32, float16, bfloat16 results) or int64
-//    (integer results), in the fixed order above. Products and sums are correctly rounded (__fmul_rn,
-//    __fadd_rn and double forms; never contracted). Integer sums and products wrap as int64 does.
+// 3. Accumulation: in double (float64 results), float (float32, float16, bfloat16 results), int64
+//    (integer results) or the complex type itself (cumprod of complex64 / complex128), in the fixed order
+//    above. Products and sums are correctly rounded (__fmul_rn, __fadd_rn and double forms; never
+//    contracted; a complex product is common/complex.cuh's mul_rn, prod's). Integer sums and products wrap
+//    as int64 does.
 // 4. Staging: registers (16 accumulators a thread); scan_tiles: shared memory for the tile (SCAN_TILE
-//    values of max(sizeof(T), sizeof(O)) bytes, padded against bank conflicts) and the warps' totals;
+//    values of max(sizeof(T), sizeof(O)) bytes, padded against bank conflicts: static up to 8-byte values,
+//    complex128's 66 KiB dynamic) and the warps' totals;
 //    scan_ahead: the warps' totals only.
 // 5. Tuning: none: the tile is part of the definition of the result (above); the grid is one block a tile
 //    (scan_tiles) or the resident blocks (scan_ahead), and neither changes a bit.
 // 6. Profile: one combine an element against sizeof(T) + sizeof(O) bytes: memory-bound; the target is
 //    the device-to-device copy bandwidth.
 #include "common/bounds.cuh"
+#include "common/complex.cuh"
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
 
@@ -78,6 +83,7 @@ enum : unsigned { STATE_AGGREGATE = 1, STATE_PREFIX = 2 };
 template <typename O> struct ScanAcc { using type = float; };
 template <> struct ScanAcc<double> { using type = double; };
 template <> struct ScanAcc<long long> { using type = long long; };
+template <typename S> struct ScanAcc<Complex<S>> { using type = Complex<S>; };  // cumprod of complex
 template <typename O> using scan_acc_t = typename ScanAcc<O>::type;
 
 template <typename A, typename T> __device__ __forceinline__ A scan_lift(T v) { return static_cast<A>(v); }
@@ -99,9 +105,10 @@ __device__ __forceinline__ double scan_mul(double a, double b) { return __dmul_r
 __device__ __forceinline__ long long scan_mul(long long a, long long b) {
   return static_cast<long long>(static_cast<unsigned long long>(a) * static_cast<unsigned long long>(b));
 }
+template <typename S> __device__ __forceinline__ Complex<S> scan_mul(Complex<S> a, Complex<S> b) { return mul_rn(a, b); }
 
 template <int OP, typename A> __device__ __forceinline__ A scan_identity() {
-  if constexpr (OP == SCAN_PROD) return A(1);
+  if constexpr (OP == SCAN_PROD || kIsComplex<A>) return A(1);
   else if constexpr (sizeof(A) == 8 && A(0.5) != A(0)) return __longlong_as_double(static_cast<long long>(0x8000000000000000ull));
   else if constexpr (A(0.5) != A(0)) return __uint_as_float(0x80000000u);
   else return A(0);
@@ -121,6 +128,17 @@ struct ScanParams {
   unsigned epoch;            // this launch's tag in the status words, never 0
 };
 
+// A lane's value from another lane (both parts of a complex value).
+template <typename A> __device__ __forceinline__ A lane_value(A v, int l) { return __shfl_sync(0xffffffffu, v, l); }
+template <typename S> __device__ __forceinline__ Complex<S> lane_value(Complex<S> v, int l) {
+  return Complex<S>(__shfl_sync(0xffffffffu, v.re, l), __shfl_sync(0xffffffffu, v.im, l));
+}
+template <typename A> __device__ __forceinline__ A lane_up(A v, int d) { return __shfl_up_sync(0xffffffffu, v, d); }
+template <typename S> __device__ __forceinline__ Complex<S> lane_up(Complex<S> v, int d) {
+  return Complex<S>(__shfl_up_sync(0xffffffffu, v.re, d), __shfl_up_sync(0xffffffffu, v.im, d));
+}
+template <typename A> __device__ __forceinline__ A load_cg(const A* p) { return __ldcg(p); }
+
 // prefix (+) v_31 (+) v_30 ... (+) v_0 (v_l: lane l's v), a left fold in that order. The shuffles are issued
 // ahead of the combines that use them (unrolled; they do not depend on the fold), so the fold costs about one
 // dependent combine a lane. A lane that stands for nothing holds the identity, which leaves every bit as it
@@ -131,7 +149,7 @@ template <int OP, typename A> __device__ __forceinline__ A fold_lanes(A prefix, 
   for (int l0 = 32 - kBatch; l0 >= 0; l0 -= kBatch) {
     A some[kBatch];
 #pragma unroll
-    for (int l = 0; l < kBatch; ++l) some[l] = __shfl_sync(0xffffffffu, v, l0 + l);
+    for (int l = 0; l < kBatch; ++l) some[l] = lane_value(v, l0 + l);
 #pragma unroll
     for (int l = kBatch - 1; l >= 0; --l) prefix = scan_op<OP>(prefix, some[l]);
   }
@@ -188,11 +206,11 @@ template <typename A> __device__ __forceinline__ A value_seen(bool mine, unsigne
     return mine ? value_of<A>(seen) : A{};
   } else {
     __threadfence();
-    return mine ? __ldcg(value) : A{};
+    return mine ? load_cg(value) : A{};
   }
 }
 
-// Global to shared memory without registers: a 4- or 8-byte copy, then the wait for all of this thread's.
+// Global to shared memory without registers: a 4-, 8- or 16-byte copy, then the wait for all of this thread's.
 template <int kBytes> __device__ __forceinline__ void copy_async(void* dst, const void* src) {
   const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(to), "l"(src), "n"(kBytes) : "memory");
@@ -213,10 +231,10 @@ template <typename S> __device__ __forceinline__ int slot(int e) {
 template <int OP, typename A> __device__ __forceinline__ A lane_ladder(A u, int lane, A& before) {
 #pragma unroll
   for (int d = 1; d < 32; d *= 2) {
-    const A up = __shfl_up_sync(0xffffffffu, u, d);
+    const A up = lane_up(u, d);
     if (lane >= d) u = scan_op<OP>(up, u);
   }
-  before = __shfl_up_sync(0xffffffffu, u, 1);
+  before = lane_up(u, 1);
   if (lane == 0) before = scan_identity<OP, A>();
   return u;
 }
@@ -286,7 +304,7 @@ __device__ __noinline__ A fold_windows(A b_g, const A* sums, long long row_group
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const long long at = row_group + static_cast<long long>(g) - 1 - 32ll * (w0 - u) - lane;
-      a[u] = w0 - u >= 0 ? __ldcg(sums + at) : scan_identity<OP, A>();
+      a[u] = w0 - u >= 0 ? load_cg(sums + at) : scan_identity<OP, A>();
     }
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) b_g = fold_lanes<OP>(b_g, a[u]);
@@ -370,7 +388,13 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
   constexpr int SCAN_LOADS = SCAN_TILE / THREADS;  // elements a thread moves in and out
   constexpr int kBytes = sizeof(T) > sizeof(O) ? sizeof(T) : sizeof(O);
   constexpr int kWords = (SCAN_TILE * kBytes + 3) / 4;
-  __shared__ __align__(16) unsigned stage_words[kWords + kWords / 32 + 1];
+  constexpr int kStage = kWords + kWords / 32 + 1;
+  // The stage: static shared memory up to 8-byte elements; complex128's (66 KiB, over the static limit) is
+  // the launch's dynamic shared memory (cukern/scan.py `stage_bytes`).
+  constexpr bool kStatic = kBytes <= 8;
+  __shared__ __align__(16) unsigned static_stage[kStatic ? kStage : 1];
+  extern __shared__ __align__(16) unsigned dynamic_stage[];
+  unsigned* const stage_words = kStatic ? static_stage : dynamic_stage;
   __shared__ A warp_total[SCAN_WARPS];
   __shared__ A tile_prefix;
   __shared__ unsigned tile_id;
@@ -403,14 +427,14 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
 #pragma unroll
     for (int k = 0; k < SCAN_LOADS; ++k, from += step) {
       const int e = k * SCAN_THREADS + h;
-      if constexpr (sizeof(T) == 4 || sizeof(T) == 8) {
+      if constexpr (sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16) {
         if (e >= count) break;  // (a predicate for each copy instead takes registers that 12 blocks lack)
         copy_async<sizeof(T)>(stage_in + slot<T>(e), from);
       } else {
         if (e < count) stage_in[slot<T>(e)] = *from;  // (a break here keeps the loads from going out together)
       }
     }
-    if constexpr (sizeof(T) == 4 || sizeof(T) == 8) copies_done();
+    if constexpr (sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16) copies_done();
   }
   __syncthreads();
   // The running combine s_k of definition thread d's 16 elements: formed here for its total, and formed

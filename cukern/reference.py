@@ -1445,22 +1445,35 @@ def segment_mean_emulated(x, offsets):
 
 def _scan_reference(fn, x, axis):
     x = _numpy(x)
-    wide = x.astype(np.int64) if x.dtype.kind in "biu" else x.astype(np.float64)
+    wide = x.astype(np.int64 if x.dtype.kind in "biu" else np.complex128 if x.dtype.kind == "c" else np.float64)
     return fn(wide, axis=axis)
 
 
 def cumsum(x, axis=None):
-    """``np.cumsum`` in float64 (int64 for integers and bool)."""
+    """``np.cumsum`` in float64 (int64 for integers and bool, complex128 for complex)."""
     return _scan_reference(np.cumsum, x, axis)
 
 
 def cumprod(x, axis=None):
-    """``np.cumprod`` in float64 (int64 for integers and bool)."""
+    """``np.cumprod`` in float64 (int64 for integers and bool, complex128 for complex)."""
     return _scan_reference(np.cumprod, x, axis)
+
+
+def _accumulate(f, v):
+    """The running combine of ``v`` along its last axis, in order: ``f.accumulate`` for a ufunc, a loop for
+    the complex product (:func:`_tree_complex_prod`)."""
+    if isinstance(f, np.ufunc):
+        return f.accumulate(v, axis=-1)
+    out = np.empty_like(v)
+    out[..., 0] = v[..., 0]
+    for i in range(1, v.shape[-1]):
+        out[..., i] = f(out[..., i - 1], v[..., i])
+    return out
 
 
 def _scan_emulated(op: str, x, axis, dtype):
     from ._check import check_dtype
+    from ._dtypes import BFLOAT16
     from .scan import BLOCK, DTYPES, GROUP, ITEMS, TILE, result_dtype
 
     x = _numpy(x)
@@ -1470,12 +1483,15 @@ def _scan_emulated(op: str, x, axis, dtype):
         r = np.empty((z.size,) if axis is None else z.shape, z.dtype)
         r.real, r.imag = (_scan_emulated(op, np.ascontiguousarray(p), axis, None) for p in (z.real, z.imag))
         return r
+    if op == "cumprod" and dtype is not None and np.dtype(dtype).kind == "c" and x.dtype != np.dtype(dtype):
+        x, dtype = (x.astype(np.float32) if x.dtype == BFLOAT16 else x).astype(dtype), None  # converted first
     check_dtype(x, "x", DTYPES)  # the public op's TypeError
     o = result_dtype(x.dtype, dtype)
     if x.size == 0:
         return np.empty((0,) if axis is None else x.shape, o)
-    acc = np.dtype(np.float64 if o == np.float64 else np.int64 if o.kind in "iu" else np.float32)
-    f = np.multiply if op == "cumprod" else np.add
+    acc = o if o.kind == "c" else np.dtype(np.float64 if o == np.float64 else np.int64 if o.kind in "iu"
+                                           else np.float32)
+    f = _tree_complex_prod if acc.kind == "c" else np.multiply if op == "cumprod" else np.add
     identity = np.array(1 if op == "cumprod" else (-0.0 if acc.kind == "f" else 0), acc)
     if axis is None:
         shape, lines = (x.size,), x.reshape(1, -1)
@@ -1489,23 +1505,23 @@ def _scan_emulated(op: str, x, axis, dtype):
     a[:, :n] = lines.astype(acc)
     a = a.reshape(rows, tiles, BLOCK // 32, 32, ITEMS)
     with np.errstate(all="ignore"):
-        s = f.accumulate(a, axis=-1)  # each thread's 16 elements, in order
+        s = _accumulate(f, a)  # each thread's 16 elements, in order
         u = s[..., -1]
         for d in (1, 2, 4, 8, 16):  # the lanes' ladder, every lane at once from the old values
             nxt = u.copy()
             nxt[..., d:] = f(u[..., :-d], u[..., d:])
             u = nxt
         lane_before = np.concatenate([np.broadcast_to(identity, u.shape[:-1] + (1,)), u[..., :-1]], axis=-1)
-        warps = f.accumulate(u[..., -1], axis=-1)
+        warps = _accumulate(f, u[..., -1])
         warp_before = np.concatenate([np.broadcast_to(identity, warps.shape[:-1] + (1,)), warps[..., :-1]], axis=-1)
         # tiles in groups of GROUP: Q, the fold of a group's aggregates before each tile; S, each group's total;
         # B, the fold of the row's earlier totals; a tile's prefix B + Q
         groups = -(-tiles // GROUP)
         agg = np.full((rows, groups * GROUP), identity, acc)
         agg[:, :tiles] = warps[..., -1]
-        within = f.accumulate(agg.reshape(rows, groups, GROUP), axis=-1)
+        within = _accumulate(f, agg.reshape(rows, groups, GROUP))
         q = np.concatenate([np.broadcast_to(identity, (rows, groups, 1)), within[..., :-1]], axis=-1)
-        b = np.concatenate([np.broadcast_to(identity, (rows, 1)), f.accumulate(within[..., -1], axis=-1)[:, :-1]],
+        b = np.concatenate([np.broadcast_to(identity, (rows, 1)), _accumulate(f, within[..., -1])[:, :-1]],
                            axis=-1)
         tile_before = f(b[..., None], q).reshape(rows, -1)[:, :tiles]
         base = f(f(tile_before[:, :, None], warp_before)[..., None], lane_before)
@@ -1522,5 +1538,6 @@ def cumsum_emulated(x, axis=None, dtype=None):
 
 
 def cumprod_emulated(x, axis=None, dtype=None):
-    """The bits :func:`cukern.cumprod` returns: :func:`cumsum_emulated`'s expression with products."""
+    """The bits :func:`cukern.cumprod` returns: :func:`cumsum_emulated`'s expression with products (complex
+    ones as prod's, :func:`_tree_complex_prod`: correctly rounded steps, 1 + 0i an exact identity)."""
     return _scan_emulated("cumprod", x, axis, dtype)

@@ -19,7 +19,7 @@ tree-like sum inside a tile, so float32 results differ from NumPy's sequential s
 bound.
 
 Workspace: per (device, stream), a tile counter, a status word and a value per tile and per group (at most
-as many groups as tiles: two 64-bit words and three values per tile), grown to the largest call; status
+as many groups as tiles: two 64-bit words and three 16-byte values per tile), grown to the largest call; status
 words carry the launch's epoch, so eager calls never clear them. Buffers it outgrows are kept, never freed.
 
 CUDA graphs. A call made while its stream is capturing records a clearing of the status words it will use
@@ -63,8 +63,11 @@ SCAN_SUM, SCAN_PROD = 0, 1
 OPS = {"cumsum": SCAN_SUM, "cumprod": SCAN_PROD}
 _F32, _F64, _F16, _I32, _I64, _BOOL = (np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int32, np.int64,
                                                               np.bool_))
-DEFAULT_DTYPE = {_F32: _F32, _F64: _F64, _F16: _F16, BFLOAT16: BFLOAT16, _I32: _I64, _I64: _I64, _BOOL: _I64}
-# (input, result) pairs with a kernel: each input's default, and float32 scanned in float64.
+_C64, _C128 = np.dtype(np.complex64), np.dtype(np.complex128)
+DEFAULT_DTYPE = {_F32: _F32, _F64: _F64, _F16: _F16, BFLOAT16: BFLOAT16, _I32: _I64, _I64: _I64, _BOOL: _I64,
+                 _C64: _C64, _C128: _C128}
+# (input, result) pairs with a kernel: each input's default, and float32 scanned in float64. Complex pairs
+# are cumprod's only (cumsum scans a complex array's parts apart, as float lines: :func:`_complex`).
 PAIRS = tuple(DEFAULT_DTYPE.items()) + ((_F32, _F64),)
 DTYPES = tuple(DEFAULT_DTYPE)
 AHEAD_DTYPES = (_F32, _F16, BFLOAT16)  # scan_ahead's: each scanned into itself, accumulated in float32
@@ -162,6 +165,7 @@ class Plan:
     threads: int = BLOCK
     kernel: str = "tiles"
     sm_count: int = 132
+    shared: int = 0  # dynamic shared memory (:func:`stage_bytes`)
 
     @property
     def grid(self) -> int:
@@ -169,15 +173,23 @@ class Plan:
 
     @property
     def config(self) -> LaunchConfig:
-        return LaunchConfig(grid=(self.grid,), block=(self.threads,))
+        return LaunchConfig(grid=(self.grid,), block=(self.threads,), shared_mem=self.shared)
 
 
 def threads(dtype, out_dtype) -> int:
     """Threads a tile (the kernel's THREADS), each standing for ``BLOCK // threads`` threads of the definition:
     128 where x and the result have one size of 4 or 8 bytes (loaded by cp.async; more tiles in flight), else
     256. No effect on the result."""
-    size = np.dtype(dtype).itemsize
-    return 128 if size == np.dtype(out_dtype).itemsize and size >= 4 else BLOCK
+    t = np.dtype(dtype)
+    return 128 if t.itemsize == np.dtype(out_dtype).itemsize and t.itemsize >= 4 and t.kind != "c" else BLOCK
+
+
+def stage_bytes(dtype, out_dtype) -> int:
+    """scan_tiles' dynamic shared memory: complex128's stage (a tile of 16-byte elements and its padding,
+    over the 48 KiB of static shared memory); 0 for every other pair, whose stage is static."""
+    size = max(np.dtype(dtype).itemsize, np.dtype(out_dtype).itemsize)
+    words = TILE * size // 4
+    return 4 * (words + words // 32 + 1) if size > 8 else 0
 
 
 def instantiation(dtype, out_dtype, op: int, kernel: str = "tiles") -> Instantiation:
@@ -187,9 +199,10 @@ def instantiation(dtype, out_dtype, op: int, kernel: str = "tiles") -> Instantia
 
 
 def instantiations() -> list:
-    """One scan_tiles kernel per (input, result) pair of :data:`PAIRS` and op, and one scan_ahead kernel per
-    type of :data:`AHEAD_DTYPES` and op: all that :func:`plan`'s launches use."""
-    return ([instantiation(t, o, op) for t, o in PAIRS for op in (SCAN_SUM, SCAN_PROD)]
+    """One scan_tiles kernel per (input, result) pair of :data:`PAIRS` and op (complex pairs: cumprod only),
+    and one scan_ahead kernel per type of :data:`AHEAD_DTYPES` and op: all that :func:`plan`'s launches use."""
+    return ([instantiation(t, o, op) for t, o in PAIRS for op in (SCAN_SUM, SCAN_PROD)
+             if o.kind != "c" or op == SCAN_PROD]
             + [instantiation(t, t, op, "ahead") for t in AHEAD_DTYPES for op in (SCAN_SUM, SCAN_PROD)])
 
 
@@ -253,7 +266,8 @@ def plan(shape, axis=None, *, x_strides=None, out_strides=None, aligned: bool = 
         raise ValueError(f"{rows} lines of {n} elements make more than 2**31 - 1 tiles")
     kernel = kernel_for(dtypes, xl, ol, vector or copy)
     block = BLOCK if dtypes is None or kernel == "ahead" else threads(*dtypes)
-    return Plan(rows, n, copy, inner, xl, ol, block, kernel, sm_count)
+    shared = 0 if dtypes is None or kernel == "ahead" else stage_bytes(*dtypes)
+    return Plan(rows, n, copy, inner, xl, ol, block, kernel, sm_count, shared)
 
 
 def bytes_moved(shape, dtype, out_dtype=None) -> int:
@@ -271,7 +285,7 @@ def bytes_moved(shape, dtype, out_dtype=None) -> int:
 class Workspace:
     counter: object  # uint32[1], zero between launches (the block drawing the last tile resets it)
     status: object  # uint64[2 * tiles], epoch-tagged words: the tiles', then the groups'
-    values: object  # uint64[3 * tiles]: the tiles' aggregates, the groups' totals, the groups' prefixes
+    values: object  # uint64[6 * tiles]: the tiles' aggregates, the groups' totals, the groups' prefixes (16 bytes each)
     epoch: int = 0
     outgrown: list = field(default_factory=list)  # buffers a graph captured before may still use
 
@@ -306,11 +320,11 @@ def workspace(tiles: int):
         ws = _workspaces.get(key)
         if ws is None:
             ws = _workspaces[key] = Workspace(cp.zeros(1, np.uint32), cp.zeros(2 * tiles, np.uint64),
-                                              cp.empty(3 * tiles, np.uint64))
+                                              cp.empty(6 * tiles, np.uint64))
         elif ws.tiles < tiles:
             ws.outgrown += [ws.status, ws.values]
             size = max(tiles, 2 * ws.tiles)
-            ws.status, ws.values = cp.zeros(2 * size, np.uint64), cp.empty(3 * size, np.uint64)
+            ws.status, ws.values = cp.zeros(2 * size, np.uint64), cp.empty(6 * size, np.uint64)
         ws.epoch = ws.epoch % (EPOCHS - 2) + 1
         if ws.epoch == 1:  # a new cycle of epochs: status words of the last one must not match
             ws.status.fill(0)
@@ -363,6 +377,8 @@ def _prepare(op: str, x, axis, dtype, out) -> _Call:
               "o_step": o_step, "n": pl.n, "tiles_per_row": pl.tiles_per_row, "tiles": pl.tiles}
     with on_device(x.data.device_id):
         kernel = get_kernel(instantiation(x.dtype, o, OPS[op], pl.kernel)) if pl.tiles else None
+        if kernel is not None and pl.shared:
+            kernel.max_dynamic_shared_size_bytes = pl.shared
     return _Call(kernel, pl, fields, o, shape)
 
 
@@ -414,17 +430,21 @@ def _routed(op: str, x, axis, via, final, out):
 def _complex(op: str, x, axis, final, out):
     """cumsum of complex x, or into a complex ``dtype=``: the real and imaginary parts scanned as a trailing
     axis of a float view by the float kernels (each part its own line, as NumPy adds the parts apart), x
-    converted first where it is not of ``final`` (a real x's imaginary parts are zeros). Everything is
-    checked first: cumprod of complex (its products mix the parts, no kernel of its own) and a real dtype=
-    for complex x (NumPy does not cast complex to real) raise TypeError."""
+    converted first where it is not of ``final`` (a real x's imaginary parts are zeros). cumprod into a
+    complex ``final`` of another dtype than x's: x converted, then the complex kernels (a product mixes the
+    parts). Everything is checked first: a real dtype= for complex x (NumPy does not cast complex to real)
+    raises TypeError."""
     cp = _cupy()
     a = normalize_axis(axis, x.ndim)  # a bad axis is an AxisError first, as NumPy's
     if final.kind != "c":
         raise TypeError(f"dtype={dtype_name(final)} is not supported for {op} of {dtype_name(x.dtype)}: NumPy "
                         "does not cast complex to real; use a complex dtype, or scan x.real")
     if op == "cumprod":
-        raise TypeError(f"cumprod into {dtype_name(final)} is not supported: a complex product mixes the parts, "
-                        "and cukern has no complex scan kernel; use cupy.cumprod")
+        if out is not None:
+            out = _check_cast_out(out, x, a)
+        refuse_temporary_in_capture(op, CONVERTED)
+        with on_device(x.data.device_id):
+            return _run(op, (x.astype(_F32) if x.dtype == BFLOAT16 else x).astype(final), a, None, out)
     shape = (x.size,) if a is None else x.shape
     if out is not None:
         out = _check_cast_out(out, x, a)
@@ -468,7 +488,10 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
         call = _calls.get(key)  # only pairs a kernel scans are ever stored
     if call is _MISSING:
         if x.dtype.kind == "c" or (dtype is not None and parse_dtype(dtype).kind == "c"):
-            return _complex(op, x, axis, x.dtype if dtype is None else parse_dtype(dtype), out)
+            final = x.dtype if dtype is None else parse_dtype(dtype)
+            if op == "cumsum" or x.dtype != final:
+                return _complex(op, x, axis, final, out)
+            dtype = None  # cumprod of complex into its own dtype: a pair of the complex kernels
         how = route(x.dtype, dtype) if dtype is not None or x.dtype not in DEFAULT_DTYPE else None
         if how is not None:
             return _routed(op, x, axis, *how, out)
@@ -498,7 +521,7 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
             status, values, size = ws.status.data.ptr, ws.values.data.ptr, ws.tiles
             launch(call.kernel, pl.config,
                    (dst, src, ws.counter, np.uint64(status), np.uint64(values), np.uint64(status + 8 * size),
-                    np.uint64(values + 8 * size), np.uint64(values + 16 * size), params))
+                    np.uint64(values + 16 * size), np.uint64(values + 32 * size), params))
         if out is None:
             return dst
         if dst is not out:
@@ -516,13 +539,15 @@ bfloat16 results), float64 or int64 (wrapping), in the fixed order of ``cuda_src
 
 Parameters
 ----------
-x : cupy.ndarray of float32, float64, float16, bfloat16, any integer type or bool, and complex64 / complex128
-    for cumsum (the real and imaginary parts scanned apart, a view, as NumPy adds them); any strides.
+x : cupy.ndarray of float32, float64, float16, bfloat16, any integer type or bool, complex64 or complex128
+    (cumsum scans the real and imaginary parts apart, a view, as NumPy adds them; cumprod multiplies the
+    pairs, each product in correctly rounded steps); any strides.
 axis : None or int
     The axis scanned (negative counts from the end); None scans the flattened array (C order).
 dtype : optional
-    The result dtype, any float, integer or bool type (complex ones for cumsum). Kernels scan float32,
-    float64, float16, bfloat16 into themselves, float32 into float64, int32, int64 and bool into int64; any
+    The result dtype, any float, integer, bool or complex type. Kernels scan float32, float64, float16,
+    bfloat16, complex64 and complex128 into themselves, float32 into float64, int32, int64 and bool into
+    int64 (complex x into another complex dtype, or real x into a complex one, converts x first); any
     other pair first converts x (NumPy's element conversion; one more pass) to the result's float type, or
     to int64 for an integer result, which is then converted to that type: integer sums and products wrap,
     so the low bits are NumPy's (:func:`cukern.scan.route`).
@@ -537,7 +562,7 @@ out, or a new array laid out as x (NumPy's K order: an F-ordered x gives an F-or
 Raises
 ------
 TypeError
-    For cumprod of complex x or into a complex ``dtype=``, a real ``dtype=`` for complex x, or a non-int axis.
+    For a real ``dtype=`` for complex x, or a non-int axis.
 ValueError
     For an ``out`` of the wrong shape or partially overlapping x; AxisError (a ValueError) for an axis out of
     range. Every check runs before anything is launched.
