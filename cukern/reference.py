@@ -583,6 +583,8 @@ def reduction_tree(v, combine=_tree_sum, identity=0):
 def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
     import cukern.reduce_plan as P
 
+    from ._dtypes import storage
+
     x = _numpy(x)
     op = P.OPS[name]
     axes = P.normalize_axis(axis, x.ndim)
@@ -609,7 +611,8 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
     if n == 0:
         if op.minmax:
             raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
-        empty = 1 if op.kernel_op == P.OP_PROD else np.nan if op.finalize == P.FINISH_DIVIDE else 0
+        empty = (1 if op.kernel_op == P.OP_PROD or op.finalize == P.FINISH_EQUALS
+                 else np.nan if op.finalize == P.FINISH_DIVIDE else 0)
         return np.full(shape, empty, final)
     kept = [i for i in range(x.ndim) if i not in axes]
     v = np.transpose(x, kept + list(axes)).reshape(-1, n)  # C order over the reduced axes
@@ -652,12 +655,14 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
         acc = w.min(axis=1) if a.kind in "biu" else reduction_tree(w, _tree_min, np.inf)
     else:
         acc = w.sum(axis=1, dtype=a) if a.kind == "i" else reduction_tree(w)  # integers: exact, wrapping
-    if op.finalize != P.FINISH_NONE:
+    if op.finalize == P.FINISH_EQUALS:
+        acc = acc == np.float64(n)  # all: every element counted
+    elif op.finalize != P.FINISH_NONE:
         d = acc.astype(np.float64)
         acc = d / np.float64(n) if op.finalize == P.FINISH_DIVIDE else np.sqrt(d)
     if o.itemsize == 2 and acc.dtype == np.float64:
         acc = acc.astype(np.float32)  # the kernels round a double result to float, then to the half type
-    return acc.astype(o).astype(final).reshape(shape)
+    return acc.astype(storage(o)).astype(final).reshape(shape)
 
 
 def _lowered_emulated(name: str, x, axes, final, keepdims: bool, rt):
@@ -1156,6 +1161,16 @@ def nanmean_emulated(x, axis=None, dtype=None, keepdims=False):
 def count_nonzero_emulated(x, axis=None, keepdims=False):
     """:func:`cukern.count_nonzero`: the number of x != 0 (a NaN counts), int64."""
     return np.asarray(_reduce_emulated("count_nonzero", x, axis, None, keepdims))
+
+
+def any_emulated(x, axis=None, keepdims=False):
+    """:func:`cukern.any`: the count of x != 0 (a NaN counts) in float64, stored as count != 0."""
+    return np.asarray(_reduce_emulated("any", x, axis, None, keepdims))
+
+
+def all_emulated(x, axis=None, keepdims=False):
+    """:func:`cukern.all`: the count of x != 0 in float64, stored as count == n (n the slice's length)."""
+    return np.asarray(_reduce_emulated("all", x, axis, None, keepdims))
 
 
 def prod_emulated(x, axis=None, dtype=None, keepdims=False):
