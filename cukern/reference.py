@@ -1455,7 +1455,7 @@ def segment_mean_emulated(x, offsets):
 
 # ---------------------------------------------------------------------------------------------------------
 # Scans (cuda_src/scan.cu): NumPy's cumsum and cumprod in float64 (or int64) are the references; the
-# emulators evaluate the kernel's fixed expression over tiles of cukern.scan.TILE elements.
+# emulators evaluate the kernel's fixed expression over tiles of cukern.scan.tile(x's dtype, the result's).
 
 
 def _scan_reference(fn, x, axis):
@@ -1489,7 +1489,7 @@ def _accumulate(f, v):
 def _scan_emulated(op: str, x, axis, dtype):
     from ._check import check_dtype
     from ._dtypes import BFLOAT16
-    from .scan import BLOCK, DTYPES, GROUP, ITEMS, TILE, result_dtype
+    from .scan import BLOCK, DTYPES, GROUP, items, result_dtype
 
     x = _numpy(x)
     if op == "cumsum" and (x.dtype.kind == "c" or (dtype is not None and np.dtype(dtype).kind == "c")):
@@ -1515,12 +1515,13 @@ def _scan_emulated(op: str, x, axis, dtype):
         moved = np.moveaxis(x, axis, -1)
         shape, lines = moved.shape, moved.reshape(-1, x.shape[axis])
     rows, n = lines.shape
-    tiles = max(1, -(-n // TILE))
-    a = np.full((rows, tiles * TILE), identity, acc)
+    k = items(x.dtype, o)
+    tiles = max(1, -(-n // (BLOCK * k)))
+    a = np.full((rows, tiles * BLOCK * k), identity, acc)
     a[:, :n] = lines.astype(acc)
-    a = a.reshape(rows, tiles, BLOCK // 32, 32, ITEMS)
+    a = a.reshape(rows, tiles, BLOCK // 32, 32, k)
     with np.errstate(all="ignore"):
-        s = _accumulate(f, a)  # each thread's 16 elements, in order
+        s = _accumulate(f, a)  # each thread's k elements, in order
         u = s[..., -1]
         for d in (1, 2, 4, 8, 16):  # the lanes' ladder, every lane at once from the old values
             nxt = u.copy()
@@ -1546,9 +1547,10 @@ def _scan_emulated(op: str, x, axis, dtype):
 
 
 def cumsum_emulated(x, axis=None, dtype=None):
-    """The bits :func:`cukern.cumsum` returns: per thread a running sum of 16 elements, the lanes' ladder,
-    the warps in order, the tiles of a group in order, the groups in order, combined as ``((P + W) + L) + s``
-    with ``P = B + Q`` (cuda_src/scan.cu's notes). Complex x or ``dtype``: each part so, apart."""
+    """The bits :func:`cukern.cumsum` returns: per thread a running sum of :func:`cukern.scan.items` elements
+    (8 for float32 scanned into float32, 16 otherwise), the lanes' ladder, the warps in order, the tiles of a
+    group in order, the groups in order, combined as ``((P + W) + L) + s`` with ``P = B + Q``
+    (cuda_src/scan.cu's notes). Complex x or ``dtype``: each part so, apart."""
     return _scan_emulated("cumsum", x, axis, dtype)
 
 

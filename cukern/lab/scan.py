@@ -41,21 +41,24 @@ def _describe(name: str):
         if pl.tiles:
             launches.append(card.Launch(scan.instantiation(dt, o, scan.OPS[name], pl.kernel), pl.grid, pl.threads,
                                         "resident blocks walking the tiles, each tile's aggregate a round ahead of "
-                                        "its scan" if ahead else "one tile a block, decoupled look-back"))
-        block_computes = (f"tiles of {scan.TILE} elements in the order it draws them, {scan.AHEAD_BLOCKS} blocks "
-                          "an SM" if ahead else f"one tile of {scan.TILE} elements of a line")
+                                        "its scan" if ahead else "a span of tiles a block, decoupled look-back"))
+        items = pl.tile // scan.BLOCK
+        runs = scan.BLOCK // pl.threads * (1 if ahead else scan.SPAN // pl.tile)
+        block_computes = (f"tiles of {pl.tile} elements in the order it draws them, {pl.blocks_per_sm} blocks "
+                          "an SM" if ahead else f"{scan.SPAN // pl.tile} tile(s) of {pl.tile} elements of a line")
         tile = {"grid": pl.grid, "block": pl.threads, "lines": pl.rows, "elements_per_line": pl.n,
-                "tile_elements": scan.TILE, "one_block_computes": block_computes,
-                "one_thread_computes": (f"{scan.BLOCK // pl.threads} run(s) of {scan.ITEMS} consecutive elements "
+                "tile_elements": pl.tile, "one_block_computes": block_computes,
+                "one_thread_computes": (f"{runs} run(s) of {items} consecutive elements "
                                         f"(threads h + {pl.threads} j of the {scan.BLOCK}-thread definition)")}
         nbytes = scan.bytes_moved(shape, dt)
         written = int(np.prod(shape)) * o.itemsize
         traffic = {"bytes_read": nbytes - written, "bytes_written": written,
                    "counted_by": "cukern.scan.bytes_moved(shape, dtype)",
-                   "access_bytes": ("16 B vectors into registers, a thread's 16 consecutive elements" if ahead else
+                   "access_bytes": (f"16 B vectors into registers, a thread's {items} consecutive elements"
+                                    if ahead else
                                     f"{dt.itemsize} B in, {o.itemsize} B out, staged through shared memory"),
-                   "coalesced": (f"each thread's {scan.ITEMS * dt.itemsize} bytes in {scan.ITEMS * dt.itemsize // 16} "
-                                 f"16-byte accesses; a warp's {32 * scan.ITEMS * dt.itemsize // 1024} KiB whole" if ahead
+                   "coalesced": (f"each thread's {items * dt.itemsize} bytes in {items * dt.itemsize // 16} "
+                                 f"16-byte accesses; a warp's {32 * items * dt.itemsize // 1024} KiB whole" if ahead
                                  else "yes for a unit-stride line: a warp moves 32 consecutive elements"),
                    "re_read": (["each tile's elements a second time, a round after the first, from L1 or L2 "
                                 "(streaming loads and stores keep them there)"] if ahead else [])
@@ -63,9 +66,9 @@ def _describe(name: str):
                                  "bytes, 16 for 8-byte accumulators) from L2 during the look-back"]}
         acc = "float64" if o == np.float64 else "int64" if o.kind in "iu" else "float32"
         accumulation = {"reduces": f"{name} over lines of {pl.n:,} elements", "precision": f"{acc} accumulators",
-                        "order": (f"fixed by the tile of {scan.TILE}: a thread's 16 in order, the lanes' ladder, the "
-                                  f"warps in order, the tiles of a group of {scan.GROUP} in order, the groups in order "
-                                  "(cukern.reference.cumsum_emulated)"),
+                        "order": (f"fixed by the tile of {pl.tile}: a thread's {items} in order, the lanes' ladder, "
+                                  f"the warps in order, the tiles of a group of {scan.GROUP} in order, the groups in "
+                                  "order (cukern.reference.cumsum_emulated)"),
                         "combine": ("look-back: the group's earlier aggregates; the nearest published group "
                                     "prefix, then the group totals after it, forward"),
                         "passes": 1}
@@ -78,7 +81,7 @@ def _describe(name: str):
             return lambda: fn(x, axis=axis)
 
         return card.Described(launches=launches, tile=tile, traffic=traffic, accumulation=accumulation,
-                              knobs={"kernel": pl.kernel, "block": pl.threads, "items": scan.TILE // pl.threads},
+                              knobs={"kernel": pl.kernel, "block": pl.threads, "items": pl.tile // pl.threads},
                               bytes=nbytes, bytes_written=written,
                               flops=int(np.prod(shape)), measure=measure, notes=notes)
 
