@@ -405,7 +405,9 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
   __shared__ __align__(16) unsigned static_stage[kStatic ? kStage : 1];
   extern __shared__ __align__(16) unsigned dynamic_stage[];
   unsigned* const stage_words = kStatic ? static_stage : dynamic_stage;
-  __shared__ A warp_total[TILES * SCAN_WARPS];  // tile j's warps at j * SCAN_WARPS
+  // Tile j's warps at j * SCAN_WARPS. Aligned: warp 0 reads a tile's totals as 16-byte vectors, and one
+  // that began a word early would read the tile before's last total as lane 7 writes it (racecheck).
+  __shared__ __align__(16) A warp_total[TILES * SCAN_WARPS];
   __shared__ A tile_prefix[TILES];
   __shared__ A span_aggregate[TILES];
   __shared__ unsigned span_id;
