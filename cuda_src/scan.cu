@@ -32,9 +32,10 @@
 // 8 (a tile of 4 KiB: twice the look-backs for the bytes), and the other pairs were not measured.
 //
 // The six questions (cukern/scan.py `plan` keeps the launch math as a pure plan; the card in
-// cukern/lab/scan.py shows the same answers). Two kernels compute it: scan_ahead (below) for rows of unit
+// cukern/lab/scan.py shows the same answers). Three kernels compute it: scan_ahead (below) for rows of unit
 // stride whose starts are 16-byte aligned and whose result has x's type (float32, float16, bfloat16),
-// scan_tiles for everything else.
+// scan_columns (last) for many such lines side by side in memory and strided along their length (the
+// columns of a matrix), scan_tiles for everything else.
 // 1. Output tile: scan_tiles: a span of 4096 elements of one row per block (one tile, two of float32's):
 //    of 128 threads (each thread two of the definition's 256 a tile) where x and the result have one size
 //    of 4 or 8 bytes (float32, float64, int64), of 256 otherwise (cukern/scan.py `threads`); spans numbered
@@ -721,5 +722,97 @@ __global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(scan_ahead_blocks<
   }
 }
 
+
+// scan_columns: lines side by side in memory (line r + 1 starts one element after line r, in x and in
+// out) with a stride along their length, as the columns of a C-ordered matrix scanned along axis 0, and
+// accumulated in float (float32, float16, bfloat16). scan_tiles reads such a line at its stride, a sector
+// for every element a warp loads (float32 [16384, 4096] along axis 0: 7.7% of the copy, bench/NOTES.md).
+// Here a warp's lanes are 32 neighbouring lines, so each load is 32 consecutive elements of x, and each
+// thread evaluates its own line's expression: warp w forms the 32 run totals of definition warp w into
+// shared memory, then the lanes' ladder over them in registers; the warps' totals meet in shared memory,
+// and Q and B are carried from tile to tile, a block walking its lines whole (nothing waits on another
+// block: no look-back, no workspace). The results read each tile a second time (L2 holds it). The same
+// expression as scan_tiles, so the same bits.
+// One rung of the lanes' ladder over 32 values held by one thread: x_l = x_{l-D} (+) x_l for l >= D, every l
+// from the old values (so from the top down), as lane_ladder's shuffles form it.
+template <int OP, int D, typename A> __device__ __forceinline__ void ladder_step(A (&u)[32]) {
+#pragma unroll
+  for (int l = 31; l >= D; --l) u[l] = scan_op<OP>(u[l - D], u[l]);
+}
+
+template <typename T, typename O, int OP>
+__global__ void __launch_bounds__(SCAN_BLOCK) scan_columns(O* out, const T* x, const __grid_constant__ ScanParams p) {
+  using A = scan_acc_t<O>;
+  static_assert(sizeof(A) == 4, "a block's run totals fill 32 KiB of shared memory at 4 bytes");
+  constexpr int ITEMS = scan_items<T, O>(), TILE = SCAN_BLOCK * ITEMS;
+  constexpr int kRunsAtOnce = 16 / ITEMS;  // runs whose loads go out together: 16 elements a thread
+  __shared__ A runs[SCAN_WARPS][32][32];  // [warp][definition lane j][line]: T_j, then the ladder's values
+  __shared__ A warp_total[SCAN_WARPS][32];
+  const int h = static_cast<int>(threadIdx.x);
+  const int lane = h & 31, warp = h >> 5;
+  const unsigned inner = static_cast<unsigned>(p.inner);
+  const unsigned groups = (inner + 31) / 32;
+  const unsigned rq = blockIdx.x / groups;
+  const unsigned line = (blockIdx.x - rq * groups) * 32 + lane;  // this thread's line among the inner ones
+  const bool live = line < inner;
+  const T* xl = x + static_cast<long long>(rq) * p.x_s0 + static_cast<long long>(line) * p.x_s1;
+  O* ol = out + static_cast<long long>(rq) * p.o_s0 + static_cast<long long>(line) * p.o_s1;
+  // Element e of the line, lifted to A; the identity past its end (and on a lane past the last line).
+  const auto element = [&](long long e) {
+    return live && e < p.n ? scan_lift<A>(xl[e * p.x_step]) : scan_identity<OP, A>();
+  };
+  A b_g = scan_identity<OP, A>(), q_t = scan_identity<OP, A>();  // B_g and Q_t of the tile at hand
+  for (long long t = 0; t < p.tiles_per_row; ++t) {
+    const long long first = t * TILE;
+#pragma unroll kRunsAtOnce
+    for (int j = 0; j < 32; ++j) {  // T_j: definition thread 32 warp + j's ITEMS elements combined in order
+      const long long e0 = first + (32ll * warp + j) * ITEMS;
+      A s = element(e0);
+#pragma unroll
+      for (int k = 1; k < ITEMS; ++k) s = scan_op<OP>(s, element(e0 + k));
+      runs[warp][j][lane] = s;
+    }
+    {
+      A u[32];  // the lanes' ladder, every lane from the old values, as lane_ladder forms it
+#pragma unroll
+      for (int j = 0; j < 32; ++j) u[j] = runs[warp][j][lane];
+      ladder_step<OP, 1>(u);
+      ladder_step<OP, 2>(u);
+      ladder_step<OP, 4>(u);
+      ladder_step<OP, 8>(u);
+      ladder_step<OP, 16>(u);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) runs[warp][j][lane] = u[j];
+      warp_total[warp][lane] = u[31];
+    }
+    __syncthreads();
+    // W_w, this warp's exclusive fold of the warps' totals, and the tile's aggregate A_t, in
+    // tile_aggregate's order
+    A aggregate = scan_identity<OP, A>(), w_before = scan_identity<OP, A>();
+#pragma unroll
+    for (int w = 0; w < SCAN_WARPS; ++w) {
+      if (w == warp) w_before = aggregate;
+      aggregate = w == 0 ? warp_total[0][lane] : scan_op<OP>(aggregate, warp_total[w][lane]);
+    }
+    __syncthreads();  // every warp has read the totals before the next tile writes them
+    const unsigned i = static_cast<unsigned>(t) & (SCAN_GROUP - 1);
+    if (i == 0) q_t = scan_identity<OP, A>();
+    const A prefix = scan_op<OP>(scan_op<OP>(b_g, q_t), w_before);  // P_{t-1} (+) W_w
+#pragma unroll kRunsAtOnce
+    for (int j = 0; j < 32; ++j) {
+      const A base = scan_op<OP>(prefix, j == 0 ? scan_identity<OP, A>() : runs[warp][j - 1][lane]);  // (+) L
+      const long long e0 = first + (32ll * warp + j) * ITEMS;
+      A s = scan_identity<OP, A>();
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const A v = element(e0 + k);
+        s = k == 0 ? v : scan_op<OP>(s, v);  // s_k
+        if (live && e0 + k < p.n) ol[(e0 + k) * p.o_step] = scan_out<O>(scan_op<OP>(base, s));
+      }
+    }
+    q_t = scan_op<OP>(q_t, aggregate);  // Q_{t+1}; at a group's last tile, its total S_g
+    if (i == SCAN_GROUP - 1) b_g = scan_op<OP>(b_g, q_t);
+  }
+}
 
 }  // namespace cukern

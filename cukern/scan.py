@@ -58,6 +58,9 @@ SOURCE = "scan"
 BLOCK = 256  # SCAN_BLOCK in cuda_src/scan.cu: the definition's threads
 GROUP = 32  # SCAN_GROUP: tiles a group
 SPAN = 4096  # elements a scan_tiles block takes: one tile, or two of float32's 2048
+# scan_columns walks each group of 32 lines whole in one block, so it takes a layout only with this many
+# groups an SM at least (a first guess, to be measured: below it, scan_tiles' tiles in parallel may win)
+COLUMN_BLOCKS_PER_SM = 0.25
 SCAN_SUM, SCAN_PROD = 0, 1
 OPS = {"cumsum": SCAN_SUM, "cumprod": SCAN_PROD}
 _F32, _F64, _F16, _I32, _I64, _BOOL = (np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int32, np.int64,
@@ -191,6 +194,8 @@ class Plan:
     def grid(self) -> int:
         if self.kernel == "ahead":
             return min(self.tiles, self.blocks_per_sm * self.sm_count)
+        if self.kernel == "columns":
+            return self.rows // self.inner * -(-self.inner // 32)
         return self.rows * -(-self.tiles_per_row // (SPAN // self.tile))
 
     @property
@@ -217,26 +222,40 @@ def stage_bytes(dtype, out_dtype) -> int:
 def instantiation(dtype, out_dtype, op: int, kernel: str = "tiles") -> Instantiation:
     if kernel == "ahead":
         return Instantiation(SOURCE, "scan_ahead", (np.dtype(dtype), op))
+    if kernel == "columns":
+        return Instantiation(SOURCE, "scan_columns", (np.dtype(dtype), np.dtype(out_dtype), op))
     return Instantiation(SOURCE, "scan_tiles", (np.dtype(dtype), np.dtype(out_dtype), op, threads(dtype, out_dtype)))
 
 
 def instantiations() -> list:
     """One scan_tiles kernel per (input, result) pair of :data:`PAIRS` and op (complex pairs: cumprod only),
-    and one scan_ahead kernel per type of :data:`AHEAD_DTYPES` and op: all that :func:`plan`'s launches use."""
+    and one scan_ahead and one scan_columns kernel per type of :data:`AHEAD_DTYPES` and op: all that
+    :func:`plan`'s launches use."""
     return ([instantiation(t, o, op) for t, o in PAIRS for op in (SCAN_SUM, SCAN_PROD)
              if o.kind != "c" or op == SCAN_PROD]
-            + [instantiation(t, t, op, "ahead") for t in AHEAD_DTYPES for op in (SCAN_SUM, SCAN_PROD)])
+            + [instantiation(t, t, op, kernel) for t in AHEAD_DTYPES for op in (SCAN_SUM, SCAN_PROD)
+               for kernel in ("ahead", "columns")])
 
 
-def kernel_for(dtypes, x: tuple, o: tuple, vector: bool) -> str:
-    """The kernel: "ahead" for lines of an :data:`AHEAD_DTYPES` type scanned into the same type, read and
-    written with unit steps, each line starting 16-byte aligned (``vector``: x's and out's data are, and every
-    line stride is a multiple of 16 bytes), else "tiles". scan_ahead reads a tile twice (the second time from
-    L1 or L2) as 16-byte vectors; a line that it would read one element at a time stays with scan_tiles,
-    which stages it through shared memory."""
-    if dtypes is None or not vector:
+def kernel_for(dtypes, x: tuple, o: tuple, vector: bool, inner: int = 1, rows: int = 1,
+               sm_count: int = 132) -> str:
+    """The kernel: "columns" for lines of an :data:`AHEAD_DTYPES` type scanned into the same type, side by
+    side in memory (x's and out's lines one element apart) and strided along their length, at least 32 and
+    :data:`COLUMN_BLOCKS_PER_SM` column groups an SM (``rows`` lines in groups of ``inner``); "ahead" for
+    lines of an :data:`AHEAD_DTYPES` type scanned into the same type, read and written with unit steps, each
+    line starting 16-byte aligned (``vector``: x's and out's data are, and every line stride is a multiple of
+    16 bytes); else "tiles". scan_columns reads 32 neighbouring lines a warp, each thread walking its own
+    line whole, so it needs many lines; scan_ahead reads a tile twice (the second time from L1 or L2) as
+    16-byte vectors; a line that it would read one element at a time stays with scan_tiles, which stages it
+    through shared memory."""
+    if dtypes is None:
         return "tiles"
     t, o_dtype = (np.dtype(d) for d in dtypes)
+    if (t == o_dtype and t in AHEAD_DTYPES and x[1] == 1 and o[1] == 1 and (x[2] != 1 or o[2] != 1)
+            and inner >= 32 and rows // inner * -(-inner // 32) >= COLUMN_BLOCKS_PER_SM * sm_count):
+        return "columns"
+    if not vector:
+        return "tiles"
     if t != o_dtype or t not in AHEAD_DTYPES or x[2] != 1 or o[2] != 1:
         return "tiles"
     per_vector = 16 // t.itemsize
@@ -287,9 +306,9 @@ def plan(shape, axis=None, *, x_strides=None, out_strides=None, aligned: bool = 
     size = BLOCK * 16 if dtypes is None else tile(*dtypes)
     if rows * -(-n // size) >= 2**31:
         raise ValueError(f"{rows} lines of {n} elements make more than 2**31 - 1 tiles")
-    kernel = kernel_for(dtypes, xl, ol, vector or copy)
-    block = BLOCK if dtypes is None or kernel == "ahead" else threads(*dtypes)
-    shared = 0 if dtypes is None or kernel == "ahead" else stage_bytes(*dtypes)
+    kernel = kernel_for(dtypes, xl, ol, vector or copy, inner, rows, sm_count)
+    block = BLOCK if dtypes is None or kernel != "tiles" else threads(*dtypes)
+    shared = 0 if dtypes is None or kernel != "tiles" else stage_bytes(*dtypes)
     blocks = 5 if dtypes is None else ahead_blocks(dtypes[0])
     return Plan(rows, n, copy, inner, xl, ol, size, block, kernel, sm_count, shared, blocks)
 
@@ -536,16 +555,20 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
         pl = call.plan
         if pl.copy:
             refuse_temporary_in_capture(op, X_COPIED)
-        if call.kernel is not None:
+        walks = pl.kernel == "columns"  # no look-back: no workspace
+        if call.kernel is not None and not walks:
             ws, epoch = workspace(pl.tiles)  # under capture: refused (nothing recorded) or the words cleared
         dst = out if out is not None and not pl.copy else cp.ndarray(call.shape, call.out_dtype)
         if call.kernel is not None:
             src = cp.ascontiguousarray(x) if pl.copy else x
-            params = struct_argument(PARAMS.struct(**call.fields, epoch=epoch))
-            status, values, size = ws.status.data.ptr, ws.values.data.ptr, ws.tiles
-            launch(call.kernel, pl.config,
-                   (dst, src, ws.counter, np.uint64(status), np.uint64(values), np.uint64(status + 8 * size),
-                    np.uint64(values + 16 * size), np.uint64(values + 32 * size), params))
+            if walks:
+                launch(call.kernel, pl.config, (dst, src, struct_argument(PARAMS.struct(**call.fields, epoch=0))))
+            else:
+                params = struct_argument(PARAMS.struct(**call.fields, epoch=epoch))
+                status, values, size = ws.status.data.ptr, ws.values.data.ptr, ws.tiles
+                launch(call.kernel, pl.config,
+                       (dst, src, ws.counter, np.uint64(status), np.uint64(values), np.uint64(status + 8 * size),
+                        np.uint64(values + 16 * size), np.uint64(values + 32 * size), params))
         if out is None:
             return dst
         if dst is not out:

@@ -164,6 +164,22 @@ def test_float32_lines_of_unit_step_and_16_byte_starts_go_ahead():
     assert C.plan((40, 4104), 1, dtypes=(np.float16, np.float16)).kernel == "ahead"
 
 
+def test_columns_take_many_adjacent_strided_lines():
+    """scan_columns: lines one element apart in x and out and strided along their length (axis 0 of a
+    C-ordered matrix), of a float type scanned into itself, enough of them for its column groups; its grid
+    is one block a group of 32 lines of each outer line."""
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    p = C.plan((16384, 4096), 0, dtypes=(f32, f32))
+    assert p.kernel == "columns" and p.config.grid == (128,) and p.config.block == (C.BLOCK,)
+    assert p.config.shared_mem == 0 and (p.inner, p.x, p.o) == (4096, (0, 1, 4096), (0, 1, 4096))
+    p = C.plan((6, 3000, 1000), 1, dtypes=(BFLOAT16, BFLOAT16))  # 6 outer lines of 1000 columns: 6 x 32 groups
+    assert p.kernel == "columns" and p.config.grid == (6 * 32,)
+    assert C.plan((16384, 4096), 0, dtypes=(f64, f64)).kernel == "tiles"  # 8-byte accumulators: not here
+    assert C.plan((100000, 64), 0, dtypes=(f32, f32)).kernel == "tiles"  # two groups: too few blocks
+    assert C.plan((4096, 16384), 1, dtypes=(f32, f32)).kernel == "ahead"  # rows of unit stride
+    assert C.plan((16384, 4096), 0, x_strides=(4096, 2), dtypes=(f32, f32)).kernel == "tiles"  # lines 2 apart
+
+
 def test_lines_and_layouts():
     p = C.plan((6, 7, 8), 1)
     assert (p.rows, p.n, p.inner, p.x, p.o, p.copy) == (48, 7, 8, (56, 1, 8), (56, 1, 8), False)
@@ -221,11 +237,12 @@ def test_bool_results_are_counts_of_nonzero_elements(rng):
 
 def test_instantiations_are_the_pairs():
     """Both ops for every pair but the complex ones (cumprod only: cumsum scans the parts as float lines),
-    and scan_ahead's; complex128's stage is the launch's dynamic shared memory, the rest static."""
+    and scan_ahead's and scan_columns'; complex128's stage is the launch's dynamic shared memory, the rest
+    static."""
     insts = C.instantiations()
     complex_pairs = [p for p in C.PAIRS if p[1].kind == "c"]
     assert len(complex_pairs) == 2
-    assert len(insts) == len(set(insts)) == 2 * (len(C.PAIRS) + len(C.AHEAD_DTYPES)) - len(complex_pairs)
+    assert len(insts) == len(set(insts)) == 2 * (len(C.PAIRS) + 2 * len(C.AHEAD_DTYPES)) - len(complex_pairs)
     assert {i.args for i in insts if i.args[1] in (np.complex64, np.complex128)} == {
         (t, t, C.SCAN_PROD, 256) for t, _ in complex_pairs}
     assert [C.stage_bytes(t, o) for t, o in C.PAIRS] == [4 * (16384 + 512 + 1) if o == np.complex128 else 0
@@ -233,6 +250,8 @@ def test_instantiations_are_the_pairs():
     assert C.plan((5000,), None, dtypes=(np.complex128, np.complex128)).config.shared_mem == 67588
     assert {i.args for i in insts if i.name == "scan_ahead"} == {(t, op) for t in C.AHEAD_DTYPES
                                                                   for op in (C.SCAN_SUM, C.SCAN_PROD)}
+    assert {i.args for i in insts if i.name == "scan_columns"} == {(t, t, op) for t in C.AHEAD_DTYPES
+                                                                    for op in (C.SCAN_SUM, C.SCAN_PROD)}
 
 
 def test_bytes_moved():
@@ -320,7 +339,10 @@ def test_every_instantiation_compiles_without_spills_or_contraction(arch):
         assert_no_spills(res[c.lowered[inst.expression]], arch, inst.expression)
         body = c.kernel_ptx(inst)
         assert "fma.rn" not in body and ".approx" not in body, inst.expression
-        assert "atom.global.add.u32" in body and "membar.gl" in body, inst.expression
+        if inst.name != "scan_columns":  # the look-back's kernels draw tiles and fence; scan_columns neither
+            assert "atom.global.add.u32" in body and "membar.gl" in body, inst.expression
+        else:
+            assert "atom." not in body and "membar" not in body and "bar.sync" in body, inst.expression
 
 
 @pytest.mark.nvrtc(C.SOURCE)
@@ -602,6 +624,40 @@ def test_float32_spans_of_two_tiles_give_the_emulators_bits(op, rng):
         _check(op, x, xh, axis)
         got = getattr(C, op)(x, axis=axis, out=x if axis is not None else x.reshape(-1))
         assert same_bits(got, getattr(R, f"{op}_emulated")(xh, axis)), (shape, axis)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", C.AHEAD_DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("op", OPS)
+def test_columns_give_the_emulators_bits(op, dtype, rng, monkeypatch):
+    """scan_columns (each thread walking one of 32 neighbouring lines tile by tile, Q and B carried) gives
+    the emulator's bits: lines over a group of tiles long, a last column group part empty, several outer
+    lines, a negative step along the lines, in place, and under a CUDA-graph capture with no workspace."""
+    import cupy
+
+    monkeypatch.setattr(C, "COLUMN_BLOCKS_PER_SM", 0)  # every such layout, however few its column groups
+    monkeypatch.setattr(C, "_calls", C.CallCache())
+    for shape, axis, view in [((2048 * 33 + 7, 40), 0, None), ((4097, 100), 0, None), ((3, 2049, 70), 1, None),
+                              ((5000, 64), 0, lambda a: a[::-1]), ((1, 33), 0, None)]:
+        xh = _values(rng, shape, dtype, op)
+        x = cupy.asarray(xh)
+        if view is not None:
+            x, xh = view(x), view(xh)
+        assert C._prepare(op, x, axis, None, None).plan.kernel == "columns", (shape, axis)
+        _check(op, x, xh, axis)
+    xh = _values(rng, (3000, 96), dtype, op)
+    x = cupy.asarray(xh)
+    want = getattr(R, f"{op}_emulated")(xh, 0)
+    assert same_bits(getattr(C, op)(x, axis=0, out=x), want)  # in place
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        graph, got, freed = capture(stream, lambda: getattr(C, op)(x, axis=0))
+        assert not freed
+        x2h = _values(rng, (3000, 96), dtype, op)
+        x[...] = cupy.asarray(x2h)
+        graph.launch(stream)
+        stream.synchronize()
+    assert same_bits(got, getattr(R, f"{op}_emulated")(x2h, 0))
 
 
 @pytest.mark.gpu
