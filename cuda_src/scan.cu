@@ -41,7 +41,8 @@
 //    of 4 or 8 bytes (float32, float64, int64), of 256 otherwise (cukern/scan.py `threads`); spans numbered
 //    in the order blocks start (a global counter), so every predecessor of a tile is running or done: the
 //    look-back never waits on a block that cannot run. scan_ahead: scan_ahead_blocks<T>() resident blocks an SM of 256 threads, each
-//    drawing tiles from the same counter and finishing each one a round after drawing it.
+//    drawing tiles from the same counter and finishing each one a round after drawing it. scan_columns:
+//    one block of 256 threads a group of 32 neighbouring lines, walking every tile of them in order.
 // 2. Input traffic: x read once and out written once. scan_tiles moves both through shared memory: a warp
 //    moves 32 consecutive elements per load or store (coalesced for a unit-stride row), and each thread then
 //    takes its ITEMS consecutive elements from shared memory. 4- and 8-byte elements go from global to shared
@@ -49,7 +50,9 @@
 //    registers, at the 32 a thread that eight resident blocks allow, the loads went out a few at a time
 //    and a block spent half its life loading, with or without the look-back's waits (bench/NOTES.md).
 //    scan_ahead reads a thread's ITEMS elements as 16-byte vectors into registers, twice (the second time a
-//    round later, from L1 or L2, streaming), and stores them the same way. The look-back reads a
+//    round later, from L1 or L2, streaming), and stores them the same way. scan_columns loads 32
+//    neighbouring elements a warp (its lanes' lines), column_runs<T, O>() runs of them at once into
+//    registers, and each tile a second time for the results (from L2). The look-back reads a
 //    status word and a value from L2 for each earlier tile of the group and for a few earlier groups.
 // 3. Accumulation: in double (float64 results), float (float32, float16, bfloat16 results), int64
 //    (integer results) or the complex type itself (cumprod of complex64 / complex128), in the fixed order
@@ -59,9 +62,10 @@
 // 4. Staging: registers (ITEMS accumulators a thread); scan_tiles: shared memory for the span (its
 //    values of max(sizeof(T), sizeof(O)) bytes, padded against bank conflicts: static up to 8-byte values,
 //    complex128's 66 KiB dynamic) and the warps' totals;
-//    scan_ahead: the warps' totals only.
+//    scan_ahead: the warps' totals only; scan_columns: the 32 run totals of each warp and line (32 KiB).
 // 5. Tuning: none: the tile is part of the definition of the result (above); the grid is one block a span
-//    (scan_tiles) or the resident blocks (scan_ahead), and neither changes a bit.
+//    (scan_tiles), the resident blocks (scan_ahead) or the column groups (scan_columns), and none changes a
+//    bit.
 // 6. Profile: one combine an element against sizeof(T) + sizeof(O) bytes: memory-bound; the target is
 //    the device-to-device copy bandwidth.
 #include "common/bounds.cuh"
@@ -740,12 +744,19 @@ template <int OP, int D, typename A> __device__ __forceinline__ void ladder_step
   for (int l = 31; l >= D; --l) u[l] = scan_op<OP>(u[l - D], u[l]);
 }
 
+// Runs whose loads scan_columns issues together, into registers, before combining any: 64 elements a thread
+// for float32 (137 registers on sm_90, one block an SM: 43% of the copy at [16384, 4096] against 35% with 16
+// and 13% with the loads left to the compiler, which issued them a few at a time), 16 for the half types (two
+// runs cost them registers and blocks: 20% against 22%). bench/NOTES.md.
+template <typename T, typename O> __device__ constexpr int column_runs() {
+  return (sizeof(T) == 4 ? 64 : 16) / scan_items<T, O>();
+}
+
 template <typename T, typename O, int OP>
-__global__ void __launch_bounds__(SCAN_BLOCK) scan_columns(O* out, const T* x, const __grid_constant__ ScanParams p) {
+__global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x, const __grid_constant__ ScanParams p) {
   using A = scan_acc_t<O>;
   static_assert(sizeof(A) == 4, "a block's run totals fill 32 KiB of shared memory at 4 bytes");
-  constexpr int ITEMS = scan_items<T, O>(), TILE = SCAN_BLOCK * ITEMS;
-  constexpr int kRunsAtOnce = 16 / ITEMS;  // runs whose loads go out together: 16 elements a thread
+  constexpr int ITEMS = scan_items<T, O>(), TILE = SCAN_BLOCK * ITEMS, RUNS = column_runs<T, O>();
   __shared__ A runs[SCAN_WARPS][32][32];  // [warp][definition lane j][line]: T_j, then the ladder's values
   __shared__ A warp_total[SCAN_WARPS][32];
   const int h = static_cast<int>(threadIdx.x);
@@ -761,16 +772,26 @@ __global__ void __launch_bounds__(SCAN_BLOCK) scan_columns(O* out, const T* x, c
   const auto element = [&](long long e) {
     return live && e < p.n ? scan_lift<A>(xl[e * p.x_step]) : scan_identity<OP, A>();
   };
+  // Runs j0 .. j0 + RUNS - 1 of this warp's definition threads in the tile from `first`, loaded together.
+  const auto load_runs = [&](A (&v)[RUNS][ITEMS], long long first, int j0) {
+#pragma unroll
+    for (int r = 0; r < RUNS; ++r)
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) v[r][k] = element(first + (32ll * warp + j0 + r) * ITEMS + k);
+  };
   A b_g = scan_identity<OP, A>(), q_t = scan_identity<OP, A>();  // B_g and Q_t of the tile at hand
   for (long long t = 0; t < p.tiles_per_row; ++t) {
     const long long first = t * TILE;
-#pragma unroll kRunsAtOnce
-    for (int j = 0; j < 32; ++j) {  // T_j: definition thread 32 warp + j's ITEMS elements combined in order
-      const long long e0 = first + (32ll * warp + j) * ITEMS;
-      A s = element(e0);
+    for (int j0 = 0; j0 < 32; j0 += RUNS) {  // T_j: definition thread 32 warp + j's ITEMS elements in order
+      A v[RUNS][ITEMS];
+      load_runs(v, first, j0);
 #pragma unroll
-      for (int k = 1; k < ITEMS; ++k) s = scan_op<OP>(s, element(e0 + k));
-      runs[warp][j][lane] = s;
+      for (int r = 0; r < RUNS; ++r) {
+        A s = v[r][0];
+#pragma unroll
+        for (int k = 1; k < ITEMS; ++k) s = scan_op<OP>(s, v[r][k]);
+        runs[warp][j0 + r][lane] = s;
+      }
     }
     {
       A u[32];  // the lanes' ladder, every lane from the old values, as lane_ladder forms it
@@ -798,16 +819,20 @@ __global__ void __launch_bounds__(SCAN_BLOCK) scan_columns(O* out, const T* x, c
     const unsigned i = static_cast<unsigned>(t) & (SCAN_GROUP - 1);
     if (i == 0) q_t = scan_identity<OP, A>();
     const A prefix = scan_op<OP>(scan_op<OP>(b_g, q_t), w_before);  // P_{t-1} (+) W_w
-#pragma unroll kRunsAtOnce
-    for (int j = 0; j < 32; ++j) {
-      const A base = scan_op<OP>(prefix, j == 0 ? scan_identity<OP, A>() : runs[warp][j - 1][lane]);  // (+) L
-      const long long e0 = first + (32ll * warp + j) * ITEMS;
-      A s = scan_identity<OP, A>();
+    for (int j0 = 0; j0 < 32; j0 += RUNS) {
+      A v[RUNS][ITEMS];
+      load_runs(v, first, j0);
 #pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        const A v = element(e0 + k);
-        s = k == 0 ? v : scan_op<OP>(s, v);  // s_k
-        if (live && e0 + k < p.n) ol[(e0 + k) * p.o_step] = scan_out<O>(scan_op<OP>(base, s));
+      for (int r = 0; r < RUNS; ++r) {
+        const int j = j0 + r;
+        const A base = scan_op<OP>(prefix, j == 0 ? scan_identity<OP, A>() : runs[warp][j - 1][lane]);  // (+) L
+        const long long e0 = first + (32ll * warp + j) * ITEMS;
+        A s = v[r][0];
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+          if (k > 0) s = scan_op<OP>(s, v[r][k]);  // s_k
+          if (live && e0 + k < p.n) ol[(e0 + k) * p.o_step] = scan_out<O>(scan_op<OP>(base, s));
+        }
       }
     }
     q_t = scan_op<OP>(q_t, aggregate);  // Q_{t+1}; at a group's last tile, its total S_g

@@ -59,8 +59,9 @@ BLOCK = 256  # SCAN_BLOCK in cuda_src/scan.cu: the definition's threads
 GROUP = 32  # SCAN_GROUP: tiles a group
 SPAN = 4096  # elements a scan_tiles block takes: one tile, or two of float32's 2048
 # scan_columns walks each group of 32 lines whole in one block, so it takes a layout only with this many
-# groups an SM at least (a first guess, to be measured: below it, scan_tiles' tiles in parallel may win)
-COLUMN_BLOCKS_PER_SM = 0.25
+# groups an SM at least; below it, scan_tiles' tiles in parallel win (bench/NOTES.md: float32 columns of
+# 8 groups ran as fast either way, of 2 groups six times faster in scan_tiles)
+COLUMN_BLOCKS_PER_SM = 0.1
 SCAN_SUM, SCAN_PROD = 0, 1
 OPS = {"cumsum": SCAN_SUM, "cumprod": SCAN_PROD}
 _F32, _F64, _F16, _I32, _I64, _BOOL = (np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int32, np.int64,

@@ -36,41 +36,51 @@ def _describe(name: str):
         axis = scan.normalize_axis(bench.parse_axis(params.get("axis")), len(shape))
         o = scan.result_dtype(dt)
         pl = scan.plan(shape, axis, dtypes=(dt, o))
-        ahead = pl.kernel == "ahead"
+        ahead, columns = pl.kernel == "ahead", pl.kernel == "columns"
         launches = []
         if pl.tiles:
             launches.append(card.Launch(scan.instantiation(dt, o, scan.OPS[name], pl.kernel), pl.grid, pl.threads,
                                         "resident blocks walking the tiles, each tile's aggregate a round ahead of "
-                                        "its scan" if ahead else "a span of tiles a block, decoupled look-back"))
+                                        "its scan" if ahead else "32 neighbouring lines a block, each walked whole"
+                                        if columns else "a span of tiles a block, decoupled look-back"))
         items = pl.tile // scan.BLOCK
         runs = scan.BLOCK // pl.threads * (1 if ahead else scan.SPAN // pl.tile)
         block_computes = (f"tiles of {pl.tile} elements in the order it draws them, {pl.blocks_per_sm} blocks "
-                          "an SM" if ahead else f"{scan.SPAN // pl.tile} tile(s) of {pl.tile} elements of a line")
+                          "an SM" if ahead else "every tile of 32 neighbouring lines, in order" if columns
+                          else f"{scan.SPAN // pl.tile} tile(s) of {pl.tile} elements of a line")
         tile = {"grid": pl.grid, "block": pl.threads, "lines": pl.rows, "elements_per_line": pl.n,
                 "tile_elements": pl.tile, "one_block_computes": block_computes,
-                "one_thread_computes": (f"{runs} run(s) of {items} consecutive elements "
+                "one_thread_computes": ("one line's 32 runs of the definition's warp (its warp's index) a tile"
+                                        if columns else f"{runs} run(s) of {items} consecutive elements "
                                         f"(threads h + {pl.threads} j of the {scan.BLOCK}-thread definition)")}
         nbytes = scan.bytes_moved(shape, dt)
         written = int(np.prod(shape)) * o.itemsize
+        if columns:
+            re_read = ["each tile a second time for the results, from L2"]
+        else:
+            re_read = (["each tile's elements a second time, a round after the first, from L1 or L2 (streaming "
+                        "loads and stores keep them there)"] if ahead else []) + [
+                "the group's earlier tiles' and a few earlier groups' status words and values (8 bytes, 16 for "
+                "8-byte accumulators) from L2 during the look-back"]
         traffic = {"bytes_read": nbytes - written, "bytes_written": written,
                    "counted_by": "cukern.scan.bytes_moved(shape, dtype)",
                    "access_bytes": (f"16 B vectors into registers, a thread's {items} consecutive elements"
-                                    if ahead else
+                                    if ahead else f"{dt.itemsize} B a lane, a warp's 32 lines side by side, "
+                                    "several runs' loads in flight together" if columns else
                                     f"{dt.itemsize} B in, {o.itemsize} B out, staged through shared memory"),
                    "coalesced": (f"each thread's {items * dt.itemsize} bytes in {items * dt.itemsize // 16} "
                                  f"16-byte accesses; a warp's {32 * items * dt.itemsize // 1024} KiB whole" if ahead
+                                 else "yes: a warp moves 32 consecutive elements (its lanes' lines)" if columns
                                  else "yes for a unit-stride line: a warp moves 32 consecutive elements"),
-                   "re_read": (["each tile's elements a second time, a round after the first, from L1 or L2 "
-                                "(streaming loads and stores keep them there)"] if ahead else [])
-                              + ["the group's earlier tiles' and a few earlier groups' status words and values (8 "
-                                 "bytes, 16 for 8-byte accumulators) from L2 during the look-back"]}
+                   "re_read": re_read}
         acc = "float64" if o == np.float64 else "int64" if o.kind in "iu" else "float32"
         accumulation = {"reduces": f"{name} over lines of {pl.n:,} elements", "precision": f"{acc} accumulators",
                         "order": (f"fixed by the tile of {pl.tile}: a thread's {items} in order, the lanes' ladder, "
                                   f"the warps in order, the tiles of a group of {scan.GROUP} in order, the groups in "
                                   "order (cukern.reference.cumsum_emulated)"),
-                        "combine": ("look-back: the group's earlier aggregates; the nearest published group "
-                                    "prefix, then the group totals after it, forward"),
+                        "combine": ("Q and B carried from tile to tile by the block that walks the lines"
+                                    if columns else "look-back: the group's earlier aggregates; the nearest "
+                                    "published group prefix, then the group totals after it, forward"),
                         "passes": 1}
         notes = []
         if pl.copy:
