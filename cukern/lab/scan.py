@@ -1,7 +1,7 @@
-"""Scans in the lab: the benchmark's case (cumsum of 2^28 float32 values, against ``cupy.cumsum``, which is
-CUB's scan) and the cards of cumsum and cumprod, from the op module's ``plan`` and ``bytes_moved``
-(:mod:`cukern.scan`). No tunable: the tile is part of the result's definition, and nothing else is left to
-choose."""
+"""Scans in the lab: the benchmark's cases (cumsum of 2^28 float32 values, and of a [16384, 4096] float32
+matrix along axis 0, against ``cupy.cumsum``, which is CUB's scan) and the cards of cumsum and cumprod, from
+the op module's ``plan`` and ``bytes_moved`` (:mod:`cukern.scan`). No tunable: the tile is part of the
+result's definition, and nothing else is left to choose."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def inputs(shape, dtype):
 
 bench.register("cumsum", bench.OpBench(
     bench.array_setup(inputs), lambda s: scan.cumsum(s["x"], axis=s["axis"]), lambda s: s["x"].cumsum(axis=s["axis"]),
-    lambda case: scan.bytes_moved(case.shape, parse_dtype(case.dtype)), [Case("cumsum", (1 << 28,), "float32")]))
+    lambda case: scan.bytes_moved(case.shape, parse_dtype(case.dtype)),
+    [Case("cumsum", (1 << 28,), "float32"), Case("cumsum", (16384, 4096), "float32", (("axis", 0),))]))
 
 
 def _describe(name: str):
