@@ -40,7 +40,8 @@
 //    same elements one by one into the same chains. Columns: each thread owns VEC adjacent columns, so a
 //    warp reads a contiguous run of every row it visits: coalesced with no transpose.
 // 3. Accumulation: in acc_t<O>: float for float32/float16/bfloat16 results, double for float64, long long
-//    for integer results, Complex<float> / Complex<double> for complex products, along the tree above:
+//    for integer results, double for counts (Count, stored as int64) and any / all (bool results),
+//    Complex<float> / Complex<double> for complex products, along the tree above:
 //    chains sequentially, then pairs through the lanes' own values, shuffles, shared memory (tree_push /
 //    tree_result for spans) and the last block. No float atomics anywhere.
 // 4. Staging: registers; shared memory for the full kernel's chunk slots and its block's span stack, the
@@ -85,7 +86,7 @@ constexpr int FOLD_DEPTH = 8;  // up to 128 column spans
 // Element types, accumulators and the four reduction operators.
 
 enum : int { OP_SUM = 0, OP_SUMSQ = 1, OP_MAX = 2, OP_MIN = 3, OP_VAR = 4, OP_PROD = 5, OP_LSE = 6 };
-enum : int { FINISH_NONE = 0, FINISH_DIVIDE = 1, FINISH_SQRT = 2 };
+enum : int { FINISH_NONE = 0, FINISH_DIVIDE = 1, FINISH_SQRT = 2, FINISH_EQUALS = 3 };
 // What an element becomes before sum, max and min take it: a run-time mode, not a template parameter (a
 // select per element costs nothing in a memory-bound kernel, and every op keeps its one set of kernels):
 // itself; the op's identity for a NaN (nansum, nanmax, nanmin); 1 for x != 0, else 0 (count_nonzero, any,
@@ -96,9 +97,20 @@ constexpr int FINISH_BITS = 4;
 __device__ __forceinline__ int finish_of(int finalize) { return finalize & ((1 << FINISH_BITS) - 1); }
 __device__ __forceinline__ int lift_of(int finalize) { return finalize >> FINISH_BITS; }
 
+// count_nonzero's result: an int64 count, summed in double (the lift lives in the float64 sums; exact below
+// 2^53) and stored converted, so that the kernel writes the result itself.
+struct Count {
+  long long v;
+};
+
 // The accumulator for a result type: half types widen to float, integers to 64 bits; complex is its own.
+// Counts and bool results (any, all) add the lift's 1s in double.
 template <typename O> struct Acc { using type = float; };
 template <> struct Acc<double> { using type = double; };
+template <> struct Acc<Count> { using type = double; };
+template <> struct Acc<bool> { using type = double; };
+template <typename O> constexpr bool kBoolResult = false;
+template <> constexpr bool kBoolResult<bool> = true;
 template <> struct Acc<int> { using type = long long; };
 template <> struct Acc<long long> { using type = long long; };
 template <typename S> struct Acc<Complex<S>> { using type = Complex<S>; };
@@ -116,6 +128,9 @@ template <> struct Store<f16> {
 };
 template <> struct Store<bf16> {
   template <typename A> __device__ __forceinline__ static bf16 from(A a) { return from_float<bf16>(static_cast<float>(a)); }
+};
+template <> struct Store<Count> {
+  template <typename A> __device__ __forceinline__ static Count from(A a) { return Count{static_cast<long long>(a)}; }
 };
 
 // Correctly rounded and never fused: the default -fmad=true would otherwise turn a square and an add into
@@ -473,7 +488,8 @@ template <int OP> __host__ __device__ constexpr int combine_op() { return OP == 
 // (IEEE, correctly rounded), then rounded to O. Max, min and prod never finish (so their kernels carry no
 // double-precision sqrt slow path, and a complex product no conversion to double). var: M2 / divisor
 // (max(n - ddof, 0)), its square root for std, NaN when the mean is not finite (an infinity or a NaN among
-// the values, as NumPy gives).
+// the values, as NumPy gives). all (FINISH_EQUALS): whether the count of non-zero elements is the divisor, n;
+// any stores the count itself into bool (non-zero).
 // logsumexp: m + log(s), in the accumulator type; an empty or all -inf slice gives -inf, a +inf +inf, a NaN
 // NaN. The lift mode in finalize's high bits is dropped first.
 template <typename O, int OP, typename A> __device__ __forceinline__ O finish(A a, int finalize, double divisor) {
@@ -489,6 +505,9 @@ template <typename O, int OP, typename A> __device__ __forceinline__ O finish(A 
   } else {
     if (finalize == FINISH_NONE) return Store<O>::from(a);
     const double d = static_cast<double>(a);
+    if constexpr (kBoolResult<O>) {  // (only there: elsewhere it cost a bf16 column kernel 8 B of local, sm_80)
+      if (finalize == FINISH_EQUALS) return d == divisor;  // all: every element counted
+    }
     return Store<O>::from(finalize == FINISH_DIVIDE ? d / divisor : sqrt(d));
   }
 }

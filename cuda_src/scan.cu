@@ -2,12 +2,13 @@
 //
 //   out[r, i] = x[r, 0] (+) x[r, 1] (+) ... (+) x[r, i]          (+) = + (cumsum) or * (cumprod)
 //
-// One pass, decoupled look-back over FIXED tiles: a row is cut into tiles of SCAN_TILE = SCAN_BLOCK x
-// SCAN_ITEMS consecutive elements, and every element's value is one fixed expression of the row's values,
+// One pass, decoupled look-back over FIXED tiles: a row is cut into tiles of SCAN_BLOCK x ITEMS consecutive
+// elements (ITEMS = scan_items<T, O>(): 8 for float32 scanned into float32, 16 for every other pair), and
+// every element's value is one fixed expression of the row's values,
 // whatever the grid, the order in which blocks run or how far a look-back had to go (cukern/reference.py
 // `cumsum_emulated` evaluates it):
-//   * in tile t, thread h (warp w, lane l) holds elements 16h .. 16h + 15 of the tile; s_k is their running
-//     combine in order (k = 0..15); T_h = s_15;
+//   * in tile t, thread h (warp w, lane l) holds elements ITEMS h .. ITEMS h + ITEMS - 1 of the tile; s_k is
+//     their running combine in order (k = 0 .. ITEMS - 1); T_h, the last;
 //   * the lanes' inclusive scan of T by the Hillis-Steele ladder (distance 1, 2, 4, 8, 16: x_l = x_{l-d} (+)
 //     x_l); L_h is lane l - 1's value (the identity for lane 0);
 //   * the warps' totals combined in order: W_w = (...(U_0 (+) U_1) ...) (+) U_{w-1} (identity for w = 0);
@@ -25,38 +26,46 @@
 // aggregates of its own group and on the group prefixes, a chain 32 times shorter, whose look-back covers
 // 32 groups (1024 tiles) a step. A look-back finds B_g as the nearest published B_j (+) the totals S_j ..
 // S_{g-1}, combined from B_j forward: exactly the fold that defines B_g, whichever j it found. So the tile
-// and group sizes are part of the result's definition, fixed in this file, and never knobs.
+// and group sizes are part of the result's definition, fixed in this file by the dtypes, and never knobs.
+// Why float32's tile is the smaller: scan_ahead's speed follows the tiles in flight an SM, and half the
+// values a thread leaves room for six resident blocks, not five (bench/NOTES.md); the half types lost with
+// 8 (a tile of 4 KiB: twice the look-backs for the bytes), and the other pairs were not measured.
 //
 // The six questions (cukern/scan.py `plan` keeps the launch math as a pure plan; the card in
-// cukern/lab/scan.py shows the same answers). Two kernels compute it: scan_ahead (below) for rows of unit
+// cukern/lab/scan.py shows the same answers). Three kernels compute it: scan_ahead (below) for rows of unit
 // stride whose starts are 16-byte aligned and whose result has x's type (float32, float16, bfloat16),
-// scan_tiles for everything else.
-// 1. Output tile: scan_tiles: one tile (SCAN_TILE elements of one row) per block: of 128 threads (each
-//    thread two of the definition's 256) where x and the result have one size of 4 or 8 bytes (float32,
-//    float64, int64), of 256 otherwise (cukern/scan.py `threads`); tiles numbered in the order blocks start
-//    (a global counter), so every predecessor of a tile is running or done: the look-back never waits on a
-//    block that cannot run. scan_ahead: SCAN_AHEAD_BLOCKS resident blocks an SM of 256 threads, each
-//    drawing tiles from the same counter and finishing each one a round after drawing it.
+// scan_columns (last) for many such lines side by side in memory and strided along their length (the
+// columns of a matrix), scan_tiles for everything else.
+// 1. Output tile: scan_tiles: a span of 4096 elements of one row per block (one tile, two of float32's):
+//    of 128 threads (each thread two of the definition's 256 a tile) where x and the result have one size
+//    of 4 or 8 bytes (float32, float64, int64), of 256 otherwise (cukern/scan.py `threads`); spans numbered
+//    in the order blocks start (a global counter), so every predecessor of a tile is running or done: the
+//    look-back never waits on a block that cannot run. scan_ahead: scan_ahead_blocks<T>() resident blocks an SM of 256 threads, each
+//    drawing tiles from the same counter and finishing each one a round after drawing it. scan_columns:
+//    one block of 256 threads a group of 32 neighbouring lines, walking every tile of them in order.
 // 2. Input traffic: x read once and out written once. scan_tiles moves both through shared memory: a warp
 //    moves 32 consecutive elements per load or store (coalesced for a unit-stride row), and each thread then
-//    takes its 16 consecutive elements from shared memory. 4- and 8-byte elements go from global to shared
+//    takes its ITEMS consecutive elements from shared memory. 4- and 8-byte elements go from global to shared
 //    memory by cp.async (sm_80 on), which holds no register: the whole tile is in flight at once. Through
 //    registers, at the 32 a thread that eight resident blocks allow, the loads went out a few at a time
 //    and a block spent half its life loading, with or without the look-back's waits (bench/NOTES.md).
-//    scan_ahead reads a thread's 16 elements as 16-byte vectors into registers, twice (the second time a
-//    round later, from L1 or L2, streaming), and stores them the same way. The look-back reads a
+//    scan_ahead reads a thread's ITEMS elements as 16-byte vectors into registers, twice (the second time a
+//    round later, from L1 or L2, streaming), and stores them the same way. scan_columns loads 32
+//    neighbouring elements a warp (its lanes' lines), column_runs<T, O>() runs of them at once into
+//    registers, and each tile a second time for the results (from L2). The look-back reads a
 //    status word and a value from L2 for each earlier tile of the group and for a few earlier groups.
 // 3. Accumulation: in double (float64 results), float (float32, float16, bfloat16 results), int64
 //    (integer results) or the complex type itself (cumprod of complex64 / complex128), in the fixed order
 //    above. Products and sums are correctly rounded (__fmul_rn, __fadd_rn and double forms; never
 //    contracted; a complex product is common/complex.cuh's mul_rn, prod's). Integer sums and products wrap
 //    as int64 does.
-// 4. Staging: registers (16 accumulators a thread); scan_tiles: shared memory for the tile (SCAN_TILE
+// 4. Staging: registers (ITEMS accumulators a thread); scan_tiles: shared memory for the span (its
 //    values of max(sizeof(T), sizeof(O)) bytes, padded against bank conflicts: static up to 8-byte values,
 //    complex128's 66 KiB dynamic) and the warps' totals;
-//    scan_ahead: the warps' totals only.
-// 5. Tuning: none: the tile is part of the definition of the result (above); the grid is one block a tile
-//    (scan_tiles) or the resident blocks (scan_ahead), and neither changes a bit.
+//    scan_ahead: the warps' totals only; scan_columns: the 32 run totals of each warp and line (32 KiB).
+// 5. Tuning: none: the tile is part of the definition of the result (above); the grid is one block a span
+//    (scan_tiles), the resident blocks (scan_ahead) or the column groups (scan_columns), and none changes a
+//    bit.
 // 6. Profile: one combine an element against sizeof(T) + sizeof(O) bytes: memory-bound; the target is
 //    the device-to-device copy bandwidth.
 #include "common/bounds.cuh"
@@ -67,8 +76,12 @@
 namespace cukern {
 
 constexpr int SCAN_BLOCK = 256;  // cukern/scan.py BLOCK
-constexpr int SCAN_ITEMS = 16;   // cukern/scan.py ITEMS
-constexpr int SCAN_TILE = SCAN_BLOCK * SCAN_ITEMS;
+template <typename T> struct IsFloat32 { static constexpr bool value = false; };
+template <> struct IsFloat32<float> { static constexpr bool value = true; };
+// Elements a definition thread holds (cukern/scan.py `items`), for x of T scanned into O.
+template <typename T, typename O> __host__ __device__ constexpr int scan_items() {
+  return IsFloat32<T>::value && IsFloat32<O>::value ? 8 : 16;
+}
 constexpr int SCAN_WARPS = SCAN_BLOCK / 32;
 // The launch: THREADS threads a tile (a template argument, 128 or 256), each standing for
 // SCAN_BLOCK / THREADS threads of the definition above (with 128, thread h for h + 128 j, j = 0, 1: its
@@ -123,20 +136,15 @@ template <int OP, typename A> __device__ __forceinline__ A scan_op(A a, A b) {
 struct ScanParams {
   long long inner, x_s0, x_s1, x_step, o_s0, o_s1, o_step;
   long long n;               // elements a row
-  long long tiles_per_row;   // ceil(n / SCAN_TILE)
+  long long tiles_per_row;   // ceil(n / tile)
   long long tiles;           // rows * tiles_per_row: the grid
   unsigned epoch;            // this launch's tag in the status words, never 0
 };
 
-// A lane's value from another lane (both parts of a complex value).
+// A lane's value from another lane, from the lane d below, and an L2 load (common/complex.cuh: a complex
+// value's, both parts).
 template <typename A> __device__ __forceinline__ A lane_value(A v, int l) { return __shfl_sync(0xffffffffu, v, l); }
-template <typename S> __device__ __forceinline__ Complex<S> lane_value(Complex<S> v, int l) {
-  return Complex<S>(__shfl_sync(0xffffffffu, v.re, l), __shfl_sync(0xffffffffu, v.im, l));
-}
 template <typename A> __device__ __forceinline__ A lane_up(A v, int d) { return __shfl_up_sync(0xffffffffu, v, d); }
-template <typename S> __device__ __forceinline__ Complex<S> lane_up(Complex<S> v, int d) {
-  return Complex<S>(__shfl_up_sync(0xffffffffu, v.re, d), __shfl_up_sync(0xffffffffu, v.im, d));
-}
 template <typename A> __device__ __forceinline__ A load_cg(const A* p) { return __ldcg(p); }
 
 // prefix (+) v_31 (+) v_30 ... (+) v_0 (v_l: lane l's v), a left fold in that order. The shuffles are issued
@@ -217,7 +225,7 @@ template <int kBytes> __device__ __forceinline__ void copy_async(void* dst, cons
 }
 __device__ __forceinline__ void copies_done() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// Shared-memory slot of element e of a tile: one pad word every 32 words, so that the 16 consecutive
+// Shared-memory slot of element e of a tile: one pad word every 32 words, so that the ITEMS consecutive
 // elements a thread reads are spread over the banks.
 template <typename S> __device__ __forceinline__ int slot(int e) {
   constexpr int kPerWord = sizeof(S) >= 4 ? 1 : 4 / static_cast<int>(sizeof(S));
@@ -362,8 +370,8 @@ __device__ __forceinline__ A group_base(unsigned long long* group_status, const 
 // stage, moving no data, so the scan's speed follows how many tiles are in flight at once: with 256-thread
 // blocks, eight an SM (all thread slots), the memory sat half idle even with every look-back wait removed
 // (bench/NOTES.md). So float32, float64 and int64 (x and the result of one size, cp.async loads) run
-// 128-thread blocks: twelve float32 tiles an SM (as many as the shared memory holds, 40 registers; eight
-// before sm_90, whose shared memory holds no more). The half types (loads through registers, slower in
+// 128-thread blocks: twelve float32 tiles an SM (40 registers; eight before sm_90, as many as its shared
+// memory held of the 4096-element tiles float32 had before). The half types (loads through registers, slower in
 // smaller blocks) and results wider than x (each thread would hold both its halves' values through the
 // stage's reuse) keep 256 threads: eight blocks for 4-byte x, five for the half types (with fewer registers
 // their conversions spill). 8-byte accumulators take what they need.
@@ -384,10 +392,17 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
   using A = scan_acc_t<O>;
   static_assert(THREADS == 128 || THREADS == 256, "a warp of the launch stands for whole warps of the definition");
   constexpr int SCAN_THREADS = THREADS;
-  constexpr int SCAN_SHARES = SCAN_BLOCK / THREADS;
-  constexpr int SCAN_LOADS = SCAN_TILE / THREADS;  // elements a thread moves in and out
+  constexpr int ITEMS = scan_items<T, O>(), TILE = SCAN_BLOCK * ITEMS;
+  // A block takes a span of TILES consecutive tiles of a row, 4096 elements whatever the tile (float32's
+  // tiles of 2048 one a block ran 62% -> 47% of the copy, bench/NOTES.md: the same fixed costs a block for
+  // half the elements). Its definition threads d = 0 .. 256 TILES - 1 hold elements ITEMS d .. of the span,
+  // tile d / 256 of it; the launch's thread h stands for d = h + THREADS r, r < RUNS.
+  constexpr int TILES = 16 / ITEMS, SPAN = TILES * TILE;
+  static_assert(SCAN_GROUP % TILES == 0, "a span's tiles share their group");
+  constexpr int RUNS = TILES * SCAN_BLOCK / THREADS;
+  constexpr int SCAN_LOADS = SPAN / THREADS;  // elements a thread moves in and out
   constexpr int kBytes = sizeof(T) > sizeof(O) ? sizeof(T) : sizeof(O);
-  constexpr int kWords = (SCAN_TILE * kBytes + 3) / 4;
+  constexpr int kWords = (SPAN * kBytes + 3) / 4;
   constexpr int kStage = kWords + kWords / 32 + 1;
   // The stage: static shared memory up to 8-byte elements; complex128's (66 KiB, over the static limit) is
   // the launch's dynamic shared memory (cukern/scan.py `stage_bytes`).
@@ -395,30 +410,33 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
   __shared__ __align__(16) unsigned static_stage[kStatic ? kStage : 1];
   extern __shared__ __align__(16) unsigned dynamic_stage[];
   unsigned* const stage_words = kStatic ? static_stage : dynamic_stage;
-  __shared__ A warp_total[SCAN_WARPS];
-  __shared__ A tile_prefix;
-  __shared__ unsigned tile_id;
+  // Tile j's warps at j * SCAN_WARPS. Aligned: warp 0 reads a tile's totals as 16-byte vectors, and one
+  // that began a word early would read the tile before's last total as lane 7 writes it (racecheck).
+  __shared__ __align__(16) A warp_total[TILES * SCAN_WARPS];
+  __shared__ A tile_prefix[TILES];
+  __shared__ A span_aggregate[TILES];
+  __shared__ unsigned span_id;
   const int h = static_cast<int>(threadIdx.x);
   const int lane = h & 31, warp = h >> 5;
 
   if (h == 0) {
-    tile_id = atomicAdd(counter, 1u);
-    if (tile_id == static_cast<unsigned>(p.tiles) - 1) *counter = 0;  // every block has drawn its tile
+    span_id = atomicAdd(counter, 1u);
+    if (span_id == gridDim.x - 1) *counter = 0;  // every block has drawn its span
   }
   __syncthreads();
-  const unsigned tile = tile_id;
   const unsigned per_row = static_cast<unsigned>(p.tiles_per_row);
-  const unsigned row = tile / per_row;
-  const unsigned t = tile - row * per_row;
+  const unsigned spans = (per_row + TILES - 1) / TILES;
+  const unsigned row = span_id / spans;
+  const unsigned t0 = (span_id - row * spans) * TILES;  // the span's first tile in its row
   const unsigned inner = static_cast<unsigned>(p.inner);
   const unsigned rq = row / inner, rr = row - rq * inner;
   const T* xr = x + static_cast<long long>(rq) * p.x_s0 + static_cast<long long>(rr) * p.x_s1;
   O* orow = out + static_cast<long long>(rq) * p.o_s0 + static_cast<long long>(rr) * p.o_s1;
-  const long long first = static_cast<long long>(t) * SCAN_TILE;
+  const long long first = static_cast<long long>(t0) * TILE;
   const long long left = p.n - first;
-  const int count = left < SCAN_TILE ? static_cast<int>(left) : SCAN_TILE;
+  const int count = left < SPAN ? static_cast<int>(left) : SPAN;
 
-  // Load: element k * SCAN_THREADS + h of the tile (a warp reads 32 consecutive ones), into shared memory.
+  // Load: element k * SCAN_THREADS + h of the span (a warp reads 32 consecutive ones), into shared memory.
   // (One pointer stepped along, rather than an address formed for each element: registers.)
   T* stage_in = reinterpret_cast<T*>(stage_words);
   {
@@ -437,47 +455,67 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
     if constexpr (sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16) copies_done();
   }
   __syncthreads();
-  // The running combine s_k of definition thread d's 16 elements: formed here for its total, and formed
+  // The running combine s_k of definition thread d's ITEMS elements: formed here for its total, and formed
   // again from the stage after the look-back, so that no thread holds its values through the look-back
   // (registers that would cost resident blocks, and the scan's speed follows how many tiles are in flight).
-  const auto running = [&](int d, A (&s)[SCAN_ITEMS]) {
+  const auto running = [&](int d, A (&s)[ITEMS]) {
 #pragma unroll
-    for (int k = 0; k < SCAN_ITEMS; ++k) {
-      const int e = d * SCAN_ITEMS + k;
+    for (int k = 0; k < ITEMS; ++k) {
+      const int e = d * ITEMS + k;
       const A v = e < count ? scan_lift<A>(stage_in[slot<T>(e)]) : scan_identity<OP, A>();
       s[k] = k == 0 ? v : scan_op<OP>(s[k - 1], v);
     }
   };
-  // For each of this thread's definition threads: the lanes' inclusive scan of the thread totals; L, the
-  // lane before's; the warp's total.
-  A before[SCAN_SHARES];
+  // For each of this thread's definition threads: the lanes' inclusive scan of the thread totals, for the
+  // warp's total (warp d / 32 of the span). L, the lane before's, is formed again with the results: held
+  // through the look-back, it cost float32's spans a spill.
 #pragma unroll
-  for (int j = 0; j < SCAN_SHARES; ++j) {
-    A u;
+  for (int r = 0; r < RUNS; ++r) {
+    A u, unused;
     {
-      A s[SCAN_ITEMS];
-      running(h + SCAN_THREADS * j, s);
-      u = s[SCAN_ITEMS - 1];
+      A s[ITEMS];
+      running(h + SCAN_THREADS * r, s);
+      u = s[ITEMS - 1];
     }
-    u = lane_ladder<OP>(u, lane, before[j]);
-    if (lane == 31) warp_total[warp + SCAN_THREADS / 32 * j] = u;
+    u = lane_ladder<OP>(u, lane, unused);
+    if (lane == 31) warp_total[warp + SCAN_THREADS / 32 * r] = u;
   }
   __syncthreads();
 
   if (warp == 0) {
-    // W_w for this warp's lanes w < 8 (in order), the aggregate, then the look-back.
-    const A aggregate = tile_aggregate<OP>(warp_total, lane);
-    const unsigned i = t & (SCAN_GROUP - 1), g = t / SCAN_GROUP;
-    if (lane == 0 && i < SCAN_GROUP - 1 && t + 1 < per_row) {  // a later tile of the group reads it
-      publish(status + tile, aggregates + tile, p.epoch, STATE_AGGREGATE, aggregate);
-    }
-    const A q_t = group_fold<OP>(status, aggregates, tile, i, p.epoch, lane);
+    // Each tile's W_w (in order) and aggregate, published at once; then the look-back for the first tile,
+    // whose prefix the others extend by the aggregates before them: Q_{t+1} = Q_t (+) A_t, the same fold.
+    // (The aggregates and Q wait in shared memory, lane 0's: registers held here cost float32 a spill.)
+    const unsigned g = t0 / SCAN_GROUP, i0 = t0 & (SCAN_GROUP - 1);
     const long long row_group = row_group_of(row, per_row);
-    if (i == SCAN_GROUP - 1 && lane == 0) {  // the group's total, S_g: it needs no other group
-      publish_total(group_status, sums, row_group + g, p.epoch, scan_op<OP>(q_t, aggregate));
+#pragma unroll
+    for (int j = 0; j < TILES; ++j) {
+      const A aggregate = tile_aggregate<OP>(warp_total + j * SCAN_WARPS, lane);
+      const unsigned t = t0 + j, tile = row * per_row + t;
+      if (lane == 0) {
+        span_aggregate[j] = aggregate;
+        if (i0 + j < SCAN_GROUP - 1 && t + 1 < per_row) {  // a later tile of the group reads it
+          publish(status + tile, aggregates + tile, p.epoch, STATE_AGGREGATE, aggregate);
+        }
+      }
     }
-    const A b_g = group_base<OP>(group_status, sums, bases, row_group, g, i == 0, p.epoch, lane);
-    if (lane == 0) tile_prefix = scan_op<OP>(b_g, q_t);
+    const A q_t = group_fold<OP>(status, aggregates, row * per_row + t0, i0, p.epoch, lane);
+    if (lane == 0) {
+      A q = q_t;
+#pragma unroll
+      for (int j = 0; j < TILES; ++j) {
+        tile_prefix[j] = q;
+        q = scan_op<OP>(q, span_aggregate[j]);
+        if (i0 + j == SCAN_GROUP - 1) {  // the group's total, S_g: it needs no other group
+          publish_total(group_status, sums, row_group + g, p.epoch, q);
+        }
+      }
+    }
+    const A b_g = group_base<OP>(group_status, sums, bases, row_group, g, i0 == 0, p.epoch, lane);
+    if (lane == 0) {
+#pragma unroll
+      for (int j = 0; j < TILES; ++j) tile_prefix[j] = scan_op<OP>(b_g, tile_prefix[j]);
+    }
   }
   __syncthreads();
 
@@ -487,22 +525,25 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
   // its elements before the stage is reused.
   O* stage_out = reinterpret_cast<O*>(stage_words);
   constexpr bool kSameSlots = sizeof(O) == sizeof(T);
-  A s[kSameSlots ? 1 : SCAN_SHARES][SCAN_ITEMS];
+  A s[kSameSlots ? 1 : RUNS][ITEMS];
+  A before[kSameSlots ? 1 : RUNS];
 #pragma unroll
-  for (int j = 0; j < SCAN_SHARES; ++j) {
-    const int d = h + SCAN_THREADS * j;
-    A (&sj)[SCAN_ITEMS] = s[kSameSlots ? 0 : j];
-    running(d, sj);
+  for (int r = 0; r < RUNS; ++r) {
+    const int d = h + SCAN_THREADS * r;
+    A (&sr)[ITEMS] = s[kSameSlots ? 0 : r];
+    running(d, sr);
+    lane_ladder<OP>(sr[ITEMS - 1], lane, before[kSameSlots ? 0 : r]);
     if constexpr (!kSameSlots) {
-      if (j < SCAN_SHARES - 1) continue;
+      if (r < RUNS - 1) continue;
       __syncthreads();  // every thread has read its elements from the stage before it is reused for out
     }
 #pragma unroll
-    for (int i = kSameSlots ? j : 0; i <= j; ++i) {
-      const A base = scan_op<OP>(scan_op<OP>(tile_prefix, warp_total[warp + SCAN_THREADS / 32 * i]), before[i]);
+    for (int i = kSameSlots ? r : 0; i <= r; ++i) {
+      const int w = warp + SCAN_THREADS / 32 * i;
+      const A base = scan_op<OP>(scan_op<OP>(tile_prefix[w / SCAN_WARPS], warp_total[w]), before[kSameSlots ? 0 : i]);
 #pragma unroll
-      for (int k = 0; k < SCAN_ITEMS; ++k) {
-        const int e = (h + SCAN_THREADS * i) * SCAN_ITEMS + k;
+      for (int k = 0; k < ITEMS; ++k) {
+        const int e = (h + SCAN_THREADS * i) * ITEMS + k;
         if (e < count) stage_out[slot<O>(e)] = scan_out<O>(scan_op<OP>(base, s[kSameSlots ? 0 : i][k]));
       }
     }
@@ -530,33 +571,35 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
 // (evict-first) so that they leave L2 to the tiles still to be read again: measured, plain loads and stores
 // ran at 44% of the copy against 66%. The same expression as scan_tiles, thread h being definition thread
 // h (256 threads), so the same bits.
-constexpr int SCAN_AHEAD_BLOCKS = 5;  // cukern/scan.py AHEAD_BLOCKS: resident blocks an SM (float32 cumsum:
-                                      // six and more ran slower, bench/NOTES.md)
+// Resident blocks an SM (cukern/scan.py `ahead_blocks`): six for float32 (8 elements a thread, 40 registers;
+// seven spill), five for the half types (16 elements a thread; float32's 16 ran slower at six and more,
+// bench/NOTES.md).
+template <typename T> __host__ __device__ constexpr int scan_ahead_blocks() { return sizeof(T) == 4 ? 6 : 5; }
 
-// Definition thread h's 16 consecutive elements of a tile of `count` (e0 = 16 h), widened to float: 16-byte
-// loads where the run lies in the tile and the tile starts 16-byte aligned, else one by one, the identity
-// past the end. `again`: the second read, streaming.
-template <typename T, int OP, bool again>
-__device__ __forceinline__ void load_run(float (&v)[SCAN_ITEMS], const T* tile, int e0, int count) {
-  using Run = Pack<T, SCAN_ITEMS>;
-  if (e0 + SCAN_ITEMS <= count && (reinterpret_cast<unsigned long long>(tile) & 15) == 0) {
+// Definition thread h's ITEMS consecutive elements of a tile of `count` (e0 = ITEMS h), widened to float:
+// 16-byte loads where the run lies in the tile and the tile starts 16-byte aligned, else one by one, the
+// identity past the end. `again`: the second read, streaming.
+template <typename T, int OP, bool again, int ITEMS>
+__device__ __forceinline__ void load_run(float (&v)[ITEMS], const T* tile, int e0, int count) {
+  using Run = Pack<T, ITEMS>;
+  if (e0 + ITEMS <= count && (reinterpret_cast<unsigned long long>(tile) & 15) == 0) {
     Run r;
     const auto* from = reinterpret_cast<const typename Run::W*>(tile + e0);
 #pragma unroll
     for (int i = 0; i < Run::kWords; ++i) r.w[i] = again ? __ldcs(from + i) : from[i];
 #pragma unroll
-    for (int k = 0; k < SCAN_ITEMS; ++k) v[k] = to_float(r.v[k]);
+    for (int k = 0; k < ITEMS; ++k) v[k] = to_float(r.v[k]);
   } else {
 #pragma unroll
-    for (int k = 0; k < SCAN_ITEMS; ++k) v[k] = e0 + k < count ? to_float(tile[e0 + k]) : scan_identity<OP, float>();
+    for (int k = 0; k < ITEMS; ++k) v[k] = e0 + k < count ? to_float(tile[e0 + k]) : scan_identity<OP, float>();
   }
 }
 
 // The results of load_run's elements, each rounded once to T, written the same way (streaming).
-template <typename T>
-__device__ __forceinline__ void store_run(T* tile, const float (&v)[SCAN_ITEMS], int e0, int count) {
-  using Run = Pack<T, SCAN_ITEMS>;
-  if (e0 + SCAN_ITEMS <= count && (reinterpret_cast<unsigned long long>(tile) & 15) == 0) {
+template <typename T, int ITEMS>
+__device__ __forceinline__ void store_run(T* tile, const float (&v)[ITEMS], int e0, int count) {
+  using Run = Pack<T, ITEMS>;
+  if (e0 + ITEMS <= count && (reinterpret_cast<unsigned long long>(tile) & 15) == 0) {
     Run r;
     round_into(r, v);
     auto* to = reinterpret_cast<typename Run::W*>(tile + e0);
@@ -564,17 +607,18 @@ __device__ __forceinline__ void store_run(T* tile, const float (&v)[SCAN_ITEMS],
     for (int i = 0; i < Run::kWords; ++i) __stcs(to + i, r.w[i]);
   } else {
 #pragma unroll
-    for (int k = 0; k < SCAN_ITEMS; ++k) {
+    for (int k = 0; k < ITEMS; ++k) {
       if (e0 + k < count) tile[e0 + k] = from_float<T>(v[k]);
     }
   }
 }
 
 template <typename T, int OP>
-__global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(SCAN_AHEAD_BLOCKS))
+__global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(scan_ahead_blocks<T>()))
     scan_ahead(T* out, const T* x, unsigned* counter, unsigned long long* status, float* aggregates,
                unsigned long long* group_status, float* sums, float* bases, const __grid_constant__ ScanParams p) {
   using A = float;
+  constexpr int ITEMS = scan_items<T, T>(), TILE = SCAN_BLOCK * ITEMS;
   // By round parity: the warps' totals, then the exclusive W_w (read by the next round's phase B); the drawn
   // tile; Q_t of a group's last tile (formed in its phase A for the group's total).
   __shared__ A warp_total[2][SCAN_WARPS];
@@ -601,11 +645,11 @@ __global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(SCAN_AHEAD_BLOCKS)
     row = tile / per_row;
     t = tile - row * per_row;
     const unsigned rq = row / inner, rr = row - rq * inner;
-    const long long first = static_cast<long long>(t) * SCAN_TILE;
+    const long long first = static_cast<long long>(t) * TILE;
     from = x + static_cast<long long>(rq) * p.x_s0 + static_cast<long long>(rr) * p.x_s1 + first;
     to = out + static_cast<long long>(rq) * p.o_s0 + static_cast<long long>(rr) * p.o_s1 + first;
     const long long left = p.n - first;
-    count = left < SCAN_TILE ? static_cast<int>(left) : SCAN_TILE;
+    count = left < TILE ? static_cast<int>(left) : TILE;
   };
   if (h == 32) draw(0);
   __syncthreads();
@@ -622,11 +666,11 @@ __global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(SCAN_AHEAD_BLOCKS)
     A before_cur = scan_identity<OP, A>();
     if (cur < tiles) {
       locate(cur, row, t, from, to, count);
-      float v[SCAN_ITEMS];
-      load_run<T, OP, false>(v, from, SCAN_ITEMS * h, count);
+      float v[ITEMS];
+      load_run<T, OP, false>(v, from, ITEMS * h, count);
       A u = v[0];
 #pragma unroll
-      for (int k = 1; k < SCAN_ITEMS; ++k) u = scan_op<OP>(u, v[k]);
+      for (int k = 1; k < ITEMS; ++k) u = scan_op<OP>(u, v[k]);
       u = lane_ladder<OP>(u, lane, before_cur);
       if (lane == 31) warp_total[par][warp] = u;
     }
@@ -663,17 +707,17 @@ __global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(SCAN_AHEAD_BLOCKS)
     // Phase B: prev's results, out = ((P (+) W_w) (+) L_h) (+) s_k, from its elements read again.
     if (prev < tiles) {
       locate(prev, row, t, from, to, count);
-      float v[SCAN_ITEMS];
-      load_run<T, OP, true>(v, from, SCAN_ITEMS * h, count);
+      float v[ITEMS];
+      load_run<T, OP, true>(v, from, ITEMS * h, count);
       const A base = scan_op<OP>(scan_op<OP>(tile_prefix, warp_total[par ^ 1][warp]), before);
       A s = v[0];
       v[0] = scan_op<OP>(base, s);
 #pragma unroll
-      for (int k = 1; k < SCAN_ITEMS; ++k) {
+      for (int k = 1; k < ITEMS; ++k) {
         s = scan_op<OP>(s, v[k]);
         v[k] = scan_op<OP>(base, s);
       }
-      store_run(to, v, SCAN_ITEMS * h, count);
+      store_run(to, v, ITEMS * h, count);
     }
     if (cur >= tiles) break;
     prev = cur;
@@ -682,5 +726,118 @@ __global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(SCAN_AHEAD_BLOCKS)
   }
 }
 
+
+// scan_columns: lines side by side in memory (line r + 1 starts one element after line r, in x and in
+// out) with a stride along their length, as the columns of a C-ordered matrix scanned along axis 0, and
+// accumulated in float (float32, float16, bfloat16). scan_tiles reads such a line at its stride, a sector
+// for every element a warp loads (float32 [16384, 4096] along axis 0: 7.7% of the copy, bench/NOTES.md).
+// Here a warp's lanes are 32 neighbouring lines, so each load is 32 consecutive elements of x, and each
+// thread evaluates its own line's expression: warp w forms the 32 run totals of definition warp w into
+// shared memory, then the lanes' ladder over them in registers; the warps' totals meet in shared memory,
+// and Q and B are carried from tile to tile, a block walking its lines whole (nothing waits on another
+// block: no look-back, no workspace). The results read each tile a second time (L2 holds it). The same
+// expression as scan_tiles, so the same bits.
+// One rung of the lanes' ladder over 32 values held by one thread: x_l = x_{l-D} (+) x_l for l >= D, every l
+// from the old values (so from the top down), as lane_ladder's shuffles form it.
+template <int OP, int D, typename A> __device__ __forceinline__ void ladder_step(A (&u)[32]) {
+#pragma unroll
+  for (int l = 31; l >= D; --l) u[l] = scan_op<OP>(u[l - D], u[l]);
+}
+
+// Runs whose loads scan_columns issues together, into registers, before combining any: 64 elements a thread
+// for float32 (137 registers on sm_90, one block an SM: 43% of the copy at [16384, 4096] against 35% with 16
+// and 13% with the loads left to the compiler, which issued them a few at a time), 16 for the half types (two
+// runs cost them registers and blocks: 20% against 22%). bench/NOTES.md.
+template <typename T, typename O> __device__ constexpr int column_runs() {
+  return (sizeof(T) == 4 ? 64 : 16) / scan_items<T, O>();
+}
+
+template <typename T, typename O, int OP>
+__global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x, const __grid_constant__ ScanParams p) {
+  using A = scan_acc_t<O>;
+  static_assert(sizeof(A) == 4, "a block's run totals fill 32 KiB of shared memory at 4 bytes");
+  constexpr int ITEMS = scan_items<T, O>(), TILE = SCAN_BLOCK * ITEMS, RUNS = column_runs<T, O>();
+  __shared__ A runs[SCAN_WARPS][32][32];  // [warp][definition lane j][line]: T_j, then the ladder's values
+  __shared__ A warp_total[SCAN_WARPS][32];
+  const int h = static_cast<int>(threadIdx.x);
+  const int lane = h & 31, warp = h >> 5;
+  const unsigned inner = static_cast<unsigned>(p.inner);
+  const unsigned groups = (inner + 31) / 32;
+  const unsigned rq = blockIdx.x / groups;
+  const unsigned line = (blockIdx.x - rq * groups) * 32 + lane;  // this thread's line among the inner ones
+  const bool live = line < inner;
+  const T* xl = x + static_cast<long long>(rq) * p.x_s0 + static_cast<long long>(line) * p.x_s1;
+  O* ol = out + static_cast<long long>(rq) * p.o_s0 + static_cast<long long>(line) * p.o_s1;
+  // Element e of the line, lifted to A; the identity past its end (and on a lane past the last line).
+  const auto element = [&](long long e) {
+    return live && e < p.n ? scan_lift<A>(xl[e * p.x_step]) : scan_identity<OP, A>();
+  };
+  // Runs j0 .. j0 + RUNS - 1 of this warp's definition threads in the tile from `first`, loaded together.
+  const auto load_runs = [&](A (&v)[RUNS][ITEMS], long long first, int j0) {
+#pragma unroll
+    for (int r = 0; r < RUNS; ++r)
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) v[r][k] = element(first + (32ll * warp + j0 + r) * ITEMS + k);
+  };
+  A b_g = scan_identity<OP, A>(), q_t = scan_identity<OP, A>();  // B_g and Q_t of the tile at hand
+  for (long long t = 0; t < p.tiles_per_row; ++t) {
+    const long long first = t * TILE;
+    for (int j0 = 0; j0 < 32; j0 += RUNS) {  // T_j: definition thread 32 warp + j's ITEMS elements in order
+      A v[RUNS][ITEMS];
+      load_runs(v, first, j0);
+#pragma unroll
+      for (int r = 0; r < RUNS; ++r) {
+        A s = v[r][0];
+#pragma unroll
+        for (int k = 1; k < ITEMS; ++k) s = scan_op<OP>(s, v[r][k]);
+        runs[warp][j0 + r][lane] = s;
+      }
+    }
+    {
+      A u[32];  // the lanes' ladder, every lane from the old values, as lane_ladder forms it
+#pragma unroll
+      for (int j = 0; j < 32; ++j) u[j] = runs[warp][j][lane];
+      ladder_step<OP, 1>(u);
+      ladder_step<OP, 2>(u);
+      ladder_step<OP, 4>(u);
+      ladder_step<OP, 8>(u);
+      ladder_step<OP, 16>(u);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) runs[warp][j][lane] = u[j];
+      warp_total[warp][lane] = u[31];
+    }
+    __syncthreads();
+    // W_w, this warp's exclusive fold of the warps' totals, and the tile's aggregate A_t, in
+    // tile_aggregate's order
+    A aggregate = scan_identity<OP, A>(), w_before = scan_identity<OP, A>();
+#pragma unroll
+    for (int w = 0; w < SCAN_WARPS; ++w) {
+      if (w == warp) w_before = aggregate;
+      aggregate = w == 0 ? warp_total[0][lane] : scan_op<OP>(aggregate, warp_total[w][lane]);
+    }
+    __syncthreads();  // every warp has read the totals before the next tile writes them
+    const unsigned i = static_cast<unsigned>(t) & (SCAN_GROUP - 1);
+    if (i == 0) q_t = scan_identity<OP, A>();
+    const A prefix = scan_op<OP>(scan_op<OP>(b_g, q_t), w_before);  // P_{t-1} (+) W_w
+    for (int j0 = 0; j0 < 32; j0 += RUNS) {
+      A v[RUNS][ITEMS];
+      load_runs(v, first, j0);
+#pragma unroll
+      for (int r = 0; r < RUNS; ++r) {
+        const int j = j0 + r;
+        const A base = scan_op<OP>(prefix, j == 0 ? scan_identity<OP, A>() : runs[warp][j - 1][lane]);  // (+) L
+        const long long e0 = first + (32ll * warp + j) * ITEMS;
+        A s = v[r][0];
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+          if (k > 0) s = scan_op<OP>(s, v[r][k]);  // s_k
+          if (live && e0 + k < p.n) ol[(e0 + k) * p.o_step] = scan_out<O>(scan_op<OP>(base, s));
+        }
+      }
+    }
+    q_t = scan_op<OP>(q_t, aggregate);  // Q_{t+1}; at a group's last tile, its total S_g
+    if (i == SCAN_GROUP - 1) b_g = scan_op<OP>(b_g, q_t);
+  }
+}
 
 }  // namespace cukern

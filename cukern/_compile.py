@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._dtypes import BFLOAT16
+from ._dtypes import BFLOAT16, COUNT
 
 _HERE = Path(__file__).resolve().parent
 
@@ -50,6 +50,7 @@ _CTYPES = {
     np.dtype(np.uint64): "unsigned long long",
     np.dtype(np.complex64): "cukern::Complex<float>",
     np.dtype(np.complex128): "cukern::Complex<double>",
+    COUNT: "cukern::Count",
 }
 
 

@@ -5,10 +5,20 @@ import numpy as np
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 FLOAT_TYPES = (np.dtype(np.float32), np.dtype(np.float16), BFLOAT16)
+# A reduction kernel's result that is stored as int64 but accumulated in float64 (reduce.cu Count:
+# count_nonzero's kernels write its result themselves). No array has this dtype: :func:`storage` gives the
+# one that holds it.
+COUNT = np.dtype([("count", np.int64)])
+
+
+def storage(dtype) -> np.dtype:
+    """The dtype of the array a kernel result of ``dtype`` is written into: int64 for :data:`COUNT`."""
+    return np.dtype(np.int64) if np.dtype(dtype) == COUNT else np.dtype(dtype)
 
 
 def dtype_name(dtype) -> str:
-    return "bfloat16" if np.dtype(dtype) == BFLOAT16 else np.dtype(dtype).name
+    t = np.dtype(dtype)
+    return "bfloat16" if t == BFLOAT16 else "count" if t == COUNT else t.name
 
 
 def parse_dtype(name) -> np.dtype:

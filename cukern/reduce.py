@@ -12,12 +12,13 @@ var and std are one pass: the tree carries (count, mean, M2) of the values less 
 each chain of 8 forming its own (count, mean, M2) directly (one division) and the chains merged by Chan's
 formula (reduce.cu ``Chan``), so an offset far larger than the spread costs no accuracy.
 
-nansum, nanmax, nanmin and count_nonzero are the sum, max and min kernels with a run-time lift (a NaN becomes
-the identity; x != 0 becomes 1 or 0), no kernels of their own; nanmean is two such passes (the sum, the count
-of non-NaN values), any and all compare count_nonzero's count. nanmax, nanmin and nanmean check their result
-on the host for all-NaN slices (NumPy's warning), so a CUDA-graph capture refuses them, as it refuses any and
-all (a temporary count). prod and logsumexp have kernels of their own at one tuning point
-(:data:`~cukern.reduce_plan.COMPACT_KNOBS`); their column layouts take the strided kernel.
+nansum, nanmax and nanmin are the sum, max and min kernels with a run-time lift (a NaN becomes the identity),
+no kernels of their own; count_nonzero, any and all are the float64 sum kernels' code with the lift x != 0 ->
+1 or 0, storing the count as their result themselves (int64; any: count != 0; all: count == n, bool); nanmean
+is two such passes (the sum, the count of non-NaN values). nanmax, nanmin and nanmean check their result on the
+host for all-NaN slices (NumPy's warning), so a CUDA-graph capture refuses them. prod and logsumexp have
+kernels of their own at one tuning point (:data:`~cukern.reduce_plan.COMPACT_KNOBS`); their column layouts
+take the strided kernel.
 
 NumPy's dtypes and memory order. Every op takes the input dtypes NumPy takes for it
 (:data:`~cukern.reduce_plan.PUBLIC_INPUTS`: int8, int16 and the unsigned types too, bool for maxima, minima
@@ -103,7 +104,7 @@ import cukern._check as _check
 import cukern._tuned as _tuned
 
 from ._compile import get_kernel
-from ._dtypes import BFLOAT16, dtype_name
+from ._dtypes import BFLOAT16, dtype_name, storage
 from ._launch import CallCache, Signature, launch, on_device, refuse_temporary_in_capture, sm_count
 from ._launch import cupy as _cupy
 from ._layout import k_order
@@ -119,6 +120,7 @@ from .reduce_plan import (  # noqa: F401
     DEFAULT_KNOBS,
     FINISH_BITS,
     FINISH_DIVIDE,
+    FINISH_EQUALS,
     FINISH_SQRT,
     FLOATS,
     FULL_PARTIALS,
@@ -242,7 +244,7 @@ class _Single:
         args = signature.convert((None, *head, 0, *tail))
         self.kernel, self.config = kernel, config
         self.head, self.tail = args[1:1 + len(head)], args[2 + len(head):]
-        self.offset, self.shape, self.dtype = offset, shape, np.dtype(dtype)
+        self.offset, self.shape, self.dtype = offset, shape, storage(dtype)
 
     def run(self, out, x) -> None:
         # The array itself is passed as the pointer when no offset applies: cheaper than a NumPy scalar.
@@ -264,7 +266,7 @@ class _TwoPass:
 
     def __init__(self, first: _Single, second: _Single, partials: int, shape, dtype):
         self.first, self.second, self.partials = first, second, np.uint64(partials)
-        self.shape, self.dtype = shape, np.dtype(dtype)
+        self.shape, self.dtype = shape, storage(dtype)
 
     def run(self, out, x) -> None:
         self.first.run(self.partials, x)
@@ -421,8 +423,14 @@ def _elementwise(op: Op, x, axes, dst, keepdims: bool, divisor: float) -> None:
         cp.multiply(dst, dst, out=dst)
 
 
-# What an empty reduction gives, where it is not 0 (sums, counts) or NaN (mean, var, std).
+# What an empty reduction gives, where it is not 0 (sums, counts, any) or NaN (mean, var, std).
 _EMPTY = {OP_VAR: np.nan, OP_PROD: 1, OP_LSE: -np.inf}
+
+
+def _empty_value(op: Op):
+    if op.finalize == FINISH_EQUALS:
+        return True  # all of nothing
+    return _EMPTY.get(op.kernel_op, np.nan if op.finalize == FINISH_DIVIDE else 0)
 
 
 def _own_knobs(name: str) -> Knobs | None:
@@ -497,7 +505,7 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
         pl = _plan_of(x, axes, o, knobs, sm, name)
         aligned = x.data.ptr % x.itemsize == 0
         direct = None if out is None else bool(out.flags.c_contiguous and out.data.ptr % out.itemsize == 0)
-        why = temporary(pl, aligned=aligned, converts=o != final, out_direct=direct)
+        why = temporary(pl, aligned=aligned, converts=storage(o) != final, out_direct=direct)
         refuse_temporary_in_capture(name, why)
         if op.kernel_op == OP_VAR:
             if divisor <= 0:
@@ -508,7 +516,7 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
         if kind not in KERNEL_KINDS:
             dst = cp.empty(shape, final) if out is None else out
             if kind == "fill":
-                dst.fill(_EMPTY.get(op.kernel_op, np.nan if op.finalize == FINISH_DIVIDE else 0))
+                dst.fill(_empty_value(op))
             elif kind == "none":
                 _elementwise(op, x, axes, dst, keepdims, divisor)
             return dst
@@ -527,7 +535,7 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
             order = [i for i in range(x.ndim) if i not in axes] + list(axes)
             x = cp.ascontiguousarray(x.transpose(order))
         kept = result_shape(shape, axes, False) if keepdims else shape
-        result = cp.empty(kept, o)
+        result = cp.empty(kept, storage(o))
         _prepare(pl, x, o, op, divisor, kept).run(result, x)
         result = result.reshape(shape)
         if out is None:
@@ -907,37 +915,23 @@ def _nanmean(x, axis, dtype, keepdims: bool, out, korder: bool = True):
 def count_nonzero(x, axis=None, *, keepdims=False):
     """Number of non-zero elements over ``axis``: ``sum_i (x[i] != 0)`` (a NaN counts, -0.0 does not); an
     int64 array (0-d for ``axis=None``), as ``numpy.count_nonzero``: the 1s add in float64 (exact below 2^53)
-    with the sum kernels, then convert (a temporary: a CUDA-graph capture refuses it). A complex element is
-    non-zero where either part is (x != 0 first, one more pass)."""
+    with the sum kernels, which store the count as int64 themselves. A complex element is non-zero where
+    either part is (x != 0 first, one more pass)."""
     return _reduce("count_nonzero", x, axis, None, keepdims, None)
 
 
-def _truth(name: str, x, axis, keepdims, out, korder: bool = True):
-    x, _, out = _result_of(x, axis, keepdims, np.bool_, out)
-    check_input("count_nonzero", x.dtype)
-    _refuse_capture(name, "it compares a temporary count; compare count_nonzero's result outside the graph")
-    axes = normalize_axis(axis, x.ndim)
-    perm = k_order(x.shape, x.strides, axes) if out is None and korder else None
-    if perm is not None:  # the comparison is an element-wise CuPy result, in C order: compare in x's order
-        return _keep_order(lambda v, a: _truth(name, v, a, keepdims, None, korder=False), x, axes, perm, keepdims)
-    count = count_nonzero(x, axis, keepdims=keepdims)
-    cp = _cupy()
-    if name == "any":
-        return cp.greater(count, 0, out=out)
-    n = math.prod(x.shape[i] for i in normalize_axis(axis, x.ndim))
-    return cp.equal(count, n, out=out)
+def any(x, axis=None, *, keepdims=False, out=None):  # noqa: A001 - mirrors numpy.any
+    """Whether any element over ``axis`` is non-zero (a NaN is); bool: the count of non-zero elements, as
+    :func:`count_nonzero` forms it, stored as ``count != 0`` by the kernel itself. An empty slice gives False.
+    ``out``: an array of the result's shape (another dtype receives the result cast into it)."""
+    return _reduce("any", x, axis, None, keepdims, out)
 
 
-def any(x, axis=None, *, keepdims=False, out=None):
-    """Whether any element over ``axis`` is non-zero (a NaN is): ``count_nonzero(x) > 0``; bool. An empty
-    slice gives False. ``out``: a bool array of the result's shape."""
-    return _truth("any", x, axis, keepdims, out)
-
-
-def all(x, axis=None, *, keepdims=False, out=None):
-    """Whether every element over ``axis`` is non-zero: ``count_nonzero(x) == n``; bool. An empty slice
-    gives True. ``out``: a bool array of the result's shape."""
-    return _truth("all", x, axis, keepdims, out)
+def all(x, axis=None, *, keepdims=False, out=None):  # noqa: A001 - mirrors numpy.all
+    """Whether every element over ``axis`` is non-zero: the count of non-zero elements stored as
+    ``count == n`` (n the slice's length) by the kernel itself; bool. An empty slice gives True. ``out`` as
+    :func:`any`."""
+    return _reduce("all", x, axis, None, keepdims, out)
 
 
 # ---------------------------------------------------------------------------------------------------------

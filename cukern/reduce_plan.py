@@ -44,14 +44,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._compile import Instantiation
-from ._dtypes import BFLOAT16, dtype_name, parse_dtype
+from ._dtypes import BFLOAT16, COUNT, dtype_name, parse_dtype
 from ._launch import LaunchConfig
 from ._layout import collapse, contiguous_strides, k_order
 
 SOURCE = "reduce"
 
 OP_SUM, OP_SUMSQ, OP_MAX, OP_MIN, OP_VAR, OP_PROD, OP_LSE = 0, 1, 2, 3, 4, 5, 6
-FINISH_NONE, FINISH_DIVIDE, FINISH_SQRT = 0, 1, 2
+FINISH_NONE, FINISH_DIVIDE, FINISH_SQRT, FINISH_EQUALS = 0, 1, 2, 3  # EQUALS: all (the count is n)
 # What sum, max and min take of each element (reduce.cu LIFT_*), a run-time mode that rides in the kernels'
 # ``finalize`` argument above FINISH_BITS: itself, the op's identity for a NaN, x != 0 as 1 or 0, x not NaN
 # as 1 or 0. None of them adds a kernel.
@@ -209,12 +209,18 @@ OPS = {
     "count_nonzero": Op("count_nonzero", OP_SUM, FINISH_NONE, _ALL, LIFT_NONZERO),
     # nanmean's denominator and the all-NaN test of nanmax / nanmin (not public): float64, exact below 2^53
     "count_not_nan": Op("count_not_nan", OP_SUM, FINISH_NONE, FLOATS, LIFT_NOT_NAN),
+    # any and all: the count of non-zero elements stored as bool by the kernels themselves (count != 0,
+    # count == n)
+    "any": Op("any", OP_SUM, FINISH_NONE, _ALL, LIFT_NONZERO),
+    "all": Op("all", OP_SUM, FINISH_EQUALS, _ALL, LIFT_NONZERO),
     "prod": Op("prod", OP_PROD, FINISH_NONE, _ALL + (C64, C128)),
     "logsumexp": Op("logsumexp", OP_LSE, FINISH_NONE, FLOATS),
 }
 VAR_OPS = ("var", "std")
 MINMAX_OPS = ("amax", "amin", "nanmax", "nanmin")
-COUNT_OPS = ("count_nonzero", "count_not_nan")
+# The ops that count elements (x != 0, not NaN) and store the count or a test of it: float64 accumulators of
+# the lifted 1s, results of their own kind (int64, float64, bool), no dtype=.
+COUNT_OPS = ("count_nonzero", "count_not_nan", "any", "all")
 
 
 def acc_dtype(result_dtype) -> np.dtype:
@@ -222,6 +228,8 @@ def acc_dtype(result_dtype) -> np.dtype:
     r = np.dtype(result_dtype)
     if r in (F64, C64, C128):
         return r
+    if r in (COUNT, BOOL):  # counts, any and all: the lifted 1s add in double (reduce.cu Acc)
+        return F64
     if r in INTS:
         return I64
     return F32
@@ -249,7 +257,7 @@ PUBLIC_INPUTS = {
     "nanmin": NUMERIC, "prod": NUMERIC,
     "var": NUMERIC, "std": NUMERIC, "nansum": NUMERIC, "nanmean": NUMERIC, "count_nonzero": NUMERIC,
     "sum_of_squares": _REAL, "logsumexp": _REAL,
-    "count_not_nan": FLOATS,
+    "count_not_nan": FLOATS, "any": NUMERIC, "all": NUMERIC,
 }
 # Why an accepted-by-NumPy input is refused (the message names the way around it).
 _REFUSED = {
@@ -292,6 +300,8 @@ def default_dtype(op: str, dtype) -> np.dtype:
         return I64
     if op == "count_not_nan":
         return F64
+    if op in ("any", "all"):
+        return BOOL
     if t in COMPLEX:
         return real_of(t) if op in ("norm", "var", "std") else t
     if t in FLOATS:
@@ -308,9 +318,9 @@ def kernel_dtypes(op: str, dtype) -> tuple:
     if op in MINMAX_OPS:
         return (t,)
     if op in COUNT_OPS:
-        # Counts add 1.0s in float64 (exact below 2^53) with the sums' own kernels, then convert: no kernel
-        # of its own (int64 accumulators with the lift would spill).
-        return (F64,)
+        # Counts add 1.0s in float64 (exact below 2^53) with the sums' kernels (int64 accumulators with the
+        # lift would spill), stored by the kernel as the result: int64 (COUNT), bool for any and all.
+        return ({"count_nonzero": COUNT, "count_not_nan": F64}.get(op, BOOL),)
     if op in ("prod", "logsumexp"):
         return (default_dtype(op, t),)
     if op in VAR_OPS:
@@ -430,7 +440,8 @@ def route(op: str, dtype, final) -> Route:
     if op in MINMAX_OPS and t in COMPLEX:
         return Route(op, "gather", t, t)
     if op in COUNT_OPS and t in COMPLEX:
-        return Route(op, "cast", BOOL, F64)  # x != 0 (either part), as NumPy's count_nonzero and bool of complex
+        # x != 0 (either part), as NumPy's count_nonzero and bool of complex
+        return Route(op, "cast", BOOL, kernel_dtypes(op, BOOL)[0])
     if op in MINMAX_OPS or op in COUNT_OPS:
         if t in kin:
             how, via = "direct", t
@@ -438,7 +449,7 @@ def route(op: str, dtype, final) -> Route:
             how, via = ("flip" if op in MINMAX_OPS else "view"), I64
         else:
             how, via = "cast", (I64 if t == U32 else I32)
-        return Route(op, how, via, via if op in MINMAX_OPS else F64)
+        return Route(op, how, via, via if op in MINMAX_OPS else kernel_dtypes(op, via)[0])
     if op == "prod" and final in COMPLEX:
         # A complex product mixes the parts, so it is no pair of real trees: the complex kernels, on x converted
         # to the target when that is another dtype, as NumPy multiplies in it.
@@ -448,7 +459,7 @@ def route(op: str, dtype, final) -> Route:
         return Route(inner.op, "complex", inner.via, inner.kernel)
     if final == BOOL:
         how, via = ("direct", t) if t in OPS["count_nonzero"].inputs else _int_via("count_nonzero", t)
-        return Route("count_nonzero", how, via, F64)
+        return Route("count_nonzero", how, via, COUNT)
     if final.kind in "iu":
         how, via = _int_via(op, t)
         if op == "mean":
@@ -864,11 +875,18 @@ def kernel_combos() -> list:
 def instantiations() -> list:
     """Every production instantiation the dispatcher can launch with the default knobs: for each combo, the
     full, rows and strided kernels, and (but for prod and logsumexp) for each chain count the column kernel
-    writing results (one pass) and writing partials (first of two passes), and the fold of those partials."""
+    writing results (one pass) and writing partials (first of two passes), and the fold of those partials;
+    the count and bool results of the lifted ops, the full and rows kernels only."""
     out = set()
     for t, o, op in kernel_combos():
         a = acc_dtype(o)
         out.add(_full_inst(t, o, op, plan_full(1, t.itemsize)))
+        if o in (COUNT, BOOL):
+            # Results of the lifted ops only (count_nonzero, any, all): their other layouts are copied to rows
+            # (plan), whose rows take at most LIFT_ROW_MAX_TPR threads.
+            for rp in _row_plans(dataclasses.replace(kernel_op_knobs(op), row_max_tpr=LIFT_ROW_MAX_TPR)):
+                out.add(_rows_inst(t, o, op, rp))
+            continue
         for rp in _row_plans(kernel_op_knobs(op)):
             out.add(_rows_inst(t, o, op, rp))
         out.add(_strided_inst(t, o, op))

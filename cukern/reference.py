@@ -583,6 +583,8 @@ def reduction_tree(v, combine=_tree_sum, identity=0):
 def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
     import cukern.reduce_plan as P
 
+    from ._dtypes import storage
+
     x = _numpy(x)
     op = P.OPS[name]
     axes = P.normalize_axis(axis, x.ndim)
@@ -609,7 +611,8 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
     if n == 0:
         if op.minmax:
             raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
-        empty = 1 if op.kernel_op == P.OP_PROD else np.nan if op.finalize == P.FINISH_DIVIDE else 0
+        empty = (1 if op.kernel_op == P.OP_PROD or op.finalize == P.FINISH_EQUALS
+                 else np.nan if op.finalize == P.FINISH_DIVIDE else 0)
         return np.full(shape, empty, final)
     kept = [i for i in range(x.ndim) if i not in axes]
     v = np.transpose(x, kept + list(axes)).reshape(-1, n)  # C order over the reduced axes
@@ -652,12 +655,14 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
         acc = w.min(axis=1) if a.kind in "biu" else reduction_tree(w, _tree_min, np.inf)
     else:
         acc = w.sum(axis=1, dtype=a) if a.kind == "i" else reduction_tree(w)  # integers: exact, wrapping
-    if op.finalize != P.FINISH_NONE:
+    if op.finalize == P.FINISH_EQUALS:
+        acc = acc == np.float64(n)  # all: every element counted
+    elif op.finalize != P.FINISH_NONE:
         d = acc.astype(np.float64)
         acc = d / np.float64(n) if op.finalize == P.FINISH_DIVIDE else np.sqrt(d)
     if o.itemsize == 2 and acc.dtype == np.float64:
         acc = acc.astype(np.float32)  # the kernels round a double result to float, then to the half type
-    return acc.astype(o).astype(final).reshape(shape)
+    return acc.astype(storage(o)).astype(final).reshape(shape)
 
 
 def _lowered_emulated(name: str, x, axes, final, keepdims: bool, rt):
@@ -1158,6 +1163,16 @@ def count_nonzero_emulated(x, axis=None, keepdims=False):
     return np.asarray(_reduce_emulated("count_nonzero", x, axis, None, keepdims))
 
 
+def any_emulated(x, axis=None, keepdims=False):
+    """:func:`cukern.any`: the count of x != 0 (a NaN counts) in float64, stored as count != 0."""
+    return np.asarray(_reduce_emulated("any", x, axis, None, keepdims))
+
+
+def all_emulated(x, axis=None, keepdims=False):
+    """:func:`cukern.all`: the count of x != 0 in float64, stored as count == n (n the slice's length)."""
+    return np.asarray(_reduce_emulated("all", x, axis, None, keepdims))
+
+
 def prod_emulated(x, axis=None, dtype=None, keepdims=False):
     """The bits :func:`cukern.prod` returns: x converted first to a ``dtype`` that NumPy multiplies in (a
     float or complex target), as cukern converts it; then the tree of :func:`reduction_tree` with correctly
@@ -1440,7 +1455,7 @@ def segment_mean_emulated(x, offsets):
 
 # ---------------------------------------------------------------------------------------------------------
 # Scans (cuda_src/scan.cu): NumPy's cumsum and cumprod in float64 (or int64) are the references; the
-# emulators evaluate the kernel's fixed expression over tiles of cukern.scan.TILE elements.
+# emulators evaluate the kernel's fixed expression over tiles of cukern.scan.tile(x's dtype, the result's).
 
 
 def _scan_reference(fn, x, axis):
@@ -1474,7 +1489,7 @@ def _accumulate(f, v):
 def _scan_emulated(op: str, x, axis, dtype):
     from ._check import check_dtype
     from ._dtypes import BFLOAT16
-    from .scan import BLOCK, DTYPES, GROUP, ITEMS, TILE, result_dtype
+    from .scan import BLOCK, DTYPES, GROUP, items, result_dtype
 
     x = _numpy(x)
     if op == "cumsum" and (x.dtype.kind == "c" or (dtype is not None and np.dtype(dtype).kind == "c")):
@@ -1500,12 +1515,13 @@ def _scan_emulated(op: str, x, axis, dtype):
         moved = np.moveaxis(x, axis, -1)
         shape, lines = moved.shape, moved.reshape(-1, x.shape[axis])
     rows, n = lines.shape
-    tiles = max(1, -(-n // TILE))
-    a = np.full((rows, tiles * TILE), identity, acc)
+    k = items(x.dtype, o)
+    tiles = max(1, -(-n // (BLOCK * k)))
+    a = np.full((rows, tiles * BLOCK * k), identity, acc)
     a[:, :n] = lines.astype(acc)
-    a = a.reshape(rows, tiles, BLOCK // 32, 32, ITEMS)
+    a = a.reshape(rows, tiles, BLOCK // 32, 32, k)
     with np.errstate(all="ignore"):
-        s = _accumulate(f, a)  # each thread's 16 elements, in order
+        s = _accumulate(f, a)  # each thread's k elements, in order
         u = s[..., -1]
         for d in (1, 2, 4, 8, 16):  # the lanes' ladder, every lane at once from the old values
             nxt = u.copy()
@@ -1531,9 +1547,10 @@ def _scan_emulated(op: str, x, axis, dtype):
 
 
 def cumsum_emulated(x, axis=None, dtype=None):
-    """The bits :func:`cukern.cumsum` returns: per thread a running sum of 16 elements, the lanes' ladder,
-    the warps in order, the tiles of a group in order, the groups in order, combined as ``((P + W) + L) + s``
-    with ``P = B + Q`` (cuda_src/scan.cu's notes). Complex x or ``dtype``: each part so, apart."""
+    """The bits :func:`cukern.cumsum` returns: per thread a running sum of :func:`cukern.scan.items` elements
+    (8 for float32 scanned into float32, 16 otherwise), the lanes' ladder, the warps in order, the tiles of a
+    group in order, the groups in order, combined as ``((P + W) + L) + s`` with ``P = B + Q``
+    (cuda_src/scan.cu's notes). Complex x or ``dtype``: each part so, apart."""
     return _scan_emulated("cumsum", x, axis, dtype)
 
 

@@ -8,9 +8,9 @@ signed integers, uint64 for unsigned ones; pairs without a kernel go through a c
 
 Memory traffic, the count every GB/s figure uses: x read once, out written once (:func:`bytes_moved`).
 
-Reproducibility: one pass with decoupled look-back over tiles of :data:`TILE` elements in groups of
-:data:`GROUP` tiles, constants of the definition, not knobs. Every output is one fixed expression of its
-line's values (``cuda_src/scan.cu``'s notes; :func:`cukern.reference.cumsum_emulated` and
+Reproducibility: one pass with decoupled look-back over tiles of :func:`tile` elements (fixed by the
+dtypes) in groups of :data:`GROUP` tiles, constants of the definition, not knobs. Every output is one fixed
+expression of its line's values (``cuda_src/scan.cu``'s notes; :func:`cukern.reference.cumsum_emulated` and
 ``cumprod_emulated`` evaluate it on the host): the bits depend only on the values, the position in the line,
 the dtypes and the op, never on the grid, the order in which blocks run, the SM count or the GPU.
 Accumulation: float32 for float32 / float16 / bfloat16 results, float64 for float64, int64 (wrapping) for
@@ -55,10 +55,13 @@ from ._launch import cupy as _cupy
 from ._layout import collapse, k_order
 
 SOURCE = "scan"
-BLOCK, ITEMS = 256, 16  # SCAN_BLOCK, SCAN_ITEMS in cuda_src/scan.cu: the definition's threads and their elements
-TILE = BLOCK * ITEMS
+BLOCK = 256  # SCAN_BLOCK in cuda_src/scan.cu: the definition's threads
 GROUP = 32  # SCAN_GROUP: tiles a group
-AHEAD_BLOCKS = 5  # SCAN_AHEAD_BLOCKS: scan_ahead's resident blocks an SM, its grid's unit
+SPAN = 4096  # elements a scan_tiles block takes: one tile, or two of float32's 2048
+# scan_columns walks each group of 32 lines whole in one block, so it takes a layout only with this many
+# groups an SM at least; below it, scan_tiles' tiles in parallel win (bench/NOTES.md: float32 columns of
+# 8 groups ran as fast either way, of 2 groups six times faster in scan_tiles)
+COLUMN_BLOCKS_PER_SM = 0.1
 SCAN_SUM, SCAN_PROD = 0, 1
 OPS = {"cumsum": SCAN_SUM, "cumprod": SCAN_PROD}
 _F32, _F64, _F16, _I32, _I64, _BOOL = (np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int32, np.int64,
@@ -79,6 +82,23 @@ PARAMS = Params((("inner", "i64"), ("x_s0", "i64"), ("x_s1", "i64"), ("x_step", 
                  ("epoch", "i32")))
 EPOCHS = 1 << 30  # status words keep an epoch in their top 30 bits
 CAPTURED_EPOCH = EPOCHS - 1  # captured launches' (after clearing the words); eager ones cycle through 1 .. EPOCHS - 2
+
+
+def items(dtype, out_dtype) -> int:
+    """Elements each of the definition's :data:`BLOCK` threads holds (cuda_src/scan.cu ``scan_items``), part of
+    the result's definition: 8 for float32 scanned into float32, 16 for every other pair."""
+    return 8 if np.dtype(dtype) == _F32 and np.dtype(out_dtype) == _F32 else 16
+
+
+def tile(dtype, out_dtype) -> int:
+    """Elements a tile: 2048 for float32 scanned into float32, 4096 for every other pair."""
+    return BLOCK * items(dtype, out_dtype)
+
+
+def ahead_blocks(dtype) -> int:
+    """scan_ahead's resident blocks an SM for x of ``dtype`` (cuda_src/scan.cu ``scan_ahead_blocks``), its
+    grid's unit: 6 for float32, 5 for the half types."""
+    return 6 if np.dtype(dtype).itemsize == 4 else 5
 
 
 def result_dtype(dtype, requested=None) -> np.dtype:
@@ -142,10 +162,11 @@ def normalize_axis(axis, ndim: int):
 @dataclass(frozen=True)
 class Plan:
     """One call's launch: ``rows`` lines of ``n`` elements, line r of x at ``r // inner * x_s0 + r % inner *
-    x_s1`` with elements ``x_step`` apart (out likewise), ``tiles_per_row`` tiles a line. ``copy``: x is first
-    copied to C-contiguous and the scan goes into a C-contiguous temporary. ``kernel``: "tiles" (scan_tiles,
-    one block a tile) or "ahead" (scan_ahead, :data:`AHEAD_BLOCKS` resident blocks an SM of ``sm_count``
-    walking the tiles); both compute the same expression."""
+    x_s1`` with elements ``x_step`` apart (out likewise), ``tiles_per_row`` tiles of ``tile`` elements a line.
+    ``copy``: x is first copied to C-contiguous and the scan goes into a C-contiguous temporary. ``kernel``:
+    "tiles" (scan_tiles, one block a span of :data:`SPAN` elements: one tile, or two of float32's) or "ahead"
+    (scan_ahead, ``blocks_per_sm`` resident blocks an SM of ``sm_count`` walking the tiles); both compute the
+    same expression."""
 
     rows: int
     n: int
@@ -154,9 +175,11 @@ class Plan:
     x: tuple = (0, 0, 1)  # s0, s1, step
     o: tuple = (0, 0, 1)
 
+    tile: int = BLOCK * 16
+
     @property
     def tiles_per_row(self) -> int:
-        return -(-self.n // TILE)
+        return -(-self.n // self.tile)
 
     @property
     def tiles(self) -> int:
@@ -166,10 +189,15 @@ class Plan:
     kernel: str = "tiles"
     sm_count: int = 132
     shared: int = 0  # dynamic shared memory (:func:`stage_bytes`)
+    blocks_per_sm: int = 5  # scan_ahead's (:func:`ahead_blocks`)
 
     @property
     def grid(self) -> int:
-        return min(self.tiles, AHEAD_BLOCKS * self.sm_count) if self.kernel == "ahead" else self.tiles
+        if self.kernel == "ahead":
+            return min(self.tiles, self.blocks_per_sm * self.sm_count)
+        if self.kernel == "columns":
+            return self.rows // self.inner * -(-self.inner // 32)
+        return self.rows * -(-self.tiles_per_row // (SPAN // self.tile))
 
     @property
     def config(self) -> LaunchConfig:
@@ -188,33 +216,47 @@ def stage_bytes(dtype, out_dtype) -> int:
     """scan_tiles' dynamic shared memory: complex128's stage (a tile of 16-byte elements and its padding,
     over the 48 KiB of static shared memory); 0 for every other pair, whose stage is static."""
     size = max(np.dtype(dtype).itemsize, np.dtype(out_dtype).itemsize)
-    words = TILE * size // 4
+    words = tile(dtype, out_dtype) * size // 4
     return 4 * (words + words // 32 + 1) if size > 8 else 0
 
 
 def instantiation(dtype, out_dtype, op: int, kernel: str = "tiles") -> Instantiation:
     if kernel == "ahead":
         return Instantiation(SOURCE, "scan_ahead", (np.dtype(dtype), op))
+    if kernel == "columns":
+        return Instantiation(SOURCE, "scan_columns", (np.dtype(dtype), np.dtype(out_dtype), op))
     return Instantiation(SOURCE, "scan_tiles", (np.dtype(dtype), np.dtype(out_dtype), op, threads(dtype, out_dtype)))
 
 
 def instantiations() -> list:
     """One scan_tiles kernel per (input, result) pair of :data:`PAIRS` and op (complex pairs: cumprod only),
-    and one scan_ahead kernel per type of :data:`AHEAD_DTYPES` and op: all that :func:`plan`'s launches use."""
+    and one scan_ahead and one scan_columns kernel per type of :data:`AHEAD_DTYPES` and op: all that
+    :func:`plan`'s launches use."""
     return ([instantiation(t, o, op) for t, o in PAIRS for op in (SCAN_SUM, SCAN_PROD)
              if o.kind != "c" or op == SCAN_PROD]
-            + [instantiation(t, t, op, "ahead") for t in AHEAD_DTYPES for op in (SCAN_SUM, SCAN_PROD)])
+            + [instantiation(t, t, op, kernel) for t in AHEAD_DTYPES for op in (SCAN_SUM, SCAN_PROD)
+               for kernel in ("ahead", "columns")])
 
 
-def kernel_for(dtypes, x: tuple, o: tuple, vector: bool) -> str:
-    """The kernel: "ahead" for lines of an :data:`AHEAD_DTYPES` type scanned into the same type, read and
-    written with unit steps, each line starting 16-byte aligned (``vector``: x's and out's data are, and every
-    line stride is a multiple of 16 bytes), else "tiles". scan_ahead reads a tile twice (the second time from
-    L1 or L2) as 16-byte vectors; a line that it would read one element at a time stays with scan_tiles,
-    which stages it through shared memory."""
-    if dtypes is None or not vector:
+def kernel_for(dtypes, x: tuple, o: tuple, vector: bool, inner: int = 1, rows: int = 1,
+               sm_count: int = 132) -> str:
+    """The kernel: "columns" for lines of an :data:`AHEAD_DTYPES` type scanned into the same type, side by
+    side in memory (x's and out's lines one element apart) and strided along their length, at least 32 and
+    :data:`COLUMN_BLOCKS_PER_SM` column groups an SM (``rows`` lines in groups of ``inner``); "ahead" for
+    lines of an :data:`AHEAD_DTYPES` type scanned into the same type, read and written with unit steps, each
+    line starting 16-byte aligned (``vector``: x's and out's data are, and every line stride is a multiple of
+    16 bytes); else "tiles". scan_columns reads 32 neighbouring lines a warp, each thread walking its own
+    line whole, so it needs many lines; scan_ahead reads a tile twice (the second time from L1 or L2) as
+    16-byte vectors; a line that it would read one element at a time stays with scan_tiles, which stages it
+    through shared memory."""
+    if dtypes is None:
         return "tiles"
     t, o_dtype = (np.dtype(d) for d in dtypes)
+    if (t == o_dtype and t in AHEAD_DTYPES and x[1] == 1 and o[1] == 1 and (x[2] != 1 or o[2] != 1)
+            and inner >= 32 and rows // inner * -(-inner // 32) >= COLUMN_BLOCKS_PER_SM * sm_count):
+        return "columns"
+    if not vector:
+        return "tiles"
     if t != o_dtype or t not in AHEAD_DTYPES or x[2] != 1 or o[2] != 1:
         return "tiles"
     per_vector = 16 // t.itemsize
@@ -250,9 +292,9 @@ def plan(shape, axis=None, *, x_strides=None, out_strides=None, aligned: bool = 
          vector: bool = True, sm_count: int = 132) -> Plan:
     """The launch scanning ``axis`` (None or a normalized int) of an array of ``shape``; strides in elements
     (default C-contiguous; ``out_strides``: the destination's, for ``axis=None`` those of an array of
-    ``shape``, the flattened result's order); ``dtypes``: (x's, the result's), for the kernel and its block
-    size; ``vector``: x's and out's data start 16-byte aligned; ``sm_count``: the device's SMs (the grid of
-    scan_ahead). Pure."""
+    ``shape``, the flattened result's order); ``dtypes``: (x's, the result's), for the tile, the kernel and
+    its block size (None: a tile of 4096, the block of the definition); ``vector``: x's and out's data start
+    16-byte aligned; ``sm_count``: the device's SMs (the grid of scan_ahead). Pure."""
     shape = tuple(shape)
     c = _contiguous(shape)
     xs = c if x_strides is None else tuple(x_strides)
@@ -262,12 +304,14 @@ def plan(shape, axis=None, *, x_strides=None, out_strides=None, aligned: bool = 
     if copy:
         laid = _lines(shape, c, c, axis)
     rows, n, inner, xl, ol = laid
-    if rows * -(-n // TILE) >= 2**31:
+    size = BLOCK * 16 if dtypes is None else tile(*dtypes)
+    if rows * -(-n // size) >= 2**31:
         raise ValueError(f"{rows} lines of {n} elements make more than 2**31 - 1 tiles")
-    kernel = kernel_for(dtypes, xl, ol, vector or copy)
-    block = BLOCK if dtypes is None or kernel == "ahead" else threads(*dtypes)
-    shared = 0 if dtypes is None or kernel == "ahead" else stage_bytes(*dtypes)
-    return Plan(rows, n, copy, inner, xl, ol, block, kernel, sm_count, shared)
+    kernel = kernel_for(dtypes, xl, ol, vector or copy, inner, rows, sm_count)
+    block = BLOCK if dtypes is None or kernel != "tiles" else threads(*dtypes)
+    shared = 0 if dtypes is None or kernel != "tiles" else stage_bytes(*dtypes)
+    blocks = 5 if dtypes is None else ahead_blocks(dtypes[0])
+    return Plan(rows, n, copy, inner, xl, ol, size, block, kernel, sm_count, shared, blocks)
 
 
 def bytes_moved(shape, dtype, out_dtype=None) -> int:
@@ -512,16 +556,20 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
         pl = call.plan
         if pl.copy:
             refuse_temporary_in_capture(op, X_COPIED)
-        if call.kernel is not None:
+        walks = pl.kernel == "columns"  # no look-back: no workspace
+        if call.kernel is not None and not walks:
             ws, epoch = workspace(pl.tiles)  # under capture: refused (nothing recorded) or the words cleared
         dst = out if out is not None and not pl.copy else cp.ndarray(call.shape, call.out_dtype)
         if call.kernel is not None:
             src = cp.ascontiguousarray(x) if pl.copy else x
-            params = struct_argument(PARAMS.struct(**call.fields, epoch=epoch))
-            status, values, size = ws.status.data.ptr, ws.values.data.ptr, ws.tiles
-            launch(call.kernel, pl.config,
-                   (dst, src, ws.counter, np.uint64(status), np.uint64(values), np.uint64(status + 8 * size),
-                    np.uint64(values + 16 * size), np.uint64(values + 32 * size), params))
+            if walks:
+                launch(call.kernel, pl.config, (dst, src, struct_argument(PARAMS.struct(**call.fields, epoch=0))))
+            else:
+                params = struct_argument(PARAMS.struct(**call.fields, epoch=epoch))
+                status, values, size = ws.status.data.ptr, ws.values.data.ptr, ws.tiles
+                launch(call.kernel, pl.config,
+                       (dst, src, ws.counter, np.uint64(status), np.uint64(values), np.uint64(status + 8 * size),
+                        np.uint64(values + 16 * size), np.uint64(values + 32 * size), params))
         if out is None:
             return dst
         if dst is not out:
@@ -534,7 +582,7 @@ bool and signed integers, uint64 for unsigned ones).
 
 ``out[..., i, ...] = x[..., 0, ...] {sym} ... {sym} x[..., i, ...]``, accumulated in float32 (float32, float16,
 bfloat16 results), float64 or int64 (wrapping), in the fixed order of ``cuda_src/scan.cu`` (tiles of
-:data:`cukern.scan.TILE` elements), so the bits do not depend on the launch
+:func:`cukern.scan.tile` elements, 2048 for float32, 4096 otherwise), so the bits do not depend on the launch
 (:func:`cukern.reference.{op}_emulated`).
 
 Parameters

@@ -139,6 +139,13 @@ def test_column_sum_card_shows_both_passes():
     assert c.params == {"axis": 0}
 
 
+def test_column_scan_card_names_the_column_kernel():
+    c = card.explain("cumsum", (16384, 4096), "float32", device=H200, axis=0)
+    assert [launch["kernel"] for launch in c.launches] == ["cukern::scan_columns<float, float, 0>"]
+    assert c.tuning["knobs"]["kernel"] == "columns" and "carried" in c.accumulation["combine"]
+    assert c.traffic["re_read"] == ["each tile a second time for the results, from L2"]
+
+
 def test_blocks_per_sm():
     assert device.blocks_per_sm(48, 64, 256, H200) == (5, "registers")
     assert device.blocks_per_sm(32, 0, 1024, H200) == (2, "threads")

@@ -116,11 +116,26 @@ def test_params_match_the_struct():
     assert struct_fields(C.SOURCE, "ScanParams") == C.PARAMS.fields
 
 
-@pytest.mark.parametrize("n", [1, 4095, 4096, 4097, 1 << 28])
+@pytest.mark.parametrize("n", [1, 2047, 2048, 2049, 4095, 4096, 4097, 1 << 28])
 def test_tiles_cover_a_line(n):
     p = C.plan((n,), None)
-    assert (p.rows, p.n, p.tiles_per_row, p.x, p.o) == (1, n, -(-n // C.TILE), (0, 0, 1), (0, 0, 1))
+    assert (p.rows, p.n, p.tiles_per_row, p.x, p.o) == (1, n, -(-n // 4096), (0, 0, 1), (0, 0, 1))
     assert p.config.grid == (p.tiles,) and p.config.block == (C.BLOCK,)
+    f32 = np.dtype(np.float32)
+    p = C.plan((n,), None, dtypes=(f32, f32), vector=False)  # scan_tiles: a block a span of two tiles
+    assert p.tile == 2048 and p.tiles_per_row == -(-n // 2048) and p.config.grid == (-(-n // C.SPAN),)
+    p = C.plan((3, n), 1, dtypes=(f32, f32), vector=False)
+    assert p.tiles == 3 * -(-n // 2048) and p.config.grid == (3 * -(-n // C.SPAN),)
+
+
+def test_the_tile_follows_the_dtypes_only():
+    """The tile is part of the definition: float32 scanned into float32 takes 2048 elements, every other pair
+    4096, whatever the layout, kernel or device; scan.cu's ``scan_items`` is the same rule."""
+    for t, o in C.PAIRS:
+        want = 2048 if (t, o) == (np.dtype(np.float32),) * 2 else 4096
+        assert C.tile(t, o) == want and C.items(t, o) * C.BLOCK == want, (t, o)
+        for kw in ({}, {"vector": False}, {"sm_count": 108}, {"x_strides": (3,), "aligned": True}):
+            assert C.plan((100000,), None, dtypes=(t, o), **kw).tile == want, (t, o, kw)
 
 
 def test_threads_a_tile_follow_the_dtypes():
@@ -134,18 +149,35 @@ def test_threads_a_tile_follow_the_dtypes():
 def test_float32_lines_of_unit_step_and_16_byte_starts_go_ahead():
     f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
     p = C.plan((1 << 28,), None, dtypes=(f32, f32), sm_count=108)
-    assert p.kernel == "ahead" and p.config.grid == (C.AHEAD_BLOCKS * 108,) and p.config.block == (C.BLOCK,)
-    assert C.plan((3, 4096), 1, dtypes=(f32, f32)).config.grid == (3,)  # never more blocks than tiles
+    assert p.kernel == "ahead" and p.config.grid == (6 * 108,) and p.config.block == (C.BLOCK,)
+    assert C.plan((1 << 28,), None, dtypes=(BFLOAT16, BFLOAT16), sm_count=108).config.grid == (5 * 108,)
+    assert C.plan((3, 2048), 1, dtypes=(f32, f32)).config.grid == (3,)  # never more blocks than tiles
     assert C.plan((40, 4096 * 8), 1, dtypes=(f32, f32)).kernel == "ahead"
     assert C.plan((40, 4100), 1, dtypes=(f32, f32)).kernel == "ahead"  # lines 4100 floats apart: 16-byte starts
     for tiles in [C.plan((3, 10007), 1, dtypes=(f32, f32)),  # lines 10007 floats apart
-                  C.plan((64, 512), 0, dtypes=(f32, f32)),  # elements 512 apart
+                  C.plan((64, 256), 0, dtypes=(f32, f32)),  # elements 256 apart, 8 column groups
                   C.plan((1 << 20,), None, dtypes=(f32, f32), vector=False),
                   C.plan((1 << 20,), None, dtypes=(f32, f64)), C.plan((1 << 20,), None, dtypes=(f64, f64)),
                   C.plan((40, 4100), 1, dtypes=(BFLOAT16, BFLOAT16))]:  # 8200 bytes apart
-        assert tiles.kernel == "tiles" and tiles.config.grid == (tiles.tiles,)
+        assert tiles.kernel == "tiles" and tiles.config.grid == (tiles.rows * -(-tiles.n // C.SPAN),)
     assert C.plan((64, 1000), 1, x_strides=(1, 64), aligned=True, dtypes=(f32, f32)).kernel == "tiles"
     assert C.plan((40, 4104), 1, dtypes=(np.float16, np.float16)).kernel == "ahead"
+
+
+def test_columns_take_many_adjacent_strided_lines():
+    """scan_columns: lines one element apart in x and out and strided along their length (axis 0 of a
+    C-ordered matrix), of a float type scanned into itself, enough of them for its column groups; its grid
+    is one block a group of 32 lines of each outer line."""
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    p = C.plan((16384, 4096), 0, dtypes=(f32, f32))
+    assert p.kernel == "columns" and p.config.grid == (128,) and p.config.block == (C.BLOCK,)
+    assert p.config.shared_mem == 0 and (p.inner, p.x, p.o) == (4096, (0, 1, 4096), (0, 1, 4096))
+    p = C.plan((6, 3000, 1000), 1, dtypes=(BFLOAT16, BFLOAT16))  # 6 outer lines of 1000 columns: 6 x 32 groups
+    assert p.kernel == "columns" and p.config.grid == (6 * 32,)
+    assert C.plan((16384, 4096), 0, dtypes=(f64, f64)).kernel == "tiles"  # 8-byte accumulators: not here
+    assert C.plan((100000, 64), 0, dtypes=(f32, f32)).kernel == "tiles"  # two groups: too few blocks
+    assert C.plan((4096, 16384), 1, dtypes=(f32, f32)).kernel == "ahead"  # rows of unit stride
+    assert C.plan((16384, 4096), 0, x_strides=(4096, 2), dtypes=(f32, f32)).kernel == "tiles"  # lines 2 apart
 
 
 def test_lines_and_layouts():
@@ -205,11 +237,12 @@ def test_bool_results_are_counts_of_nonzero_elements(rng):
 
 def test_instantiations_are_the_pairs():
     """Both ops for every pair but the complex ones (cumprod only: cumsum scans the parts as float lines),
-    and scan_ahead's; complex128's stage is the launch's dynamic shared memory, the rest static."""
+    and scan_ahead's and scan_columns'; complex128's stage is the launch's dynamic shared memory, the rest
+    static."""
     insts = C.instantiations()
     complex_pairs = [p for p in C.PAIRS if p[1].kind == "c"]
     assert len(complex_pairs) == 2
-    assert len(insts) == len(set(insts)) == 2 * (len(C.PAIRS) + len(C.AHEAD_DTYPES)) - len(complex_pairs)
+    assert len(insts) == len(set(insts)) == 2 * (len(C.PAIRS) + 2 * len(C.AHEAD_DTYPES)) - len(complex_pairs)
     assert {i.args for i in insts if i.args[1] in (np.complex64, np.complex128)} == {
         (t, t, C.SCAN_PROD, 256) for t, _ in complex_pairs}
     assert [C.stage_bytes(t, o) for t, o in C.PAIRS] == [4 * (16384 + 512 + 1) if o == np.complex128 else 0
@@ -217,6 +250,8 @@ def test_instantiations_are_the_pairs():
     assert C.plan((5000,), None, dtypes=(np.complex128, np.complex128)).config.shared_mem == 67588
     assert {i.args for i in insts if i.name == "scan_ahead"} == {(t, op) for t in C.AHEAD_DTYPES
                                                                   for op in (C.SCAN_SUM, C.SCAN_PROD)}
+    assert {i.args for i in insts if i.name == "scan_columns"} == {(t, t, op) for t in C.AHEAD_DTYPES
+                                                                    for op in (C.SCAN_SUM, C.SCAN_PROD)}
 
 
 def test_bytes_moved():
@@ -245,7 +280,7 @@ def test_bad_input(shape, axis, dtype, err, match):
 @pytest.mark.parametrize("op", OPS)
 def test_emulator_is_close_to_numpy(op, dtype, rng):
     x = _values(rng, (3, 9001), dtype, op)
-    # along axis 0 the emulator pads each line of 3 to a whole tile (C.TILE elements): 512 such lines check
+    # along axis 0 the emulator pads each line of 3 to a whole tile (C.tile elements): 512 such lines check
     # what 9001 did, in a seventeenth of the time
     cols = _values(rng, (3, 512), dtype, op)
     for a, axis in ((x, None), (cols, 0), (x, 1), (x, -1)):
@@ -270,10 +305,10 @@ def test_a_short_line_is_one_threads_running_sum():
 def test_tiles_fold_within_groups_then_groups_in_order(rng):
     # Each tile holds one value v_t at its start and zeros after it, so its aggregate is v_t exactly and the
     # tile's first output is P_{t-1} + v_t: the group structure of cuda_src/scan.cu, written out here.
-    tiles = 2 * C.GROUP + 7
+    tiles, size = 2 * C.GROUP + 7, C.tile(np.float32, np.float32)
     v = (rng.standard_normal(tiles) * 10.0 ** rng.integers(-3, 4, tiles)).astype(np.float32)
-    x = np.zeros(tiles * C.TILE, np.float32)
-    x[::C.TILE] = v
+    x = np.zeros(tiles * size, np.float32)
+    x[::size] = v
     want, b = [], np.float32(-0.0)
     for g0 in range(0, tiles, C.GROUP):
         q = np.float32(-0.0)
@@ -281,7 +316,7 @@ def test_tiles_fold_within_groups_then_groups_in_order(rng):
             want.append(np.float32(b + q) + v[t])
             q = np.float32(q + v[t])
         b = np.float32(b + q)
-    got = R.cumsum_emulated(x)[::C.TILE]
+    got = R.cumsum_emulated(x)[::size]
     np.testing.assert_array_equal(got.view(np.uint32), np.array(want, np.float32).view(np.uint32))
 
 
@@ -304,7 +339,10 @@ def test_every_instantiation_compiles_without_spills_or_contraction(arch):
         assert_no_spills(res[c.lowered[inst.expression]], arch, inst.expression)
         body = c.kernel_ptx(inst)
         assert "fma.rn" not in body and ".approx" not in body, inst.expression
-        assert "atom.global.add.u32" in body and "membar.gl" in body, inst.expression
+        if inst.name != "scan_columns":  # the look-back's kernels draw tiles and fence; scan_columns neither
+            assert "atom.global.add.u32" in body and "membar.gl" in body, inst.expression
+        else:
+            assert "atom." not in body and "membar" not in body and "bar.sync" in body, inst.expression
 
 
 @pytest.mark.nvrtc(C.SOURCE)
@@ -325,14 +363,15 @@ def test_float32_tiles_fit_twelve_an_sm_90():
 
 @pytest.mark.nvrtc(C.SOURCE)
 def test_float32_ahead_fits_its_resident_blocks_on_sm_90():
-    """scan_ahead's grid is AHEAD_BLOCKS blocks an SM (cukern/scan.py `Plan.grid`): that many fit by
-    registers."""
+    """scan_ahead's grid is ``ahead_blocks(dtype)`` blocks an SM (cukern/scan.py `Plan.grid`): that many fit by
+    registers, with no spill."""
     c = compiled(C.SOURCE, "sm_90")
     res = c.resources()
     for inst in C.instantiations():
         if inst.name == "scan_ahead":
             r = res[c.lowered[inst.expression]]
-            assert C.AHEAD_BLOCKS * C.BLOCK * r["registers"] <= 64 * 1024, (inst.expression, r)
+            assert C.ahead_blocks(inst.args[0]) * C.BLOCK * r["registers"] <= 64 * 1024, (inst.expression, r)
+            assert r["spill_stores"] == 0, (inst.expression, r)
 
 
 @pytest.mark.nvrtc(C.SOURCE)
@@ -565,6 +604,60 @@ def test_more_than_2_31_elements():
     n = (1 << 31) + 5
     r = C.cumsum(cupy.ones(n, np.bool_))
     assert r.dtype == np.int64 and int(r[-1]) == n and int(r[(1 << 31) + 1]) == (1 << 31) + 2 and int(r[0]) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+def test_float32_spans_of_two_tiles_give_the_emulators_bits(op, rng):
+    """scan_tiles takes float32's 2048-element tiles two a block (a span of 4096; cuda_src/scan.cu): lines of
+    an odd number of tiles (the last span half empty), a span ending a group, many groups, several lines a
+    launch, strided and misaligned (so never scan_ahead), and in place, give the emulator's bits."""
+    import cupy
+
+    for shape, axis in [((2048 * 67 + 5,), None), ((5, 2048 * 33), 1), ((3, 2048 * 65 + 2047), 1), ((9, 2049), 1),
+                        ((4100, 3), 0), ((1,), None)]:
+        n = int(np.prod(shape))
+        base_h = _values(rng, (n + 1,), np.float32, op)
+        base = cupy.asarray(base_h)
+        x, xh = base[1:].reshape(shape), base_h[1:].reshape(shape)
+        assert C._prepare(op, x, axis, None, None).plan.kernel == "tiles"
+        _check(op, x, xh, axis)
+        got = getattr(C, op)(x, axis=axis, out=x if axis is not None else x.reshape(-1))
+        assert same_bits(got, getattr(R, f"{op}_emulated")(xh, axis)), (shape, axis)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", C.AHEAD_DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("op", OPS)
+def test_columns_give_the_emulators_bits(op, dtype, rng, monkeypatch):
+    """scan_columns (each thread walking one of 32 neighbouring lines tile by tile, Q and B carried) gives
+    the emulator's bits: lines over a group of tiles long, a last column group part empty, several outer
+    lines, a negative step along the lines, in place, and under a CUDA-graph capture with no workspace."""
+    import cupy
+
+    monkeypatch.setattr(C, "COLUMN_BLOCKS_PER_SM", 0)  # every such layout, however few its column groups
+    monkeypatch.setattr(C, "_calls", C.CallCache())
+    for shape, axis, view in [((2048 * 33 + 7, 40), 0, None), ((4097, 100), 0, None), ((3, 2049, 70), 1, None),
+                              ((5000, 64), 0, lambda a: a[::-1]), ((1, 33), 0, None)]:
+        xh = _values(rng, shape, dtype, op)
+        x = cupy.asarray(xh)
+        if view is not None:
+            x, xh = view(x), view(xh)
+        assert C._prepare(op, x, axis, None, None).plan.kernel == "columns", (shape, axis)
+        _check(op, x, xh, axis)
+    xh = _values(rng, (3000, 96), dtype, op)
+    x = cupy.asarray(xh)
+    want = getattr(R, f"{op}_emulated")(xh, 0)
+    assert same_bits(getattr(C, op)(x, axis=0, out=x), want)  # in place
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        graph, got, freed = capture(stream, lambda: getattr(C, op)(x, axis=0))
+        assert not freed
+        x2h = _values(rng, (3000, 96), dtype, op)
+        x[...] = cupy.asarray(x2h)
+        graph.launch(stream)
+        stream.synchronize()
+    assert same_bits(got, getattr(R, f"{op}_emulated")(x2h, 0))
 
 
 @pytest.mark.gpu

@@ -51,6 +51,12 @@ template <typename S> __device__ __forceinline__ Complex<S> mul_rn(Complex<S> a,
 template <typename S> __device__ __forceinline__ Complex<S> shuffle_xor(Complex<S> v, int m) {
   return Complex<S>(__shfl_xor_sync(0xffffffffu, v.re, m), __shfl_xor_sync(0xffffffffu, v.im, m));
 }
+template <typename S> __device__ __forceinline__ Complex<S> lane_value(Complex<S> v, int l) {
+  return Complex<S>(__shfl_sync(0xffffffffu, v.re, l), __shfl_sync(0xffffffffu, v.im, l));
+}
+template <typename S> __device__ __forceinline__ Complex<S> lane_up(Complex<S> v, int d) {
+  return Complex<S>(__shfl_up_sync(0xffffffffu, v.re, d), __shfl_up_sync(0xffffffffu, v.im, d));
+}
 template <typename S> __device__ __forceinline__ Complex<S> load_cg(const Complex<S>* p) {
   return Complex<S>(__ldcg(&p->re), __ldcg(&p->im));
 }

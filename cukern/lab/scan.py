@@ -1,7 +1,7 @@
-"""Scans in the lab: the benchmark's case (cumsum of 2^28 float32 values, against ``cupy.cumsum``, which is
-CUB's scan) and the cards of cumsum and cumprod, from the op module's ``plan`` and ``bytes_moved``
-(:mod:`cukern.scan`). No tunable: the tile is part of the result's definition, and nothing else is left to
-choose."""
+"""Scans in the lab: the benchmark's cases (cumsum of 2^28 float32 values, and of a [16384, 4096] float32
+matrix along axis 0, against ``cupy.cumsum``, which is CUB's scan) and the cards of cumsum and cumprod, from
+the op module's ``plan`` and ``bytes_moved`` (:mod:`cukern.scan`). No tunable: the tile is part of the
+result's definition, and nothing else is left to choose."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def inputs(shape, dtype):
 
 bench.register("cumsum", bench.OpBench(
     bench.array_setup(inputs), lambda s: scan.cumsum(s["x"], axis=s["axis"]), lambda s: s["x"].cumsum(axis=s["axis"]),
-    lambda case: scan.bytes_moved(case.shape, parse_dtype(case.dtype)), [Case("cumsum", (1 << 28,), "float32")]))
+    lambda case: scan.bytes_moved(case.shape, parse_dtype(case.dtype)),
+    [Case("cumsum", (1 << 28,), "float32"), Case("cumsum", (16384, 4096), "float32", (("axis", 0),))]))
 
 
 def _describe(name: str):
@@ -36,38 +37,51 @@ def _describe(name: str):
         axis = scan.normalize_axis(bench.parse_axis(params.get("axis")), len(shape))
         o = scan.result_dtype(dt)
         pl = scan.plan(shape, axis, dtypes=(dt, o))
-        ahead = pl.kernel == "ahead"
+        ahead, columns = pl.kernel == "ahead", pl.kernel == "columns"
         launches = []
         if pl.tiles:
             launches.append(card.Launch(scan.instantiation(dt, o, scan.OPS[name], pl.kernel), pl.grid, pl.threads,
                                         "resident blocks walking the tiles, each tile's aggregate a round ahead of "
-                                        "its scan" if ahead else "one tile a block, decoupled look-back"))
-        block_computes = (f"tiles of {scan.TILE} elements in the order it draws them, {scan.AHEAD_BLOCKS} blocks "
-                          "an SM" if ahead else f"one tile of {scan.TILE} elements of a line")
+                                        "its scan" if ahead else "32 neighbouring lines a block, each walked whole"
+                                        if columns else "a span of tiles a block, decoupled look-back"))
+        items = pl.tile // scan.BLOCK
+        runs = scan.BLOCK // pl.threads * (1 if ahead else scan.SPAN // pl.tile)
+        block_computes = (f"tiles of {pl.tile} elements in the order it draws them, {pl.blocks_per_sm} blocks "
+                          "an SM" if ahead else "every tile of 32 neighbouring lines, in order" if columns
+                          else f"{scan.SPAN // pl.tile} tile(s) of {pl.tile} elements of a line")
         tile = {"grid": pl.grid, "block": pl.threads, "lines": pl.rows, "elements_per_line": pl.n,
-                "tile_elements": scan.TILE, "one_block_computes": block_computes,
-                "one_thread_computes": (f"{scan.BLOCK // pl.threads} run(s) of {scan.ITEMS} consecutive elements "
+                "tile_elements": pl.tile, "one_block_computes": block_computes,
+                "one_thread_computes": ("one line's 32 runs of the definition's warp (its warp's index) a tile"
+                                        if columns else f"{runs} run(s) of {items} consecutive elements "
                                         f"(threads h + {pl.threads} j of the {scan.BLOCK}-thread definition)")}
         nbytes = scan.bytes_moved(shape, dt)
         written = int(np.prod(shape)) * o.itemsize
+        if columns:
+            re_read = ["each tile a second time for the results, from L2"]
+        else:
+            re_read = (["each tile's elements a second time, a round after the first, from L1 or L2 (streaming "
+                        "loads and stores keep them there)"] if ahead else []) + [
+                "the group's earlier tiles' and a few earlier groups' status words and values (8 bytes, 16 for "
+                "8-byte accumulators) from L2 during the look-back"]
         traffic = {"bytes_read": nbytes - written, "bytes_written": written,
                    "counted_by": "cukern.scan.bytes_moved(shape, dtype)",
-                   "access_bytes": ("16 B vectors into registers, a thread's 16 consecutive elements" if ahead else
+                   "access_bytes": (f"16 B vectors into registers, a thread's {items} consecutive elements"
+                                    if ahead else f"{dt.itemsize} B a lane, a warp's 32 lines side by side, "
+                                    "several runs' loads in flight together" if columns else
                                     f"{dt.itemsize} B in, {o.itemsize} B out, staged through shared memory"),
-                   "coalesced": (f"each thread's {scan.ITEMS * dt.itemsize} bytes in {scan.ITEMS * dt.itemsize // 16} "
-                                 f"16-byte accesses; a warp's {32 * scan.ITEMS * dt.itemsize // 1024} KiB whole" if ahead
+                   "coalesced": (f"each thread's {items * dt.itemsize} bytes in {items * dt.itemsize // 16} "
+                                 f"16-byte accesses; a warp's {32 * items * dt.itemsize // 1024} KiB whole" if ahead
+                                 else "yes: a warp moves 32 consecutive elements (its lanes' lines)" if columns
                                  else "yes for a unit-stride line: a warp moves 32 consecutive elements"),
-                   "re_read": (["each tile's elements a second time, a round after the first, from L1 or L2 "
-                                "(streaming loads and stores keep them there)"] if ahead else [])
-                              + ["the group's earlier tiles' and a few earlier groups' status words and values (8 "
-                                 "bytes, 16 for 8-byte accumulators) from L2 during the look-back"]}
+                   "re_read": re_read}
         acc = "float64" if o == np.float64 else "int64" if o.kind in "iu" else "float32"
         accumulation = {"reduces": f"{name} over lines of {pl.n:,} elements", "precision": f"{acc} accumulators",
-                        "order": (f"fixed by the tile of {scan.TILE}: a thread's 16 in order, the lanes' ladder, the "
-                                  f"warps in order, the tiles of a group of {scan.GROUP} in order, the groups in order "
-                                  "(cukern.reference.cumsum_emulated)"),
-                        "combine": ("look-back: the group's earlier aggregates; the nearest published group "
-                                    "prefix, then the group totals after it, forward"),
+                        "order": (f"fixed by the tile of {pl.tile}: a thread's {items} in order, the lanes' ladder, "
+                                  f"the warps in order, the tiles of a group of {scan.GROUP} in order, the groups in "
+                                  "order (cukern.reference.cumsum_emulated)"),
+                        "combine": ("Q and B carried from tile to tile by the block that walks the lines"
+                                    if columns else "look-back: the group's earlier aggregates; the nearest "
+                                    "published group prefix, then the group totals after it, forward"),
                         "passes": 1}
         notes = []
         if pl.copy:
@@ -78,7 +92,7 @@ def _describe(name: str):
             return lambda: fn(x, axis=axis)
 
         return card.Described(launches=launches, tile=tile, traffic=traffic, accumulation=accumulation,
-                              knobs={"kernel": pl.kernel, "block": pl.threads, "items": scan.TILE // pl.threads},
+                              knobs={"kernel": pl.kernel, "block": pl.threads, "items": pl.tile // pl.threads},
                               bytes=nbytes, bytes_written=written,
                               flops=int(np.prod(shape)), measure=measure, notes=notes)
 
