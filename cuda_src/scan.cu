@@ -745,9 +745,10 @@ template <int OP, int D, typename A> __device__ __forceinline__ void ladder_step
 }
 
 // Runs whose loads scan_columns issues together, into registers, before combining any: 64 elements a thread
-// for float32 (137 registers on sm_90, one block an SM: 43% of the copy at [16384, 4096] against 35% with 16
-// and 13% with the loads left to the compiler, which issued them a few at a time), 16 for the half types (two
-// runs cost them registers and blocks: 20% against 22%). bench/NOTES.md.
+// for float32 (one block an SM: 43% of the copy at [16384, 4096] against 35% with 16 and 13% with the loads
+// left to the compiler, which issued them a few at a time), 16 for the half types (two runs cost them
+// registers and blocks: 20% against 22%), both measured with 64-bit index arithmetic and a bound test an
+// element; whole tiles without them: float32 56%, float16 [16384, 8192] 39% (bench/NOTES.md).
 template <typename T, typename O> __device__ constexpr int column_runs() {
   return (sizeof(T) == 4 ? 64 : 16) / scan_items<T, O>();
 }
@@ -772,19 +773,35 @@ __global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x
   const auto element = [&](long long e) {
     return live && e < p.n ? scan_lift<A>(xl[e * p.x_step]) : scan_identity<OP, A>();
   };
+  // A whole tile of a live line whose steps fit 32-bit offsets (a run group's RUNS * ITEMS elements at most
+  // 2^31 elements apart) takes unchecked loads and stores at offsets from the group's first element: one
+  // multiply-add an address instead of 64-bit index arithmetic and a bound test an element.
+  constexpr long long kNear = (1ll << 31) / (RUNS * ITEMS);
+  const bool near = p.x_step > -kNear && p.x_step < kNear && p.o_step > -kNear && p.o_step < kNear;
+  const int xs = static_cast<int>(p.x_step), os = static_cast<int>(p.o_step);
   // Runs j0 .. j0 + RUNS - 1 of this warp's definition threads in the tile from `first`, loaded together.
-  const auto load_runs = [&](A (&v)[RUNS][ITEMS], long long first, int j0) {
+  const auto load_runs = [&](A (&v)[RUNS][ITEMS], long long first, int j0, bool whole) {
+    const long long e0 = first + (32ll * warp + j0) * ITEMS;
+    if (whole) {
+      const T* xg = xl + e0 * p.x_step;
 #pragma unroll
-    for (int r = 0; r < RUNS; ++r)
+      for (int r = 0; r < RUNS; ++r)
 #pragma unroll
-      for (int k = 0; k < ITEMS; ++k) v[r][k] = element(first + (32ll * warp + j0 + r) * ITEMS + k);
+        for (int k = 0; k < ITEMS; ++k) v[r][k] = scan_lift<A>(xg[(r * ITEMS + k) * xs]);
+    } else {
+#pragma unroll
+      for (int r = 0; r < RUNS; ++r)
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) v[r][k] = element(e0 + r * ITEMS + k);
+    }
   };
   A b_g = scan_identity<OP, A>(), q_t = scan_identity<OP, A>();  // B_g and Q_t of the tile at hand
   for (long long t = 0; t < p.tiles_per_row; ++t) {
     const long long first = t * TILE;
+    const bool whole = live && near && first + TILE <= p.n;
     for (int j0 = 0; j0 < 32; j0 += RUNS) {  // T_j: definition thread 32 warp + j's ITEMS elements in order
       A v[RUNS][ITEMS];
-      load_runs(v, first, j0);
+      load_runs(v, first, j0, whole);
 #pragma unroll
       for (int r = 0; r < RUNS; ++r) {
         A s = v[r][0];
@@ -821,7 +838,8 @@ __global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x
     const A prefix = scan_op<OP>(scan_op<OP>(b_g, q_t), w_before);  // P_{t-1} (+) W_w
     for (int j0 = 0; j0 < 32; j0 += RUNS) {
       A v[RUNS][ITEMS];
-      load_runs(v, first, j0);
+      load_runs(v, first, j0, whole);
+      O* const og = ol + (first + (32ll * warp + j0) * ITEMS) * p.o_step;  // the run group's first result
 #pragma unroll
       for (int r = 0; r < RUNS; ++r) {
         const int j = j0 + r;
@@ -831,7 +849,12 @@ __global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
           if (k > 0) s = scan_op<OP>(s, v[r][k]);  // s_k
-          if (live && e0 + k < p.n) ol[(e0 + k) * p.o_step] = scan_out<O>(scan_op<OP>(base, s));
+          const O y = scan_out<O>(scan_op<OP>(base, s));
+          if (whole) {
+            og[(r * ITEMS + k) * os] = y;
+          } else if (live && e0 + k < p.n) {
+            ol[(e0 + k) * p.o_step] = y;
+          }
         }
       }
     }
