@@ -747,12 +747,11 @@ template <int OP, int D, typename A> __device__ __forceinline__ void ladder_step
 }
 
 // Runs whose loads scan_columns issues together, into registers, before combining any: 64 elements a thread
-// for float32 (one block an SM: 43% of the copy at [16384, 4096] against 35% with 16 and 13% with the loads
-// left to the compiler, which issued them a few at a time), 16 for the half types (two runs cost them
-// registers and blocks: 20% against 22%), both measured with 64-bit index arithmetic and a bound test an
-// element; whole tiles without them: float32 56%, float16 [16384, 8192] 39% (bench/NOTES.md).
+// for float32, 32 for the half types. Measured on whole tiles (unchecked loads at 32-bit offsets), % of the
+// copy: float32 [16384, 4096] 56% with 64 against 53% with 32 (13% with the loads left to the compiler, which
+// issued them a few at a time); float16 [16384, 8192] 45% with 32 against 39% with 16 (bench/NOTES.md).
 template <typename T, typename O> __device__ constexpr int column_runs() {
-  return (sizeof(T) == 4 ? 64 : 16) / scan_items<T, O>();
+  return (sizeof(T) == 4 ? 64 : 32) / scan_items<T, O>();
 }
 
 // What a scan_columns launch does. COLUMN_WALK: a block a column group, walking its tiles in order with Q

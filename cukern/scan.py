@@ -58,10 +58,12 @@ SOURCE = "scan"
 BLOCK = 256  # SCAN_BLOCK in cuda_src/scan.cu: the definition's threads
 GROUP = 32  # SCAN_GROUP: tiles a group
 SPAN = 4096  # elements a scan_tiles block takes: one tile, or two of float32's 2048
-# scan_columns walks each group of 32 lines whole in one block, so it takes a layout only with this many
-# groups an SM at least; below it, scan_tiles' tiles in parallel win (bench/NOTES.md: float32 columns of
-# 8 groups ran as fast either way, of 2 groups six times faster in scan_tiles)
-COLUMN_BLOCKS_PER_SM = 0.1
+# scan_columns walks each group of 32 lines whole in one block, so it takes lines of more than one tile only
+# with at least this many bytes of each row of lines an SM (float32: half a column group an SM, the half
+# types one); below it, column_tiles spreads the tiles over blocks (bench/NOTES.md: float32 at 0.36 groups an
+# SM 32% walked against 42%, at 0.48 a tie, at 0.73 53% against 41%; float16 at 0.97 groups 31% against 34%,
+# at 1.94 45% against 34%)
+COLUMN_WALK_BYTES_PER_SM = 64
 # scan_columns' modes (cuda_src/scan.cu): a block walking a column group's tiles; a block a column group's tile,
 # its aggregates; the same tile's results from the prefixes scan_column_prefixes forms between the two
 COLUMN_WALK, COLUMN_AGGREGATES, COLUMN_FINISH = 0, 1, 2
@@ -270,8 +272,9 @@ def kernel_for(dtypes, x: tuple, o: tuple, vector: bool, inner: int = 1, rows: i
     """The kernel: for lines of an :data:`AHEAD_DTYPES` type scanned into the same type, side by side in
     memory (x's and out's lines one element apart, at least 32 of them) and strided along their length
     (``rows`` lines in groups of ``inner``), "columns" (scan_columns walking each column group of 32 lines
-    whole) with at least :data:`COLUMN_BLOCKS_PER_SM` column groups an SM, else "column_tiles" (the same
-    kernel a tile a block in two launches around scan_column_prefixes) for lines of more than one tile;
+    whole) for lines of one tile, or with at least :data:`COLUMN_WALK_BYTES_PER_SM` bytes of each row of
+    lines an SM, else "column_tiles" (the same kernel a tile a block in two launches around
+    scan_column_prefixes);
     "ahead" for lines of an :data:`AHEAD_DTYPES` type scanned into the same type, read and written with unit
     steps, each line starting 16-byte aligned (``vector``: x's and out's data are, and every line stride is a
     multiple of 16 bytes); else "tiles". scan_columns reads 32 neighbouring lines a warp, each thread
@@ -283,10 +286,10 @@ def kernel_for(dtypes, x: tuple, o: tuple, vector: bool, inner: int = 1, rows: i
     t, o_dtype = (np.dtype(d) for d in dtypes)
     if (t == o_dtype and t in AHEAD_DTYPES and x[1] == 1 and o[1] == 1 and (x[2] != 1 or o[2] != 1)
             and inner >= 32):
-        if rows // inner * -(-inner // 32) >= COLUMN_BLOCKS_PER_SM * sm_count:
+        groups = rows // inner * -(-inner // 32)
+        if tiles_per_line <= 1 or groups * 32 * t.itemsize >= COLUMN_WALK_BYTES_PER_SM * sm_count:
             return "columns"
-        if tiles_per_line > 1:
-            return "column_tiles"
+        return "column_tiles"
     if not vector:
         return "tiles"
     if t != o_dtype or t not in AHEAD_DTYPES or x[2] != 1 or o[2] != 1:

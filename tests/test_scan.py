@@ -156,7 +156,6 @@ def test_float32_lines_of_unit_step_and_16_byte_starts_go_ahead():
     assert C.plan((40, 4096 * 8), 1, dtypes=(f32, f32)).kernel == "ahead"
     assert C.plan((40, 4100), 1, dtypes=(f32, f32)).kernel == "ahead"  # lines 4100 floats apart: 16-byte starts
     for tiles in [C.plan((3, 10007), 1, dtypes=(f32, f32)),  # lines 10007 floats apart
-                  C.plan((64, 256), 0, dtypes=(f32, f32)),  # elements 256 apart, 8 column groups
                   C.plan((1 << 20,), None, dtypes=(f32, f32), vector=False),
                   C.plan((1 << 20,), None, dtypes=(f32, f64)), C.plan((1 << 20,), None, dtypes=(f64, f64)),
                   C.plan((40, 4100), 1, dtypes=(BFLOAT16, BFLOAT16))]:  # 8200 bytes apart
@@ -176,7 +175,8 @@ def test_columns_take_many_adjacent_strided_lines():
     p = C.plan((6, 3000, 1000), 1, dtypes=(BFLOAT16, BFLOAT16))  # 6 outer lines of 1000 columns: 6 x 32 groups
     assert p.kernel == "columns" and p.config.grid == (6 * 32,)
     assert C.plan((16384, 4096), 0, dtypes=(f64, f64)).kernel == "tiles"  # 8-byte accumulators: not here
-    assert C.plan((2048, 64), 0, dtypes=(f32, f32)).kernel == "tiles"  # two groups of one tile: too few blocks
+    assert C.plan((2048, 64), 0, dtypes=(f32, f32)).kernel == "columns"  # lines of one tile: however few groups
+    assert C.plan((64, 256), 0, dtypes=(f32, f32)).kernel == "columns"
     assert C.plan((4096, 16384), 1, dtypes=(f32, f32)).kernel == "ahead"  # rows of unit stride
     assert C.plan((16384, 4096), 0, x_strides=(4096, 2), dtypes=(f32, f32)).kernel == "tiles"  # lines 2 apart
 
@@ -191,7 +191,8 @@ def test_few_column_groups_spread_their_tiles_over_blocks():
     assert p.column_values == 64 * 49 and p.prefix_config.grid == (1,)
     p = C.plan((5, 10000, 40), 1, dtypes=(BFLOAT16, BFLOAT16))  # 5 outer lines, 2 groups, 3 bf16 tiles
     assert p.kernel == "column_tiles" and p.config.grid == (5 * 2 * 3,) and p.column_values == 5 * 64 * 3
-    assert C.plan((100000, 64), 0, dtypes=(f32, f32), sm_count=10).kernel == "columns"  # enough groups
+    assert C.plan((100000, 64), 0, dtypes=(f32, f32), sm_count=4).kernel == "columns"  # 256 bytes a row: 64 an SM
+    assert C.plan((100000, 64), 0, dtypes=(f32, f32), sm_count=5).kernel == "column_tiles"
     aggregates, prefixes, finish = C.column_instantiations(f32, C.SCAN_SUM)
     assert aggregates.args == (f32, f32, C.SCAN_SUM, C.COLUMN_AGGREGATES) and prefixes.args == (C.SCAN_SUM,)
     assert C.instantiation(f32, f32, C.SCAN_SUM, "column_tiles") == finish
@@ -671,7 +672,7 @@ def test_columns_give_the_emulators_bits(op, dtype, kernel, rng, monkeypatch):
     import cupy
 
     threshold, cases, size = _COLUMN_CASES[kernel]
-    monkeypatch.setattr(C, "COLUMN_BLOCKS_PER_SM", threshold)  # however few (or many) column groups
+    monkeypatch.setattr(C, "COLUMN_WALK_BYTES_PER_SM", threshold)  # however few (or many) column groups
     monkeypatch.setattr(C, "_calls", C.CallCache())
     for shape, axis, view in cases:
         xh = _values(rng, shape, dtype, op)
