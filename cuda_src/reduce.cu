@@ -374,7 +374,9 @@ template <int OP, typename A> __device__ __forceinline__ A combine(A a, A b) { r
 // use: float inputs' sums, maxima and minima skip NaN (nansum, nanmax, nanmin); their float64 sums also
 // count (count_nonzero, nanmean's count); integer inputs' float64 sums count non-zeros (a NaN cannot
 // occur, so skipping is plain there; int64 accumulators would spill); bool values are their own non-zero
-// count, so bool kernels, and every other kernel, are plain.
+// count, so bool kernels, and every other kernel, are plain. The kernels of count results (Count, bool:
+// count_nonzero, any, all) only count, with no run-time mode: every mode compiled into each of them made
+// it six times as slow to compile as another kernel.
 template <typename T> struct FloatInput { static constexpr bool value = false; };
 template <> struct FloatInput<float> { static constexpr bool value = true; };
 template <> struct FloatInput<double> { static constexpr bool value = true; };
@@ -383,10 +385,15 @@ template <> struct FloatInput<bf16> { static constexpr bool value = true; };
 template <typename S1, typename S2> struct Same { static constexpr bool value = false; };
 template <typename S1> struct Same<S1, S1> { static constexpr bool value = true; };
 
-template <typename T, typename S, int OP> __host__ __device__ constexpr int lift_modes() {
+template <typename O> struct CountResult { static constexpr bool value = false; };
+template <> struct CountResult<Count> { static constexpr bool value = true; };
+template <> struct CountResult<bool> { static constexpr bool value = true; };
+
+template <typename T, typename O, typename S, int OP> __host__ __device__ constexpr int lift_modes() {
   constexpr int plain = 1 << LIFT_PLAIN, skip = 1 << LIFT_SKIP_NAN;
   constexpr int counts = (1 << LIFT_NONZERO) | (1 << LIFT_NOT_NAN);
   if (OP != OP_SUM && OP != OP_MAX && OP != OP_MIN) return plain;
+  if (CountResult<O>::value) return Same<T, bool>::value ? plain : 1 << LIFT_NONZERO;  // count_nonzero, any, all
   if (!FloatInput<T>::value) {
     return OP == OP_SUM && Same<S, double>::value && !Same<T, bool>::value ? plain | (1 << LIFT_NONZERO) : plain;
   }
@@ -396,11 +403,11 @@ template <typename T, typename S, int OP> __host__ __device__ constexpr int lift
 // What one element v of input type T (in the accumulator scalar type S) contributes: its square for
 // OP_SUMSQ; sum, max and min apply the run-time `mode` (LIFT_*) among those lift_modes gives them. var and
 // logsumexp lift no single element: their chains are formed whole (chain_state).
-template <int OP, typename T, typename A, typename S> __device__ __forceinline__ A lift(S v, S, int mode) {
+template <int OP, int M, typename A, typename S> __device__ __forceinline__ A lift(S v, S, int mode) {
   static_assert(OP != OP_VAR && OP != OP_LSE, "var and logsumexp chains are formed by chain_state");
-  constexpr int M = lift_modes<T, S, OP>();
   if constexpr (OP == OP_SUMSQ) return mul_rn(v, v);
   else if constexpr (M == 1 << LIFT_PLAIN) return v;
+  else if constexpr (M == 1 << LIFT_NONZERO) return S(v != S(0));
   else if constexpr (M == ((1 << LIFT_PLAIN) | (1 << LIFT_SKIP_NAN))) return mode != LIFT_PLAIN && v != v ? identity<OP, A>() : v;
   else if constexpr (M == ((1 << LIFT_PLAIN) | (1 << LIFT_NONZERO))) return mode == LIFT_NONZERO ? S(v != S(0)) : v;
   else {
@@ -530,7 +537,7 @@ template <typename T> __device__ __forceinline__ bool aligned16(const T* p) {
 // order, so both give the same bits. var and logsumexp hold a chain's eight elements (as loaded, converted
 // in each of chain_state's passes) and set acc[j] to chain_state (chunk_value passes identities). I is the
 // index type: int (fewer registers) when n + a chunk stays below 2^31.
-template <typename T, typename A, int OP, int CV, int UNROLL, typename I>
+template <typename T, typename A, int OP, int L, int CV, int UNROLL, typename I>
 __device__ __forceinline__ void add_chains(A (&acc)[CV], const T* x, I n, I e0, I stride, bool vector,
                                            scalar_t<A> shift, int mode) {
   static_assert(CHAIN_LENGTH % UNROLL == 0, "UNROLL divides the chain length");
@@ -539,7 +546,7 @@ __device__ __forceinline__ void add_chains(A (&acc)[CV], const T* x, I n, I e0, 
   // Kernels that also count (float64 accumulators, the lift's extra registers) keep fewer loads in flight
   // for half-type inputs (two) and int64 ones (half as many): more spill at their register cap (found by
   // compiling every instantiation; the other inputs do not). The chains' order is the same.
-  constexpr bool counts = (lift_modes<T, S, OP>() & (1 << LIFT_NONZERO)) != 0;
+  constexpr bool counts = (L & (1 << LIFT_NONZERO)) != 0;
   constexpr int U = !counts || UNROLL <= 2 ? UNROLL
                     : sizeof(T) == 2                                ? 2
                     : sizeof(T) == 8 && !FloatInput<T>::value       ? UNROLL / 2
@@ -586,7 +593,7 @@ __device__ __forceinline__ void add_chains(A (&acc)[CV], const T* x, I n, I e0, 
 #pragma unroll
         for (int u = 0; u < U; ++u) {
 #pragma unroll
-          for (int j = 0; j < CV; ++j) acc[j] = combine<C>(acc[j], lift<OP, T, A>(to_acc<S>(p[u].v[j]), shift, mode));
+          for (int j = 0; j < CV; ++j) acc[j] = combine<C>(acc[j], lift<OP, L, A>(to_acc<S>(p[u].v[j]), shift, mode));
         }
       }
       return;
@@ -602,7 +609,7 @@ __device__ __forceinline__ void add_chains(A (&acc)[CV], const T* x, I n, I e0, 
 #pragma unroll
         for (int j = 0; j < CV; ++j) {
           const I i = e0 + (m0 + u) * CHAINS + j;
-          v[u][j] = i < n ? lift<OP, T, A>(to_acc<S>(x[i * stride]), shift, mode) : identity<C, A>();
+          v[u][j] = i < n ? lift<OP, L, A>(to_acc<S>(x[i * stride]), shift, mode) : identity<C, A>();
         }
       }
 #pragma unroll
@@ -617,14 +624,14 @@ __device__ __forceinline__ void add_chains(A (&acc)[CV], const T* x, I n, I e0, 
 // The subtree of one chunk of a group of `group` lanes (a power of two, a multiple of CHAINS / CV): this
 // lane's chains start at element e0. Every lane of the warp must call it; every lane of the group gets
 // the chunk's value.
-template <typename T, typename A, int OP, int CV, int UNROLL, typename I>
+template <typename T, typename A, int OP, int L, int CV, int UNROLL, typename I>
 __device__ __forceinline__ A chunk_value(const T* x, I n, I e0, I stride, bool vector, int group, scalar_t<A> shift,
                                          int mode) {
   using Comb = combine_t<combine_op<OP>()>;
   A acc[CV];
 #pragma unroll
   for (int j = 0; j < CV; ++j) acc[j] = Comb::template identity<A>();
-  add_chains<T, A, OP, CV, UNROLL, I>(acc, x, n, e0, stride, vector, shift, mode);
+  add_chains<T, A, OP, L, CV, UNROLL, I>(acc, x, n, e0, stride, vector, shift, mode);
   return group_tree_reduce<Comb>(tree_reduce<Comb>(acc), group);
 }
 
@@ -675,6 +682,7 @@ template <typename T, typename O, int OP, int BLOCK, int UNROLL>
 __device__ __forceinline__ void full_reduce_body(O* out, state_t<O, OP>* partials, unsigned* counter, const T* x,
                                                  long long n, long long stride, int finalize, double divisor) {
   using A = state_t<O, OP>;
+  constexpr int L = lift_modes<T, O, scalar_t<A>, OP>();  // the lifts this kernel implements
   constexpr int F = combine_op<OP>();
   using Comb = combine_t<F>;
   constexpr int CV = lane_elements<T>();
@@ -712,7 +720,7 @@ __device__ __forceinline__ void full_reduce_body(O* out, state_t<O, OP>* partial
     A c = Comb::template identity<A>();
     if (r < count) {
       const long long chunk = (first + r) * kWarps + warp;
-      c = chunk_value<T, A, OP, CV, UNROLL, long long>(x, n, chunk * kChunk + start, stride, vector, 32, shift,
+      c = chunk_value<T, A, OP, L, CV, UNROLL, long long>(x, n, chunk * kChunk + start, stride, vector, 32, shift,
                                                        lift_of(finalize));
     }
     if (lane == 0) slot[g][warp] = c;
@@ -815,6 +823,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, arch_min_blocks(row_min_blocks<T, O
     reduce_rows(O* out, const T* x, long long rows, long long length, long long inner, long long s0, long long s1,
                 int tpr, int finalize, double divisor) {
   using A = state_t<O, OP>;
+  constexpr int L = lift_modes<T, O, scalar_t<A>, OP>();  // the lifts this kernel implements
   constexpr int F = combine_op<OP>();
   using Comb = combine_t<F>;
   constexpr int CV = lane_elements<T>();
@@ -852,7 +861,8 @@ __global__ void __launch_bounds__(MAX_BLOCK, arch_min_blocks(row_min_blocks<T, O
     const scalar_t<A> shift = shift_of<OP, scalar_t<A>>(p);
     A v = Comb::template identity<A>();
     for (I k = 0; k < count; ++k) {
-      const A c = chunk_value<T, A, OP, CV, UNROLL, I>(p, n, (first + k) * chunk + start, 1, vector, group, shift, mode);
+      const A c = chunk_value<T, A, OP, L, CV, UNROLL, I>(p, n, (first + k) * chunk + start, 1, vector, group, shift,
+                                                          mode);
       if (span == 1) {
         v = c;
       } else if (lane0) {  // every lane holds c; lane 0 owns its warp's stack and alone needs v
@@ -895,6 +905,7 @@ __global__ void __launch_bounds__(COL_BLOCK, col_min_blocks<T, OP, VEC, Q>())
                 long long s_row, long long span, int spans, int strips, int vector, int finalize, double divisor) {
   using A = state_t<P, OP>;
   using S = scalar_t<A>;
+  constexpr int L = lift_modes<T, P, S, OP>();
   constexpr int F = combine_op<OP>();
   using Comb = combine_t<F>;
   constexpr int R = CHAINS / Q;
@@ -973,11 +984,11 @@ __global__ void __launch_bounds__(COL_BLOCK, col_min_blocks<T, OP, VEC, Q>())
               Pack<T, VEC> pk;
               load(pk, row);
 #pragma unroll
-              for (int j = 0; j < VEC; ++j) v[u][q][j] = lift<OP, T, A>(to_acc<S>(pk.v[j]), shift[j], mode);
+              for (int j = 0; j < VEC; ++j) v[u][q][j] = lift<OP, L, A>(to_acc<S>(pk.v[j]), shift[j], mode);
             } else {
 #pragma unroll
               for (int j = 0; j < VEC; ++j) {
-                v[u][q][j] = r < rows && c0 + j < cols ? lift<OP, T, A>(to_acc<S>(row[j]), shift[j], mode) : Comb::template identity<A>();
+                v[u][q][j] = r < rows && c0 + j < cols ? lift<OP, L, A>(to_acc<S>(row[j]), shift[j], mode) : Comb::template identity<A>();
               }
             }
           }
@@ -1056,6 +1067,7 @@ __global__ void __launch_bounds__(BLOCK)
                    long long count, long long r_inner, long long r_s0, long long r_s1, int finalize, double divisor) {
   using A = state_t<O, OP>;
   using S = scalar_t<A>;
+  constexpr int L = lift_modes<T, O, S, OP>();
   constexpr int F = combine_op<OP>();
   using Comb = combine_t<F>;
   constexpr int kWarps = BLOCK / 32;
@@ -1090,7 +1102,7 @@ __global__ void __launch_bounds__(BLOCK)
 #pragma unroll
         for (int m = 0; m < CHAIN_LENGTH; ++m) {
           const long long r = k * LEAF + m * CHAINS + lane;
-          v[m] = r < count ? lift<OP, T, A>(to_acc<S>(base[q * r_s0 + rem * r_s1]), shift, mode) : Comb::template identity<A>();
+          v[m] = r < count ? lift<OP, L, A>(to_acc<S>(base[q * r_s0 + rem * r_s1]), shift, mode) : Comb::template identity<A>();
           q += step_q;
           rem += step_r;
           if (rem >= r_inner) rem -= r_inner, ++q;

@@ -35,14 +35,16 @@
 // cukern/lab/scan.py shows the same answers). Three kernels compute it: scan_ahead (below) for rows of unit
 // stride whose starts are 16-byte aligned and whose result has x's type (float32, float16, bfloat16),
 // scan_columns (last) for many such lines side by side in memory and strided along their length (the
-// columns of a matrix), scan_tiles for everything else.
+// columns of a matrix; with few column groups, a tile of them a block, in two launches around
+// scan_column_prefixes), scan_tiles for everything else.
 // 1. Output tile: scan_tiles: a span of 4096 elements of one row per block (one tile, two of float32's):
 //    of 128 threads (each thread two of the definition's 256 a tile) where x and the result have one size
 //    of 4 or 8 bytes (float32, float64, int64), of 256 otherwise (cukern/scan.py `threads`); spans numbered
 //    in the order blocks start (a global counter), so every predecessor of a tile is running or done: the
 //    look-back never waits on a block that cannot run. scan_ahead: scan_ahead_blocks<T>() resident blocks an SM of 256 threads, each
 //    drawing tiles from the same counter and finishing each one a round after drawing it. scan_columns:
-//    one block of 256 threads a group of 32 neighbouring lines, walking every tile of them in order.
+//    one block of 256 threads a group of 32 neighbouring lines, walking every tile of them in order (or one
+//    tile of them: COLUMN_AGGREGATES and COLUMN_FINISH).
 // 2. Input traffic: x read once and out written once. scan_tiles moves both through shared memory: a warp
 //    moves 32 consecutive elements per load or store (coalesced for a unit-stride row), and each thread then
 //    takes its ITEMS consecutive elements from shared memory. 4- and 8-byte elements go from global to shared
@@ -745,15 +747,24 @@ template <int OP, int D, typename A> __device__ __forceinline__ void ladder_step
 }
 
 // Runs whose loads scan_columns issues together, into registers, before combining any: 64 elements a thread
-// for float32 (137 registers on sm_90, one block an SM: 43% of the copy at [16384, 4096] against 35% with 16
-// and 13% with the loads left to the compiler, which issued them a few at a time), 16 for the half types (two
-// runs cost them registers and blocks: 20% against 22%). bench/NOTES.md.
+// for float32, 32 for the half types. Measured on whole tiles (unchecked loads at 32-bit offsets), % of the
+// copy: float32 [16384, 4096] 56% with 64 against 53% with 32 (13% with the loads left to the compiler, which
+// issued them a few at a time); float16 [16384, 8192] 45% with 32 against 39% with 16 (bench/NOTES.md).
 template <typename T, typename O> __device__ constexpr int column_runs() {
-  return (sizeof(T) == 4 ? 64 : 16) / scan_items<T, O>();
+  return (sizeof(T) == 4 ? 64 : 32) / scan_items<T, O>();
 }
 
-template <typename T, typename O, int OP>
-__global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x, const __grid_constant__ ScanParams p) {
+// What a scan_columns launch does. COLUMN_WALK: a block a column group, walking its tiles in order with Q
+// and B carried (few long lines would leave most SMs idle). With fewer column groups than that, the lines'
+// tiles spread over blocks in three launches: COLUMN_AGGREGATES (a block a column group's tile: the tile's
+// aggregate A_t of each line into `tile_values`), scan_column_prefixes (a thread a line: the walk's B_g
+// (+) Q_t for every tile, from the aggregates, in place), COLUMN_FINISH (a block a column group's tile
+// again: its results from that prefix). The same expression, so the same bits; x is read twice.
+constexpr int COLUMN_WALK = 0, COLUMN_AGGREGATES = 1, COLUMN_FINISH = 2;
+
+template <typename T, typename O, int OP, int MODE>
+__global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x, scan_acc_t<O>* tile_values,
+                                                             const __grid_constant__ ScanParams p) {
   using A = scan_acc_t<O>;
   static_assert(sizeof(A) == 4, "a block's run totals fill 32 KiB of shared memory at 4 bytes");
   constexpr int ITEMS = scan_items<T, O>(), TILE = SCAN_BLOCK * ITEMS, RUNS = column_runs<T, O>();
@@ -763,8 +774,13 @@ __global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x
   const int lane = h & 31, warp = h >> 5;
   const unsigned inner = static_cast<unsigned>(p.inner);
   const unsigned groups = (inner + 31) / 32;
-  const unsigned rq = blockIdx.x / groups;
-  const unsigned line = (blockIdx.x - rq * groups) * 32 + lane;  // this thread's line among the inner ones
+  // The walk's blocks are (outer line, group); the others' ((outer line, tile), group), so that blocks
+  // running together read neighbouring memory, and block b's lines own tile_values[32 b .. 32 b + 31].
+  const unsigned long long unit = blockIdx.x / groups;
+  const unsigned rq = static_cast<unsigned>(MODE == COLUMN_WALK ? unit : unit / p.tiles_per_row);
+  const long long t_begin = MODE == COLUMN_WALK ? 0 : static_cast<long long>(unit % p.tiles_per_row);
+  const long long t_end = MODE == COLUMN_WALK ? p.tiles_per_row : t_begin + 1;
+  const unsigned line = (blockIdx.x % groups) * 32 + lane;  // this thread's line among the inner ones
   const bool live = line < inner;
   const T* xl = x + static_cast<long long>(rq) * p.x_s0 + static_cast<long long>(line) * p.x_s1;
   O* ol = out + static_cast<long long>(rq) * p.o_s0 + static_cast<long long>(line) * p.o_s1;
@@ -772,19 +788,35 @@ __global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x
   const auto element = [&](long long e) {
     return live && e < p.n ? scan_lift<A>(xl[e * p.x_step]) : scan_identity<OP, A>();
   };
+  // A whole tile of a live line whose steps fit 32-bit offsets (a run group's RUNS * ITEMS elements at most
+  // 2^31 elements apart) takes unchecked loads and stores at offsets from the group's first element: one
+  // multiply-add an address instead of 64-bit index arithmetic and a bound test an element.
+  constexpr long long kNear = (1ll << 31) / (RUNS * ITEMS);
+  const bool near = p.x_step > -kNear && p.x_step < kNear && p.o_step > -kNear && p.o_step < kNear;
+  const int xs = static_cast<int>(p.x_step), os = static_cast<int>(p.o_step);
   // Runs j0 .. j0 + RUNS - 1 of this warp's definition threads in the tile from `first`, loaded together.
-  const auto load_runs = [&](A (&v)[RUNS][ITEMS], long long first, int j0) {
+  const auto load_runs = [&](A (&v)[RUNS][ITEMS], long long first, int j0, bool whole) {
+    const long long e0 = first + (32ll * warp + j0) * ITEMS;
+    if (whole) {
+      const T* xg = xl + e0 * p.x_step;
 #pragma unroll
-    for (int r = 0; r < RUNS; ++r)
+      for (int r = 0; r < RUNS; ++r)
 #pragma unroll
-      for (int k = 0; k < ITEMS; ++k) v[r][k] = element(first + (32ll * warp + j0 + r) * ITEMS + k);
+        for (int k = 0; k < ITEMS; ++k) v[r][k] = scan_lift<A>(xg[(r * ITEMS + k) * xs]);
+    } else {
+#pragma unroll
+      for (int r = 0; r < RUNS; ++r)
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) v[r][k] = element(e0 + r * ITEMS + k);
+    }
   };
   A b_g = scan_identity<OP, A>(), q_t = scan_identity<OP, A>();  // B_g and Q_t of the tile at hand
-  for (long long t = 0; t < p.tiles_per_row; ++t) {
+  for (long long t = t_begin; t < t_end; ++t) {
     const long long first = t * TILE;
+    const bool whole = live && near && first + TILE <= p.n;
     for (int j0 = 0; j0 < 32; j0 += RUNS) {  // T_j: definition thread 32 warp + j's ITEMS elements in order
       A v[RUNS][ITEMS];
-      load_runs(v, first, j0);
+      load_runs(v, first, j0, whole);
 #pragma unroll
       for (int r = 0; r < RUNS; ++r) {
         A s = v[r][0];
@@ -815,13 +847,19 @@ __global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x
       if (w == warp) w_before = aggregate;
       aggregate = w == 0 ? warp_total[0][lane] : scan_op<OP>(aggregate, warp_total[w][lane]);
     }
+    if (MODE == COLUMN_AGGREGATES) {
+      if (warp == 0) tile_values[32ull * blockIdx.x + lane] = aggregate;
+      return;
+    }
     __syncthreads();  // every warp has read the totals before the next tile writes them
     const unsigned i = static_cast<unsigned>(t) & (SCAN_GROUP - 1);
     if (i == 0) q_t = scan_identity<OP, A>();
-    const A prefix = scan_op<OP>(scan_op<OP>(b_g, q_t), w_before);  // P_{t-1} (+) W_w
+    const A before = MODE == COLUMN_FINISH ? tile_values[32ull * blockIdx.x + lane] : scan_op<OP>(b_g, q_t);
+    const A prefix = scan_op<OP>(before, w_before);  // P_{t-1} (+) W_w
     for (int j0 = 0; j0 < 32; j0 += RUNS) {
       A v[RUNS][ITEMS];
-      load_runs(v, first, j0);
+      load_runs(v, first, j0, whole);
+      O* const og = ol + (first + (32ll * warp + j0) * ITEMS) * p.o_step;  // the run group's first result
 #pragma unroll
       for (int r = 0; r < RUNS; ++r) {
         const int j = j0 + r;
@@ -831,12 +869,44 @@ __global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
           if (k > 0) s = scan_op<OP>(s, v[r][k]);  // s_k
-          if (live && e0 + k < p.n) ol[(e0 + k) * p.o_step] = scan_out<O>(scan_op<OP>(base, s));
+          const O y = scan_out<O>(scan_op<OP>(base, s));
+          if (whole) {
+            og[(r * ITEMS + k) * os] = y;
+          } else if (live && e0 + k < p.n) {
+            ol[(e0 + k) * p.o_step] = y;
+          }
         }
       }
     }
     q_t = scan_op<OP>(q_t, aggregate);  // Q_{t+1}; at a group's last tile, its total S_g
     if (i == SCAN_GROUP - 1) b_g = scan_op<OP>(b_g, q_t);
+  }
+}
+
+// Between COLUMN_AGGREGATES and COLUMN_FINISH: a thread a line (of every outer line, lines past the last of
+// a column group too), over the aggregates of its tiles in order, as the walk carries them: each tile's A_t
+// replaced by B_g (+) Q_t. A group of 32 tiles' aggregates are loaded together before they are combined.
+template <int OP>
+__global__ void __launch_bounds__(SCAN_BLOCK) scan_column_prefixes(float* tile_values, const __grid_constant__ ScanParams p) {
+  using A = float;
+  const long long slots = (p.inner + 31) / 32 * 32;  // line slots of an outer line
+  const long long lines = p.tiles / p.tiles_per_row / p.inner * slots;
+  const long long s = static_cast<long long>(blockIdx.x) * SCAN_BLOCK + threadIdx.x;
+  if (s >= lines) return;
+  const long long rq = s / slots;
+  A* v = tile_values + rq * p.tiles_per_row * slots + (s - rq * slots);  // tile t's value at v[t * slots]
+  A b_g = scan_identity<OP, A>();
+  for (long long t0 = 0; t0 < p.tiles_per_row; t0 += SCAN_GROUP) {
+    A a[SCAN_GROUP];
+#pragma unroll
+    for (int i = 0; i < SCAN_GROUP; ++i) a[i] = t0 + i < p.tiles_per_row ? v[(t0 + i) * slots] : scan_identity<OP, A>();
+    A q_t = scan_identity<OP, A>();
+#pragma unroll
+    for (int i = 0; i < SCAN_GROUP; ++i) {
+      if (t0 + i < p.tiles_per_row) v[(t0 + i) * slots] = scan_op<OP>(b_g, q_t);
+      q_t = scan_op<OP>(q_t, a[i]);
+    }
+    b_g = scan_op<OP>(b_g, q_t);
   }
 }
 

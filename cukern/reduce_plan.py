@@ -834,15 +834,18 @@ def _strided_inst(t, o, op: int) -> Instantiation:
 
 def lift_modes(t, o, kernel_op: int) -> int:
     """reduce.cu ``lift_modes``: the lift modes (bits 1 << LIFT_*) that the kernels for input ``t``, kernel
-    result ``o`` and ``kernel_op`` implement: NaN skipping for float inputs' sums, maxima and minima, every
-    mode for their float64 sums, non-zero counting for integer and bool inputs' float64 sums (skipping NaN is
-    plain there), plain elsewhere."""
+    result ``o`` and ``kernel_op`` implement: non-zero counting alone for count results (int64 counts and
+    bool, of inputs other than bool), NaN skipping for float inputs' sums, maxima and minima, every mode for
+    their float64 sums, non-zero counting for integer inputs' float64 sums (skipping NaN is plain there),
+    plain elsewhere (bool inputs are their own count)."""
     plain, skip = 1 << LIFT_PLAIN, 1 << LIFT_SKIP_NAN
     if kernel_op not in (OP_SUM, OP_MAX, OP_MIN):
         return plain
     a = acc_dtype(o)
     if np.dtype(t) == BOOL:
         return plain  # bool values are their own non-zero count
+    if np.dtype(o) in (COUNT, BOOL):
+        return 1 << LIFT_NONZERO  # count_nonzero, any, all: only counting
     if np.dtype(t) not in FLOATS:
         return plain | (1 << LIFT_NONZERO) if kernel_op == OP_SUM and a == F64 else plain
     if kernel_op == OP_SUM and a == F64:

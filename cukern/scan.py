@@ -49,8 +49,8 @@ import cukern._check as _check
 
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, dtype_name, parse_dtype
-from ._launch import X_COPIED, CallCache, LaunchConfig, Params, launch, on_device, refuse_temporary_in_capture, sm_count
-from ._launch import struct_argument
+from ._launch import NULL, X_COPIED, CallCache, LaunchConfig, Params, launch, on_device, refuse_temporary_in_capture
+from ._launch import sm_count, struct_argument
 from ._launch import cupy as _cupy
 from ._layout import collapse, k_order
 
@@ -58,10 +58,15 @@ SOURCE = "scan"
 BLOCK = 256  # SCAN_BLOCK in cuda_src/scan.cu: the definition's threads
 GROUP = 32  # SCAN_GROUP: tiles a group
 SPAN = 4096  # elements a scan_tiles block takes: one tile, or two of float32's 2048
-# scan_columns walks each group of 32 lines whole in one block, so it takes a layout only with this many
-# groups an SM at least; below it, scan_tiles' tiles in parallel win (bench/NOTES.md: float32 columns of
-# 8 groups ran as fast either way, of 2 groups six times faster in scan_tiles)
-COLUMN_BLOCKS_PER_SM = 0.1
+# scan_columns walks each group of 32 lines whole in one block, so it takes lines of more than one tile only
+# with at least this many bytes of each row of lines an SM (float32: half a column group an SM, the half
+# types one); below it, column_tiles spreads the tiles over blocks (bench/NOTES.md: float32 at 0.36 groups an
+# SM 32% walked against 42%, at 0.48 a tie, at 0.73 53% against 41%; float16 at 0.97 groups 31% against 34%,
+# at 1.94 45% against 34%)
+COLUMN_WALK_BYTES_PER_SM = 64
+# scan_columns' modes (cuda_src/scan.cu): a block walking a column group's tiles; a block a column group's tile,
+# its aggregates; the same tile's results from the prefixes scan_column_prefixes forms between the two
+COLUMN_WALK, COLUMN_AGGREGATES, COLUMN_FINISH = 0, 1, 2
 SCAN_SUM, SCAN_PROD = 0, 1
 OPS = {"cumsum": SCAN_SUM, "cumprod": SCAN_PROD}
 _F32, _F64, _F16, _I32, _I64, _BOOL = (np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int32, np.int64,
@@ -197,11 +202,24 @@ class Plan:
             return min(self.tiles, self.blocks_per_sm * self.sm_count)
         if self.kernel == "columns":
             return self.rows // self.inner * -(-self.inner // 32)
+        if self.kernel == "column_tiles":
+            return self.rows // self.inner * -(-self.inner // 32) * self.tiles_per_row
         return self.rows * -(-self.tiles_per_row // (SPAN // self.tile))
 
     @property
     def config(self) -> LaunchConfig:
         return LaunchConfig(grid=(self.grid,), block=(self.threads,), shared_mem=self.shared)
+
+    @property
+    def column_values(self) -> int:
+        """column_tiles: the floats between its launches, one a tile of every line slot (column groups of 32)."""
+        return self.rows // self.inner * -(-self.inner // 32) * 32 * self.tiles_per_row
+
+    @property
+    def prefix_config(self) -> LaunchConfig:
+        """column_tiles: scan_column_prefixes' launch, a thread a line slot."""
+        slots = self.rows // self.inner * -(-self.inner // 32) * 32
+        return LaunchConfig(grid=(-(-slots // BLOCK),), block=(BLOCK,))
 
 
 def threads(dtype, out_dtype) -> int:
@@ -223,38 +241,55 @@ def stage_bytes(dtype, out_dtype) -> int:
 def instantiation(dtype, out_dtype, op: int, kernel: str = "tiles") -> Instantiation:
     if kernel == "ahead":
         return Instantiation(SOURCE, "scan_ahead", (np.dtype(dtype), op))
-    if kernel == "columns":
-        return Instantiation(SOURCE, "scan_columns", (np.dtype(dtype), np.dtype(out_dtype), op))
+    if kernel in ("columns", "column_tiles"):  # column_tiles: its last launch (column_instantiations)
+        mode = COLUMN_WALK if kernel == "columns" else COLUMN_FINISH
+        return Instantiation(SOURCE, "scan_columns", (np.dtype(dtype), np.dtype(out_dtype), op, mode))
     return Instantiation(SOURCE, "scan_tiles", (np.dtype(dtype), np.dtype(out_dtype), op, threads(dtype, out_dtype)))
 
 
+def column_instantiations(dtype, op: int) -> tuple:
+    """column_tiles' three launches, in order: the aggregates, the prefixes, the results."""
+    t = np.dtype(dtype)
+    return (Instantiation(SOURCE, "scan_columns", (t, t, op, COLUMN_AGGREGATES)),
+            Instantiation(SOURCE, "scan_column_prefixes", (op,)),
+            Instantiation(SOURCE, "scan_columns", (t, t, op, COLUMN_FINISH)))
+
+
 def instantiations() -> list:
-    """One scan_tiles kernel per (input, result) pair of :data:`PAIRS` and op (complex pairs: cumprod only),
-    and one scan_ahead and one scan_columns kernel per type of :data:`AHEAD_DTYPES` and op: all that
-    :func:`plan`'s launches use."""
+    """One scan_tiles kernel per (input, result) pair of :data:`PAIRS` and op (complex pairs: cumprod only);
+    per type of :data:`AHEAD_DTYPES` and op, one scan_ahead kernel and scan_columns in each mode; and one
+    scan_column_prefixes kernel per op: all that :func:`plan`'s launches use."""
+    columns = [i for t in AHEAD_DTYPES for op in (SCAN_SUM, SCAN_PROD)
+               for i in (instantiation(t, t, op, "columns"),) + column_instantiations(t, op)]
     return ([instantiation(t, o, op) for t, o in PAIRS for op in (SCAN_SUM, SCAN_PROD)
              if o.kind != "c" or op == SCAN_PROD]
-            + [instantiation(t, t, op, kernel) for t in AHEAD_DTYPES for op in (SCAN_SUM, SCAN_PROD)
-               for kernel in ("ahead", "columns")])
+            + [instantiation(t, t, op, "ahead") for t in AHEAD_DTYPES for op in (SCAN_SUM, SCAN_PROD)]
+            + list(dict.fromkeys(columns)))
 
 
 def kernel_for(dtypes, x: tuple, o: tuple, vector: bool, inner: int = 1, rows: int = 1,
-               sm_count: int = 132) -> str:
-    """The kernel: "columns" for lines of an :data:`AHEAD_DTYPES` type scanned into the same type, side by
-    side in memory (x's and out's lines one element apart) and strided along their length, at least 32 and
-    :data:`COLUMN_BLOCKS_PER_SM` column groups an SM (``rows`` lines in groups of ``inner``); "ahead" for
-    lines of an :data:`AHEAD_DTYPES` type scanned into the same type, read and written with unit steps, each
-    line starting 16-byte aligned (``vector``: x's and out's data are, and every line stride is a multiple of
-    16 bytes); else "tiles". scan_columns reads 32 neighbouring lines a warp, each thread walking its own
-    line whole, so it needs many lines; scan_ahead reads a tile twice (the second time from L1 or L2) as
+               sm_count: int = 132, tiles_per_line: int = 1) -> str:
+    """The kernel: for lines of an :data:`AHEAD_DTYPES` type scanned into the same type, side by side in
+    memory (x's and out's lines one element apart, at least 32 of them) and strided along their length
+    (``rows`` lines in groups of ``inner``), "columns" (scan_columns walking each column group of 32 lines
+    whole) for lines of one tile, or with at least :data:`COLUMN_WALK_BYTES_PER_SM` bytes of each row of
+    lines an SM, else "column_tiles" (the same kernel a tile a block in two launches around
+    scan_column_prefixes);
+    "ahead" for lines of an :data:`AHEAD_DTYPES` type scanned into the same type, read and written with unit
+    steps, each line starting 16-byte aligned (``vector``: x's and out's data are, and every line stride is a
+    multiple of 16 bytes); else "tiles". scan_columns reads 32 neighbouring lines a warp, each thread
+    evaluating its own line's expression; scan_ahead reads a tile twice (the second time from L1 or L2) as
     16-byte vectors; a line that it would read one element at a time stays with scan_tiles, which stages it
     through shared memory."""
     if dtypes is None:
         return "tiles"
     t, o_dtype = (np.dtype(d) for d in dtypes)
     if (t == o_dtype and t in AHEAD_DTYPES and x[1] == 1 and o[1] == 1 and (x[2] != 1 or o[2] != 1)
-            and inner >= 32 and rows // inner * -(-inner // 32) >= COLUMN_BLOCKS_PER_SM * sm_count):
-        return "columns"
+            and inner >= 32):
+        groups = rows // inner * -(-inner // 32)
+        if tiles_per_line <= 1 or groups * 32 * t.itemsize >= COLUMN_WALK_BYTES_PER_SM * sm_count:
+            return "columns"
+        return "column_tiles"
     if not vector:
         return "tiles"
     if t != o_dtype or t not in AHEAD_DTYPES or x[2] != 1 or o[2] != 1:
@@ -307,7 +342,7 @@ def plan(shape, axis=None, *, x_strides=None, out_strides=None, aligned: bool = 
     size = BLOCK * 16 if dtypes is None else tile(*dtypes)
     if rows * -(-n // size) >= 2**31:
         raise ValueError(f"{rows} lines of {n} elements make more than 2**31 - 1 tiles")
-    kernel = kernel_for(dtypes, xl, ol, vector or copy, inner, rows, sm_count)
+    kernel = kernel_for(dtypes, xl, ol, vector or copy, inner, rows, sm_count, -(-n // size))
     block = BLOCK if dtypes is None or kernel != "tiles" else threads(*dtypes)
     shared = 0 if dtypes is None or kernel != "tiles" else stage_bytes(*dtypes)
     blocks = 5 if dtypes is None else ahead_blocks(dtypes[0])
@@ -420,7 +455,12 @@ def _prepare(op: str, x, axis, dtype, out) -> _Call:
     fields = {"inner": pl.inner, "x_s0": x_s0, "x_s1": x_s1, "x_step": x_step, "o_s0": o_s0, "o_s1": o_s1,
               "o_step": o_step, "n": pl.n, "tiles_per_row": pl.tiles_per_row, "tiles": pl.tiles}
     with on_device(x.data.device_id):
-        kernel = get_kernel(instantiation(x.dtype, o, OPS[op], pl.kernel)) if pl.tiles else None
+        if not pl.tiles:
+            kernel = None
+        elif pl.kernel == "column_tiles":
+            kernel = tuple(get_kernel(i) for i in column_instantiations(x.dtype, OPS[op]))
+        else:
+            kernel = get_kernel(instantiation(x.dtype, o, OPS[op], pl.kernel))
         if kernel is not None and pl.shared:
             kernel.max_dynamic_shared_size_bytes = pl.shared
     return _Call(kernel, pl, fields, o, shape)
@@ -557,13 +597,22 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
         if pl.copy:
             refuse_temporary_in_capture(op, X_COPIED)
         walks = pl.kernel == "columns"  # no look-back: no workspace
+        spread = pl.kernel == "column_tiles"  # no look-back: the workspace's values hold the tiles' values
         if call.kernel is not None and not walks:
-            ws, epoch = workspace(pl.tiles)  # under capture: refused (nothing recorded) or the words cleared
+            # under capture: refused (nothing recorded) or the words cleared
+            ws, epoch = workspace(-(-pl.column_values // 12) if spread else pl.tiles)  # 48 value bytes a tile
         dst = out if out is not None and not pl.copy else cp.ndarray(call.shape, call.out_dtype)
         if call.kernel is not None:
             src = cp.ascontiguousarray(x) if pl.copy else x
+            if walks or spread:
+                params = struct_argument(PARAMS.struct(**call.fields, epoch=0))
             if walks:
-                launch(call.kernel, pl.config, (dst, src, struct_argument(PARAMS.struct(**call.fields, epoch=0))))
+                launch(call.kernel, pl.config, (dst, src, NULL, params))
+            elif spread:
+                values = np.uint64(ws.values.data.ptr)
+                launch(call.kernel[0], pl.config, (dst, src, values, params))
+                launch(call.kernel[1], pl.prefix_config, (values, params))
+                launch(call.kernel[2], pl.config, (dst, src, values, params))
             else:
                 params = struct_argument(PARAMS.struct(**call.fields, epoch=epoch))
                 status, values, size = ws.status.data.ptr, ws.values.data.ptr, ws.tiles

@@ -141,7 +141,7 @@ def test_column_sum_card_shows_both_passes():
 
 def test_column_scan_card_names_the_column_kernel():
     c = card.explain("cumsum", (16384, 4096), "float32", device=H200, axis=0)
-    assert [launch["kernel"] for launch in c.launches] == ["cukern::scan_columns<float, float, 0>"]
+    assert [launch["kernel"] for launch in c.launches] == ["cukern::scan_columns<float, float, 0, 0>"]
     assert c.tuning["knobs"]["kernel"] == "columns" and "carried" in c.accumulation["combine"]
     assert c.traffic["re_read"] == ["each tile a second time for the results, from L2"]
 

@@ -14,6 +14,7 @@ from _support import (
     assert_close,
     assert_no_spills,
     capture,
+    checked_instantiations,
     compiled,
     fake_array,
     refused_in_capture,
@@ -155,7 +156,6 @@ def test_float32_lines_of_unit_step_and_16_byte_starts_go_ahead():
     assert C.plan((40, 4096 * 8), 1, dtypes=(f32, f32)).kernel == "ahead"
     assert C.plan((40, 4100), 1, dtypes=(f32, f32)).kernel == "ahead"  # lines 4100 floats apart: 16-byte starts
     for tiles in [C.plan((3, 10007), 1, dtypes=(f32, f32)),  # lines 10007 floats apart
-                  C.plan((64, 256), 0, dtypes=(f32, f32)),  # elements 256 apart, 8 column groups
                   C.plan((1 << 20,), None, dtypes=(f32, f32), vector=False),
                   C.plan((1 << 20,), None, dtypes=(f32, f64)), C.plan((1 << 20,), None, dtypes=(f64, f64)),
                   C.plan((40, 4100), 1, dtypes=(BFLOAT16, BFLOAT16))]:  # 8200 bytes apart
@@ -175,9 +175,27 @@ def test_columns_take_many_adjacent_strided_lines():
     p = C.plan((6, 3000, 1000), 1, dtypes=(BFLOAT16, BFLOAT16))  # 6 outer lines of 1000 columns: 6 x 32 groups
     assert p.kernel == "columns" and p.config.grid == (6 * 32,)
     assert C.plan((16384, 4096), 0, dtypes=(f64, f64)).kernel == "tiles"  # 8-byte accumulators: not here
-    assert C.plan((100000, 64), 0, dtypes=(f32, f32)).kernel == "tiles"  # two groups: too few blocks
+    assert C.plan((2048, 64), 0, dtypes=(f32, f32)).kernel == "columns"  # lines of one tile: however few groups
+    assert C.plan((64, 256), 0, dtypes=(f32, f32)).kernel == "columns"
     assert C.plan((4096, 16384), 1, dtypes=(f32, f32)).kernel == "ahead"  # rows of unit stride
     assert C.plan((16384, 4096), 0, x_strides=(4096, 2), dtypes=(f32, f32)).kernel == "tiles"  # lines 2 apart
+
+
+def test_few_column_groups_spread_their_tiles_over_blocks():
+    """column_tiles: too few column groups for one block each, lines of more than one tile: a block a tile of
+    a column group (aggregates, then results), and between the two a thread a line slot forming the prefixes;
+    the workspace holds a float a line slot and tile."""
+    f32 = np.dtype(np.float32)
+    p = C.plan((100000, 64), 0, dtypes=(f32, f32))  # two groups of 49 float32 tiles
+    assert p.kernel == "column_tiles" and p.config.grid == (2 * 49,) and p.config.block == (C.BLOCK,)
+    assert p.column_values == 64 * 49 and p.prefix_config.grid == (1,)
+    p = C.plan((5, 10000, 40), 1, dtypes=(BFLOAT16, BFLOAT16))  # 5 outer lines, 2 groups, 3 bf16 tiles
+    assert p.kernel == "column_tiles" and p.config.grid == (5 * 2 * 3,) and p.column_values == 5 * 64 * 3
+    assert C.plan((100000, 64), 0, dtypes=(f32, f32), sm_count=4).kernel == "columns"  # 256 bytes a row: 64 an SM
+    assert C.plan((100000, 64), 0, dtypes=(f32, f32), sm_count=5).kernel == "column_tiles"
+    aggregates, prefixes, finish = C.column_instantiations(f32, C.SCAN_SUM)
+    assert aggregates.args == (f32, f32, C.SCAN_SUM, C.COLUMN_AGGREGATES) and prefixes.args == (C.SCAN_SUM,)
+    assert C.instantiation(f32, f32, C.SCAN_SUM, "column_tiles") == finish
 
 
 def test_lines_and_layouts():
@@ -242,16 +260,18 @@ def test_instantiations_are_the_pairs():
     insts = C.instantiations()
     complex_pairs = [p for p in C.PAIRS if p[1].kind == "c"]
     assert len(complex_pairs) == 2
-    assert len(insts) == len(set(insts)) == 2 * (len(C.PAIRS) + 2 * len(C.AHEAD_DTYPES)) - len(complex_pairs)
-    assert {i.args for i in insts if i.args[1] in (np.complex64, np.complex128)} == {
+    assert len(insts) == len(set(insts)) == 2 * (len(C.PAIRS) + 4 * len(C.AHEAD_DTYPES) + 1) - len(complex_pairs)
+    assert {i.args for i in insts if i.args[1:2] in ((np.complex64,), (np.complex128,))} == {
         (t, t, C.SCAN_PROD, 256) for t, _ in complex_pairs}
     assert [C.stage_bytes(t, o) for t, o in C.PAIRS] == [4 * (16384 + 512 + 1) if o == np.complex128 else 0
                                                           for t, o in C.PAIRS]
     assert C.plan((5000,), None, dtypes=(np.complex128, np.complex128)).config.shared_mem == 67588
     assert {i.args for i in insts if i.name == "scan_ahead"} == {(t, op) for t in C.AHEAD_DTYPES
                                                                   for op in (C.SCAN_SUM, C.SCAN_PROD)}
-    assert {i.args for i in insts if i.name == "scan_columns"} == {(t, t, op) for t in C.AHEAD_DTYPES
-                                                                    for op in (C.SCAN_SUM, C.SCAN_PROD)}
+    assert {i.args for i in insts if i.name == "scan_columns"} == {
+        (t, t, op, mode) for t in C.AHEAD_DTYPES for op in (C.SCAN_SUM, C.SCAN_PROD)
+        for mode in (C.COLUMN_WALK, C.COLUMN_AGGREGATES, C.COLUMN_FINISH)}
+    assert {i.args for i in insts if i.name == "scan_column_prefixes"} == {(C.SCAN_SUM,), (C.SCAN_PROD,)}
 
 
 def test_bytes_moved():
@@ -335,11 +355,13 @@ def test_every_instantiation_compiles_without_spills_or_contraction(arch):
     c = compiled(C.SOURCE, arch)
     res = c.resources()
     assert ".local" not in c.ptx
-    for inst in C.instantiations():
+    for inst in checked_instantiations(C.SOURCE):
         assert_no_spills(res[c.lowered[inst.expression]], arch, inst.expression)
         body = c.kernel_ptx(inst)
         assert "fma.rn" not in body and ".approx" not in body, inst.expression
-        if inst.name != "scan_columns":  # the look-back's kernels draw tiles and fence; scan_columns neither
+        if inst.name == "scan_column_prefixes":  # a thread a line, nothing shared
+            assert "atom." not in body and "membar" not in body and "bar.sync" not in body, inst.expression
+        elif inst.name != "scan_columns":  # the look-back's kernels draw tiles and fence; scan_columns neither
             assert "atom.global.add.u32" in body and "membar.gl" in body, inst.expression
         else:
             assert "atom." not in body and "membar" not in body and "bar.sync" in body, inst.expression
@@ -367,7 +389,7 @@ def test_float32_ahead_fits_its_resident_blocks_on_sm_90():
     registers, with no spill."""
     c = compiled(C.SOURCE, "sm_90")
     res = c.resources()
-    for inst in C.instantiations():
+    for inst in checked_instantiations(C.SOURCE):
         if inst.name == "scan_ahead":
             r = res[c.lowered[inst.expression]]
             assert C.ahead_blocks(inst.args[0]) * C.BLOCK * r["registers"] <= 64 * 1024, (inst.expression, r)
@@ -379,7 +401,7 @@ def test_ahead_reads_in_vectors_and_streams_its_second_read_and_stores():
     """scan_ahead's second read of a tile and its stores are evict-first (cuda_src/scan.cu: the tiles still to
     be read again keep L2; plain ones ran at 44% of the copy against 66%), its first read plain, all 16-byte."""
     c = compiled(C.SOURCE, "sm_90")
-    for inst in C.instantiations():
+    for inst in checked_instantiations(C.SOURCE):
         if inst.name == "scan_ahead":
             body = c.kernel_ptx(inst)
             assert "ld.global.cs.v4.u32" in body and "st.global.cs.v4.u32" in body, inst.expression
@@ -626,34 +648,49 @@ def test_float32_spans_of_two_tiles_give_the_emulators_bits(op, rng):
         assert same_bits(got, getattr(R, f"{op}_emulated")(xh, axis)), (shape, axis)
 
 
+# Column layouts each column kernel takes (with the threshold that forces it), then the matrix of the in-place
+# and capture checks: lines over a group of tiles long, a last column group part empty, several outer lines,
+# a negative step; column_tiles' lines over a tile long.
+_COLUMN_CASES = {
+    "columns": (0, [((2048 * 33 + 7, 40), 0, None), ((4097, 100), 0, None), ((3, 2049, 70), 1, None),
+                    ((5000, 64), 0, lambda a: a[::-1]), ((1, 33), 0, None)], (3000, 96)),
+    "column_tiles": (float("inf"), [((4096 * 33 + 7, 40), 0, None), ((8193, 100), 0, None),
+                                    ((3, 8197, 70), 1, None), ((9000, 64), 0, lambda a: a[::-1]),
+                                    ((4097, 32), 0, None)], (9000, 96)),
+}
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", sorted(_COLUMN_CASES))
 @pytest.mark.parametrize("dtype", C.AHEAD_DTYPES, ids=dtype_name)
 @pytest.mark.parametrize("op", OPS)
-def test_columns_give_the_emulators_bits(op, dtype, rng, monkeypatch):
-    """scan_columns (each thread walking one of 32 neighbouring lines tile by tile, Q and B carried) gives
-    the emulator's bits: lines over a group of tiles long, a last column group part empty, several outer
-    lines, a negative step along the lines, in place, and under a CUDA-graph capture with no workspace."""
+def test_columns_give_the_emulators_bits(op, dtype, kernel, rng, monkeypatch):
+    """scan_columns, walking each column group of 32 lines tile by tile with Q and B carried ("columns"), or a
+    block a column group's tile, twice, with the prefixes formed between ("column_tiles"), gives the
+    emulator's bits: on _COLUMN_CASES, in place, and under a CUDA-graph capture (after an eager call on the
+    stream, which makes column_tiles' workspace)."""
     import cupy
 
-    monkeypatch.setattr(C, "COLUMN_BLOCKS_PER_SM", 0)  # every such layout, however few its column groups
+    threshold, cases, size = _COLUMN_CASES[kernel]
+    monkeypatch.setattr(C, "COLUMN_WALK_BYTES_PER_SM", threshold)  # however few (or many) column groups
     monkeypatch.setattr(C, "_calls", C.CallCache())
-    for shape, axis, view in [((2048 * 33 + 7, 40), 0, None), ((4097, 100), 0, None), ((3, 2049, 70), 1, None),
-                              ((5000, 64), 0, lambda a: a[::-1]), ((1, 33), 0, None)]:
+    for shape, axis, view in cases:
         xh = _values(rng, shape, dtype, op)
         x = cupy.asarray(xh)
         if view is not None:
             x, xh = view(x), view(xh)
-        assert C._prepare(op, x, axis, None, None).plan.kernel == "columns", (shape, axis)
+        assert C._prepare(op, x, axis, None, None).plan.kernel == kernel, (shape, axis)
         _check(op, x, xh, axis)
-    xh = _values(rng, (3000, 96), dtype, op)
+    xh = _values(rng, size, dtype, op)
     x = cupy.asarray(xh)
     want = getattr(R, f"{op}_emulated")(xh, 0)
     assert same_bits(getattr(C, op)(x, axis=0, out=x), want)  # in place
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
+        getattr(C, op)(x, axis=0)
         graph, got, freed = capture(stream, lambda: getattr(C, op)(x, axis=0))
         assert not freed
-        x2h = _values(rng, (3000, 96), dtype, op)
+        x2h = _values(rng, size, dtype, op)
         x[...] = cupy.asarray(x2h)
         graph.launch(stream)
         stream.synchronize()

@@ -37,9 +37,18 @@ def _describe(name: str):
         axis = scan.normalize_axis(bench.parse_axis(params.get("axis")), len(shape))
         o = scan.result_dtype(dt)
         pl = scan.plan(shape, axis, dtypes=(dt, o))
-        ahead, columns = pl.kernel == "ahead", pl.kernel == "columns"
+        ahead, spread = pl.kernel == "ahead", pl.kernel == "column_tiles"
+        columns = spread or pl.kernel == "columns"
         launches = []
-        if pl.tiles:
+        if pl.tiles and spread:
+            aggregates, prefixes, finish = scan.column_instantiations(dt, scan.OPS[name])
+            launches += [card.Launch(aggregates, pl.grid, pl.threads, "a tile of 32 neighbouring lines a block: "
+                                     "each line's aggregate"),
+                         card.Launch(prefixes, pl.prefix_config.grid[0], scan.BLOCK, "a thread a line: each "
+                                     "tile's prefix from the aggregates before it"),
+                         card.Launch(finish, pl.grid, pl.threads, "a tile of 32 neighbouring lines a block: "
+                                     "its results from its prefix")]
+        elif pl.tiles:
             launches.append(card.Launch(scan.instantiation(dt, o, scan.OPS[name], pl.kernel), pl.grid, pl.threads,
                                         "resident blocks walking the tiles, each tile's aggregate a round ahead of "
                                         "its scan" if ahead else "32 neighbouring lines a block, each walked whole"
@@ -47,7 +56,8 @@ def _describe(name: str):
         items = pl.tile // scan.BLOCK
         runs = scan.BLOCK // pl.threads * (1 if ahead else scan.SPAN // pl.tile)
         block_computes = (f"tiles of {pl.tile} elements in the order it draws them, {pl.blocks_per_sm} blocks "
-                          "an SM" if ahead else "every tile of 32 neighbouring lines, in order" if columns
+                          "an SM" if ahead else "one tile of 32 neighbouring lines (twice)" if spread
+                          else "every tile of 32 neighbouring lines, in order" if columns
                           else f"{scan.SPAN // pl.tile} tile(s) of {pl.tile} elements of a line")
         tile = {"grid": pl.grid, "block": pl.threads, "lines": pl.rows, "elements_per_line": pl.n,
                 "tile_elements": pl.tile, "one_block_computes": block_computes,
@@ -56,7 +66,10 @@ def _describe(name: str):
                                         f"(threads h + {pl.threads} j of the {scan.BLOCK}-thread definition)")}
         nbytes = scan.bytes_moved(shape, dt)
         written = int(np.prod(shape)) * o.itemsize
-        if columns:
+        if spread:
+            re_read = ["each tile twice more in the results' launch: from DRAM (the aggregates' launch read it "
+                       "first), then from L2", "a float a line and tile, three times, between the launches"]
+        elif columns:
             re_read = ["each tile a second time for the results, from L2"]
         else:
             re_read = (["each tile's elements a second time, a round after the first, from L1 or L2 (streaming "
@@ -79,10 +92,12 @@ def _describe(name: str):
                         "order": (f"fixed by the tile of {pl.tile}: a thread's {items} in order, the lanes' ladder, "
                                   f"the warps in order, the tiles of a group of {scan.GROUP} in order, the groups in "
                                   "order (cukern.reference.cumsum_emulated)"),
-                        "combine": ("Q and B carried from tile to tile by the block that walks the lines"
+                        "combine": ("each line's B_g (+) Q_t from its tiles' aggregates, by a thread a line, "
+                                    "between the launches" if spread else
+                                    "Q and B carried from tile to tile by the block that walks the lines"
                                     if columns else "look-back: the group's earlier aggregates; the nearest "
                                     "published group prefix, then the group totals after it, forward"),
-                        "passes": 1}
+                        "passes": 2 if spread else 1}
         notes = []
         if pl.copy:
             notes.append("the input is first copied to C-contiguous; that copy is not in the count")
