@@ -17,7 +17,6 @@ import numpy as np
 
 from cukern import families
 from cukern._compile import Compiled, compile_program
-from cukern._dtypes import COUNT
 from cukern._layout import ArraySpec, contiguous_strides
 
 # Every family is compiled and checked for sm_90, the GPU we measure, once per test run. The other supported
@@ -85,20 +84,12 @@ def checked_instantiations(source: str, every: bool | None = None) -> list:
     return _checked(source, EVERY if every is None else every)
 
 
-# Results of the count kernels (count_nonzero, any, all): float64 sums of the lift x != 0, its modes compiled
-# in every instantiation, about six times the NVRTC time of another (1.5 s each). The README's test command
-# covers each input dtype's lift in the full kernels only; every one is compiled in .ci/run's runs.
-_COUNTED = (np.dtype(np.bool_), COUNT)
-
-
 @functools.lru_cache(maxsize=None)
 def _checked(source: str, every: bool) -> list:
     insts = families.named(source).instantiations()
     if source == "reduce":
         insts = [i for i in insts if not (i.name == "reduce_rows" and np.dtype(i.args[-1]) == np.int64)
                  and not (i.name == "reduce_cols" and i.args[4] == 4)]
-        if not every:  # the rows kernels of count results: the full kernels' lifts (below) in the rows layouts
-            insts = [i for i in insts if not (i.name == "reduce_rows" and np.dtype(i.args[1]) in _COUNTED)]
     return insts if every or len(insts) <= SAMPLED_PAST else _sample(insts)
 
 
