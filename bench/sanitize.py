@@ -230,6 +230,12 @@ def science_cases():
         run(cukern.cumprod, x * 0 + 1, axis=1)
         y = x.copy()
         run(cukern.cumsum, y, axis=1, out=y)
+    for dtype in FLOATS:  # scan_columns: the walk over whole and partial tiles, the last column group part
+        x = dev((4099, 4300), dtype)  # empty; then column_tiles' three launches (three groups of 70 lines)
+        run(cukern.cumsum, x, axis=0)
+        x = dev((4100, 70), dtype)
+        run(cukern.cumsum, x, axis=0)
+        run(cukern.cumprod, x[::-1] * 0 + 1, axis=0)
     run(cukern.argmax, dev(100003, F32))
     run(cukern.cumsum, dev(100003, F32))
     run(cukern.cumsum, dev((0, 5), F32), axis=0)
