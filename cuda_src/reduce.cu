@@ -436,8 +436,10 @@ template <typename I> __device__ __forceinline__ int chain_count(I left) {
 // (count, mean, M2). A non-finite d makes the mean an infinity or a NaN, which no later Chan merge makes
 // finite again and finish turns into the NaN result, whatever M2 holds.
 // logsumexp: m = the NaN-propagating Max of the elements (commutative, so order-free), then s = ((e^(v_0 - m)
-// + e^(v_1 - m)) + ...), one exp_nonpositive per element (the term of the maximum is 1 exactly). An infinite
-// or NaN m gives (m, 1): for such an m nothing after the chain reads s beyond s != 0. finish returns m for
+// + e^(v_1 - m)) + ...), one exp_nonpositive per element (the term of the maximum is 1 exactly, so s >= 1),
+// then s raised to 1: no change for a finite m, and (m, 1) for an infinite or NaN m, whose every term is 0
+// (v - m is -inf or NaN, raised to kUnderflow), with no branch: for such an m nothing after the chain reads
+// s beyond s != 0. finish returns m for
 // any s != 0. LogSumExp::apply with a NaN operand adds the m's (a NaN) and the s's (no zero: every
 // non-identity s is at least 1); against an equal m (two +inf or two -inf) it adds the s's; against the
 // identity (s == 0) it returns this state; an m of -inf against a larger m, or a finite m against +inf, goes
@@ -475,13 +477,12 @@ __device__ __forceinline__ A chain_state(const T (&x)[CHAIN_LENGTH], int count, 
     for (int m = 1; m < CHAIN_LENGTH; ++m) {
       if (m < count) hi = chain_max(hi, to_acc<S>(x[m]));
     }
-    if (!isfinite(hi)) return A{hi, S(1)};
     S s = exp_nonpositive(sub_rn(to_acc<S>(x[0]), hi));
 #pragma unroll
     for (int m = 1; m < CHAIN_LENGTH; ++m) {
       if (m < count) s = add_rn(s, exp_nonpositive(sub_rn(to_acc<S>(x[m]), hi)));
     }
-    return A{hi, s};
+    return A{hi, fmax(s, S(1))};  // s itself for a finite m; 1 for an infinite or NaN m (every term 0)
   }
 }
 
