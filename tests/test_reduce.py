@@ -486,9 +486,9 @@ def test_every_instantiation_compiles_without_spills_and_vectorizes(arch):
 
 def _exp_fmas(ptx: str) -> tuple:
     """The float32 fused multiply-adds in ``ptx``, as (count, exps): each must take one of ExpLog<float>'s
-    exp constants (kInvLn2, kMagic, -kLn2Hi, -kLn2Lo, a polynomial coefficient times 2^-64) as an operand, an immediate or a
-    register moved from one, as only exp_nonpositive's do; exps counts those by kInvLn2 plus kMagic (one an
-    exp)."""
+    exp constants (kInvLn2, kMagic, -kLn2Hi, -kLn2Lo, a polynomial coefficient times 2^-64) as an operand, an
+    immediate or a register moved from one, as only exp_nonpositive's do; exps counts those by kInvLn2 plus
+    kMagic (one an exp)."""
     c = reference._explog(np.float32)
 
     def imm(v):  # PTX's spelling of a float32 immediate
