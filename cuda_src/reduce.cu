@@ -267,21 +267,24 @@ template <> struct ExpLog<double> {
 };
 
 // e^d for d <= 0 (-inf gives 0): d = k ln2 + r (Cody and Waite), k = rint(d / ln2) by adding and subtracting
-// kMagic (no rounding or conversion instruction: k also lies in the sum's low bits), e^r by Horner, times
-// 2^k as p 2^(k + 64), exact and normal for p in [1/2, 2) and k >= -1076, then times 2^-64, which rounds
-// once (subnormal results included). Below kUnderflow (and for -inf or a NaN) the result is 0: d is
-// raised to kUnderflow, whose e^d these steps already round to 0 (tests/test_reduce.py checks it), one
-// max instruction where a test and a select took two.
+// kMagic (no rounding or conversion instruction: k also lies in the sum's low bits), e^r by Horner, then
+// p 2^k rounded once (subnormal results included) as one product, p 2^-64 times 2^(k + 64): the coefficients
+// are scaled by 2^-64 (exactly, at compile time), which scales every step of Horner's exactly (each stays
+// normal), and 2^(k + 64) is normal for every k the exp forms (k >= -150 for float, -1076 for double). The
+// same bits as p 2^(k + 64) (exact) times 2^-64, one multiplication fewer. Below kUnderflow (and for -inf or
+// a NaN) the result is 0: d is raised to kUnderflow, whose e^d these steps already round to 0
+// (tests/test_reduce.py checks it), one max instruction where a test and a select took two.
 template <typename S> __device__ __forceinline__ S exp_nonpositive(S d) {
   using E = ExpLog<S>;
+  constexpr S kScale = S(0x1p-64);
   d = fmax(d, E::kUnderflow);
   const S t = E::mad(d, E::kInvLn2, E::kMagic);
   const S k = sub_rn(t, E::kMagic);
   const S r = E::mad(k, -E::kLn2Lo, E::mad(k, -E::kLn2Hi, d));
-  S p = E::kExp[E::kExpTerms - 1];
+  S p = E::kExp[E::kExpTerms - 1] * kScale;
 #pragma unroll
-  for (int i = E::kExpTerms - 2; i >= 0; --i) p = E::mad(p, r, E::kExp[i]);
-  return mul_rn(mul_rn(p, E::pow2(E::magic_int(t) + 64)), E::pow2(-64));
+  for (int i = E::kExpTerms - 2; i >= 0; --i) p = E::mad(p, r, E::kExp[i] * kScale);
+  return mul_rn(p, E::pow2(E::magic_int(t) + 64));
 }
 
 // log(s) for finite s >= 1: s = f 2^e with f in [sqrt(1/2), sqrt(2)), log f = 2 atanh((f - 1) / (f + 1)).
@@ -433,8 +436,10 @@ template <typename I> __device__ __forceinline__ int chain_count(I left) {
 // (count, mean, M2). A non-finite d makes the mean an infinity or a NaN, which no later Chan merge makes
 // finite again and finish turns into the NaN result, whatever M2 holds.
 // logsumexp: m = the NaN-propagating Max of the elements (commutative, so order-free), then s = ((e^(v_0 - m)
-// + e^(v_1 - m)) + ...), one exp_nonpositive per element (the term of the maximum is 1 exactly). An infinite
-// or NaN m gives (m, 1): for such an m nothing after the chain reads s beyond s != 0. finish returns m for
+// + e^(v_1 - m)) + ...), one exp_nonpositive per element (the term of the maximum is 1 exactly, so s >= 1),
+// then s raised to 1: no change for a finite m, and (m, 1) for an infinite or NaN m, whose every term is 0
+// (v - m is -inf or NaN, raised to kUnderflow), with no branch: for such an m nothing after the chain reads
+// s beyond s != 0. finish returns m for
 // any s != 0. LogSumExp::apply with a NaN operand adds the m's (a NaN) and the s's (no zero: every
 // non-identity s is at least 1); against an equal m (two +inf or two -inf) it adds the s's; against the
 // identity (s == 0) it returns this state; an m of -inf against a larger m, or a finite m against +inf, goes
@@ -472,13 +477,12 @@ __device__ __forceinline__ A chain_state(const T (&x)[CHAIN_LENGTH], int count, 
     for (int m = 1; m < CHAIN_LENGTH; ++m) {
       if (m < count) hi = chain_max(hi, to_acc<S>(x[m]));
     }
-    if (!isfinite(hi)) return A{hi, S(1)};
     S s = exp_nonpositive(sub_rn(to_acc<S>(x[0]), hi));
 #pragma unroll
     for (int m = 1; m < CHAIN_LENGTH; ++m) {
       if (m < count) s = add_rn(s, exp_nonpositive(sub_rn(to_acc<S>(x[m]), hi)));
     }
-    return A{hi, s};
+    return A{hi, fmax(s, S(1))};  // s itself for a finite m; 1 for an infinite or NaN m (every term 0)
   }
 }
 

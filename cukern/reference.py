@@ -1242,13 +1242,14 @@ def _fma32(a, b, c):
 def _exp_nonpositive(d):
     """reduce.cu ``exp_nonpositive``: e^d for d <= 0 (an array of float32 or float64), 0 below the underflow
     bound. k = rint(d / ln2) by adding and subtracting the magic constant (its integer also read from the
-    sum's bits), r = d - k ln2 in two steps, e^r by Horner, then p 2^(k + 64) (exact) times 2^-64 (rounded
-    once). Float32 forms every multiply-add with one rounding (:func:`_fma32`, as ``__fmaf_rn``), float64 as
-    a correctly rounded product and a correctly rounded sum."""
+    sum's bits), r = d - k ln2 in two steps, e^r by Horner with the coefficients scaled by 2^-64, then that
+    times 2^(k + 64), rounded once. Float32 forms every multiply-add with one rounding (:func:`_fma32`, as
+    ``__fmaf_rn``), float64 as a correctly rounded product and a correctly rounded sum."""
     c = _explog(d.dtype)
     t = d.dtype.type
     mad = _fma32 if t is np.float32 else (lambda a, b, c: a * b + c)
     bits = np.dtype(f"i{d.dtype.itemsize}")
+    scale = t(2.0**-64)
     with np.errstate(all="ignore"):
         live = d >= c["underflow"]
         dd = np.where(live, d, t(0))
@@ -1257,11 +1258,10 @@ def _exp_nonpositive(d):
         ki = km.view(bits).astype(np.int64) - np.asarray(c["magic"]).view(bits).astype(np.int64)
         r = mad(kf, -c["ln2_hi"], dd)
         r = mad(kf, -c["ln2_lo"], r)
-        p = np.full_like(d, c["exp"][-1])
+        p = np.full_like(d, c["exp"][-1] * scale)
         for coef in reversed(c["exp"][:-1]):
-            p = mad(p, r, coef)
-        one = np.ones_like(d)
-        out = (p * np.ldexp(one, ki + 64)) * np.ldexp(one, -64)
+            p = mad(p, r, coef * scale)
+        out = p * np.ldexp(np.ones_like(d), ki + 64)
     return np.where(live, out, t(0))
 
 

@@ -486,16 +486,16 @@ def test_every_instantiation_compiles_without_spills_and_vectorizes(arch):
 
 def _exp_fmas(ptx: str) -> tuple:
     """The float32 fused multiply-adds in ``ptx``, as (count, exps): each must take one of ExpLog<float>'s
-    exp constants (kInvLn2, kMagic, -kLn2Hi, -kLn2Lo, a polynomial coefficient) as an operand, an immediate or a
-    register moved from one, as only exp_nonpositive's do; exps counts those by kInvLn2 plus kMagic (one an
-    exp)."""
+    exp constants (kInvLn2, kMagic, -kLn2Hi, -kLn2Lo, a polynomial coefficient times 2^-64) as an operand, an
+    immediate or a register moved from one, as only exp_nonpositive's do; exps counts those by kInvLn2 plus
+    kMagic (one an exp)."""
     c = reference._explog(np.float32)
 
     def imm(v):  # PTX's spelling of a float32 immediate
         return "0f%08X" % np.float32(v).view(np.uint32)
 
     rounding = {imm(c["inv_ln2"]), imm(c["magic"])}
-    mine = rounding | {imm(v) for v in (-c["ln2_hi"], -c["ln2_lo"], *c["exp"])}
+    mine = rounding | {imm(v) for v in (-c["ln2_hi"], -c["ln2_lo"], *(v * np.float32(2.0**-64) for v in c["exp"]))}
     moved = dict(re.findall(r"\bmov\.f32\s+(%f\d+),\s*(0f[0-9A-F]{8});", ptx))
     exps = 0
     fmas = re.findall(r"\bfma\.rn\.f32\s+%f\d+,\s*([^,;]+),\s*([^,;]+),\s*([^,;]+);", ptx)
@@ -2064,8 +2064,8 @@ def test_fma32_is_the_correctly_rounded_fma(rng):
 def test_exp_rounds_and_scales_exactly():
     """exp_nonpositive's exact steps, as reduce.cu argues them: adding and subtracting the magic 1.5 2^23
     (1.5 2^52) rounds any |v| < 2^22 (2^51) to its nearest integer, ties to even, the integer also read from
-    the sum's bits; and p 2^(k + 64), then times 2^-64, is p 2^k rounded once (subnormal results included)
-    for p in [1/2, 2) and every k the exp can form."""
+    the sum's bits; and p 2^-64 times 2^(k + 64) is p 2^k rounded once (subnormal results included) for p in
+    [1/2, 2) and every k the exp can form, as p 2^(k + 64) (exact) times 2^-64 is."""
     for t, kmin in ((np.float32, -150), (np.float64, -1076)):
         c = reference._explog(t)
         magic = c["magic"]
@@ -2080,6 +2080,34 @@ def test_exp_rounds_and_scales_exactly():
         for k in range(kmin, 1):
             one = np.ones_like(p)
             assert same_bits((p * np.ldexp(one, k + 64)) * np.ldexp(one, -64), np.ldexp(p, k)), (t, k)
+            assert same_bits((p * np.ldexp(one, -64)) * np.ldexp(one, k + 64), np.ldexp(p, k)), (t, k)
+
+
+def test_exp_scaled_by_its_coefficients_keeps_its_bits():
+    """reduce.cu's exp_nonpositive scales Horner's coefficients by 2^-64 and multiplies once by 2^(k + 64):
+    the bits of the unscaled Horner's p times 2^(k + 64), then 2^-64 (its form before), on every 997th
+    float32 in [-104, 0], on float64 values over [-746, 0], and at the ends."""
+    rng = np.random.default_rng(11)
+    f32 = np.arange(0x80000000, np.float32(-104).view(np.uint32) + 1, 997).astype(np.uint32).view(np.float32)
+    f64 = -np.abs(rng.standard_normal(300000) * 200)
+    for d in (f32, f64, np.array([0.0, -0.0, -1e-30, -1e-300, -745.5, -746.0, -np.inf])):
+        c = reference._explog(d.dtype)
+        t = d.dtype.type
+        mad = reference._fma32 if t is np.float32 else (lambda a, b, c: a * b + c)
+        with np.errstate(all="ignore"):
+            live = d >= c["underflow"]
+            dd = np.where(live, d, t(0))
+            km = mad(dd, c["inv_ln2"], c["magic"])
+            kf = km - c["magic"]
+            bits = np.dtype(f"i{d.dtype.itemsize}")
+            ki = km.view(bits).astype(np.int64) - np.asarray(c["magic"]).view(bits).astype(np.int64)
+            r = mad(kf, -c["ln2_lo"], mad(kf, -c["ln2_hi"], dd))
+            p = np.full_like(d, c["exp"][-1])
+            for coef in reversed(c["exp"][:-1]):
+                p = mad(p, r, coef)
+            one = np.ones_like(d)
+            before = np.where(live, (p * np.ldexp(one, ki + 64)) * np.ldexp(one, -64), t(0))
+        assert same_bits(reference._exp_nonpositive(d), before), d.dtype
 
 
 def test_exp_and_log_routines_are_accurate():
