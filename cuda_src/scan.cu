@@ -788,10 +788,10 @@ __global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x
   const auto element = [&](long long e) {
     return live && e < p.n ? scan_lift<A>(xl[e * p.x_step]) : scan_identity<OP, A>();
   };
-  // A whole tile of a live line whose steps fit 32-bit offsets (a run group's RUNS * ITEMS elements at most
-  // 2^31 elements apart) takes unchecked loads and stores at offsets from the group's first element: one
-  // multiply-add an address instead of 64-bit index arithmetic and a bound test an element.
-  constexpr long long kNear = (1ll << 31) / (RUNS * ITEMS);
+  // A whole tile of a live line whose steps fit in 32 bits takes unchecked loads and stores, a pointer
+  // stepped from the run group's first element (an add with carry an address), the results stored in a loop
+  // of their own: no 64-bit index arithmetic, no bound test and no branch an element.
+  constexpr long long kNear = 1ll << 31;
   const bool near = p.x_step > -kNear && p.x_step < kNear && p.o_step > -kNear && p.o_step < kNear;
   const int xs = static_cast<int>(p.x_step), os = static_cast<int>(p.o_step);
   // Runs j0 .. j0 + RUNS - 1 of this warp's definition threads in the tile from `first`, loaded together.
@@ -802,7 +802,10 @@ __global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x
 #pragma unroll
       for (int r = 0; r < RUNS; ++r)
 #pragma unroll
-        for (int k = 0; k < ITEMS; ++k) v[r][k] = scan_lift<A>(xg[(r * ITEMS + k) * xs]);
+        for (int k = 0; k < ITEMS; ++k) {
+          v[r][k] = scan_lift<A>(*xg);
+          xg += xs;
+        }
     } else {
 #pragma unroll
       for (int r = 0; r < RUNS; ++r)
@@ -859,22 +862,31 @@ __global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x
     for (int j0 = 0; j0 < 32; j0 += RUNS) {
       A v[RUNS][ITEMS];
       load_runs(v, first, j0, whole);
-      O* const og = ol + (first + (32ll * warp + j0) * ITEMS) * p.o_step;  // the run group's first result
 #pragma unroll
-      for (int r = 0; r < RUNS; ++r) {
+      for (int r = 0; r < RUNS; ++r) {  // the results in place of the elements
         const int j = j0 + r;
         const A base = scan_op<OP>(prefix, j == 0 ? scan_identity<OP, A>() : runs[warp][j - 1][lane]);  // (+) L
-        const long long e0 = first + (32ll * warp + j) * ITEMS;
         A s = v[r][0];
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
           if (k > 0) s = scan_op<OP>(s, v[r][k]);  // s_k
-          const O y = scan_out<O>(scan_op<OP>(base, s));
-          if (whole) {
-            og[(r * ITEMS + k) * os] = y;
-          } else if (live && e0 + k < p.n) {
-            ol[(e0 + k) * p.o_step] = y;
+          v[r][k] = scan_op<OP>(base, s);
+        }
+      }
+      const long long e0 = first + (32ll * warp + j0) * ITEMS;  // the run group's first element
+      if (whole) {
+        O* og = ol + e0 * p.o_step;
+#pragma unroll
+        for (int r = 0; r < RUNS; ++r)
+#pragma unroll
+          for (int k = 0; k < ITEMS; ++k) {
+            *og = scan_out<O>(v[r][k]);
+            og += os;
           }
+      } else {
+#pragma unroll
+        for (int i = 0; i < RUNS * ITEMS; ++i) {
+          if (live && e0 + i < p.n) ol[(e0 + i) * p.o_step] = scan_out<O>(v[i / ITEMS][i % ITEMS]);
         }
       }
     }
