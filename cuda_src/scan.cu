@@ -750,9 +750,13 @@ template <int OP, int D, typename A> __device__ __forceinline__ void ladder_step
 // for float32, 32 for the half types. Measured on whole tiles (unchecked loads at 32-bit offsets), % of the
 // copy: float32 [16384, 4096] 56% with 64 against 53% with 32 (13% with the loads left to the compiler, which
 // issued them a few at a time); float16 [16384, 8192] 45% with 32 against 39% with 16 (bench/NOTES.md).
-template <typename T, typename O> __device__ constexpr int column_runs() {
-  return (sizeof(T) == 4 ? 64 : 32) / scan_items<T, O>();
+// column_tiles' launches (a block a tile, many blocks) take half of that at two blocks an SM (128 registers),
+// so that one block's loads are in flight while the other forms its ladder: the walk's one block an SM left
+// them at about 40% of the copy, each batch of loads a round trip with nothing else in flight.
+template <typename T, typename O, int MODE> __device__ constexpr int column_runs() {
+  return (MODE == 0 ? (sizeof(T) == 4 ? 64 : 32) : (sizeof(T) == 4 ? 32 : 16)) / scan_items<T, O>();
 }
+template <int MODE> __host__ __device__ constexpr int column_min_blocks() { return MODE == 0 ? 1 : 2; }
 
 // What a scan_columns launch does. COLUMN_WALK: a block a column group, walking its tiles in order with Q
 // and B carried (few long lines would leave most SMs idle). With fewer column groups than that, the lines'
@@ -763,11 +767,11 @@ template <typename T, typename O> __device__ constexpr int column_runs() {
 constexpr int COLUMN_WALK = 0, COLUMN_AGGREGATES = 1, COLUMN_FINISH = 2;
 
 template <typename T, typename O, int OP, int MODE>
-__global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x, scan_acc_t<O>* tile_values,
+__global__ void __launch_bounds__(SCAN_BLOCK, column_min_blocks<MODE>()) scan_columns(O* out, const T* x, scan_acc_t<O>* tile_values,
                                                              const __grid_constant__ ScanParams p) {
   using A = scan_acc_t<O>;
   static_assert(sizeof(A) == 4, "a block's run totals fill 32 KiB of shared memory at 4 bytes");
-  constexpr int ITEMS = scan_items<T, O>(), TILE = SCAN_BLOCK * ITEMS, RUNS = column_runs<T, O>();
+  constexpr int ITEMS = scan_items<T, O>(), TILE = SCAN_BLOCK * ITEMS, RUNS = column_runs<T, O, MODE>();
   __shared__ A runs[SCAN_WARPS][32][32];  // [warp][definition lane j][line]: T_j, then the ladder's values
   __shared__ A warp_total[SCAN_WARPS][32];
   const int h = static_cast<int>(threadIdx.x);
