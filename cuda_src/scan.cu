@@ -750,11 +750,12 @@ template <int OP, int D, typename A> __device__ __forceinline__ void ladder_step
 // for float32, 32 for the half types. Measured on whole tiles (unchecked loads at 32-bit offsets), % of the
 // copy: float32 [16384, 4096] 56% with 64 against 53% with 32 (13% with the loads left to the compiler, which
 // issued them a few at a time); float16 [16384, 8192] 45% with 32 against 39% with 16 (bench/NOTES.md).
-// column_tiles' launches (a block a tile, many blocks) take half of that at two blocks an SM (128 registers),
-// so that one block's loads are in flight while the other forms its ladder: the walk's one block an SM left
-// them at about 40% of the copy, each batch of loads a round trip with nothing else in flight.
+// column_tiles' launches (a block a tile, many blocks) take 16 elements a thread at two blocks an SM (48-92
+// registers; float32's 32 spilled 56 B at the 128-register bound on sm_80 and sm_90), so that one block's
+// loads are in flight while the other forms its ladder: the walk's one block an SM left them at about 40%
+// of the copy, each batch of loads a round trip with nothing else in flight.
 template <typename T, typename O, int MODE> __device__ constexpr int column_runs() {
-  return (MODE == 0 ? (sizeof(T) == 4 ? 64 : 32) : (sizeof(T) == 4 ? 32 : 16)) / scan_items<T, O>();
+  return (MODE == 0 ? (sizeof(T) == 4 ? 64 : 32) : 16) / scan_items<T, O>();
 }
 template <int MODE> __host__ __device__ constexpr int column_min_blocks() { return MODE == 0 ? 1 : 2; }
 
