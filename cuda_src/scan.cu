@@ -768,8 +768,8 @@ template <int MODE> __host__ __device__ constexpr int column_min_blocks() { retu
 constexpr int COLUMN_WALK = 0, COLUMN_AGGREGATES = 1, COLUMN_FINISH = 2;
 
 template <typename T, typename O, int OP, int MODE>
-__global__ void __launch_bounds__(SCAN_BLOCK, column_min_blocks<MODE>()) scan_columns(O* out, const T* x, scan_acc_t<O>* tile_values,
-                                                             const __grid_constant__ ScanParams p) {
+__global__ void __launch_bounds__(SCAN_BLOCK, column_min_blocks<MODE>())
+    scan_columns(O* out, const T* x, scan_acc_t<O>* tile_values, const __grid_constant__ ScanParams p) {
   using A = scan_acc_t<O>;
   static_assert(sizeof(A) == 4, "a block's run totals fill 32 KiB of shared memory at 4 bytes");
   constexpr int ITEMS = scan_items<T, O>(), TILE = SCAN_BLOCK * ITEMS, RUNS = column_runs<T, O, MODE>();
