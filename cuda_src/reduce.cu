@@ -225,11 +225,16 @@ template <> struct ExpLog<float> {
   static constexpr float kUnderflow = -104.0f;  // e^-104 is below half the smallest subnormal
   static constexpr float kInvLn2 = 0x1.715476p+0f;
   static constexpr float kMagic = 0x1.8p+23f;  // v + kMagic rounds v to an integer, ties to even, for |v| < 2^22
-  static constexpr float kLn2Hi = 0x1.62e4p-1f;  // 15 bits: k * kLn2Hi is exact for |k| < 2^8
+  static constexpr float kLn2Hi = 0x1.62e4p-1f;  // 15 bits: k * kLn2Hi is exact for |k| < 2^8 (the log's)
   static constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
+  // The exp's r = d - k ln2 in one fused step with ln2 rounded to float: its error, k (ln2 - kLn2) with
+  // |k| <= 150, adds under 0.2 ulp to e^d for d > -11 and up to 4 at d = -87 (whose e^d, below 2^-125, no
+  // logsumexp of a state s >= 1 can see); one fused multiply-add an exp fewer than Cody and Waite's two
+  static constexpr bool kOneStep = true;
+  static constexpr float kLn2 = 0x1.62e430p-1f;
   // e^r for |r| <= ln2 / 2: a degree-6 polynomial fitted to e^r's relative error (1 + r + c2 r^2 + ..., the
   // c_k rounded to float), seven terms where the Taylor series needs eight: one fused multiply-add an
-  // element fewer, and the exp within 0.88 ulp of e^d (0.91 with Taylor's; bench/NOTES.md)
+  // element fewer, and the exp within 0.98 ulp of e^d for d > -11 (0.84 with r in two steps; bench/NOTES.md)
   static constexpr int kExpTerms = 7;
   static constexpr float kExp[kExpTerms] = {0x1p+0f, 0x1p+0f, 0x1.fffffcp-2f, 0x1.555492p-3f, 0x1.5558f2p-5f,
                                             0x1.1239e2p-7f, 0x1.6a2434p-10f};
@@ -248,6 +253,7 @@ template <> struct ExpLog<double> {
   static constexpr double kMagic = 0x1.8p+52;  // v + kMagic rounds v to an integer, ties to even, for |v| < 2^51
   static constexpr double kLn2Hi = 0x1.62e42feep-1;  // 32 bits: k * kLn2Hi is exact for |k| < 2^21
   static constexpr double kLn2Lo = 0x1.a39ef35793c76p-33;
+  static constexpr bool kOneStep = false;  // r in two steps (Cody and Waite)
   static constexpr int kExpTerms = 14;
   static constexpr double kExp[kExpTerms] = {
       0x1p+0, 0x1p+0, 0x1p-1, 0x1.5555555555555p-3, 0x1.5555555555555p-5, 0x1.1111111111111p-7,
@@ -266,21 +272,27 @@ template <> struct ExpLog<double> {
   __device__ __forceinline__ static double mad(double a, double b, double c) { return add_rn(mul_rn(a, b), c); }
 };
 
-// e^d for d <= 0 (-inf gives 0): d = k ln2 + r (Cody and Waite), k = rint(d / ln2) by adding and subtracting
-// kMagic (no rounding or conversion instruction: k also lies in the sum's low bits), e^r by Horner, then
-// p 2^k rounded once (subnormal results included) as one product, p 2^-64 times 2^(k + 64): the coefficients
-// are scaled by 2^-64 (exactly, at compile time), which scales every step of Horner's exactly (each stays
-// normal), and 2^(k + 64) is normal for every k the exp forms (k >= -150 for float, -1076 for double). The
-// same bits as p 2^(k + 64) (exact) times 2^-64, one multiplication fewer. Below kUnderflow (and for -inf or
-// a NaN) the result is 0: d is raised to kUnderflow, whose e^d these steps already round to 0
-// (tests/test_reduce.py checks it), one max instruction where a test and a select took two.
+// e^d for d <= 0 (-inf gives 0): d = k ln2 + r (Cody and Waite's two steps; float's one, kOneStep), k =
+// rint(d / ln2) by adding and subtracting kMagic (no rounding or conversion instruction: k also lies in the
+// sum's low bits), e^r by Horner, then p 2^k rounded once (subnormal results included) as one product,
+// p 2^-64 times 2^(k + 64): the coefficients are scaled by 2^-64 (exactly, at compile time), which scales
+// every step of Horner's exactly (each stays normal), and 2^(k + 64) is normal for every k the exp forms
+// (k >= -150 for float, -1076 for double). The same bits as p 2^(k + 64) (exact) times 2^-64, one
+// multiplication fewer. Below kUnderflow (and for -inf or a NaN) the result is 0: d is raised to
+// kUnderflow, whose e^d these steps already round to 0 (tests/test_reduce.py checks it), one max
+// instruction where a test and a select took two.
 template <typename S> __device__ __forceinline__ S exp_nonpositive(S d) {
   using E = ExpLog<S>;
   constexpr S kScale = S(0x1p-64);
   d = fmax(d, E::kUnderflow);
   const S t = E::mad(d, E::kInvLn2, E::kMagic);
   const S k = sub_rn(t, E::kMagic);
-  const S r = E::mad(k, -E::kLn2Lo, E::mad(k, -E::kLn2Hi, d));
+  S r;
+  if constexpr (E::kOneStep) {
+    r = E::mad(k, -E::kLn2, d);
+  } else {
+    r = E::mad(k, -E::kLn2Lo, E::mad(k, -E::kLn2Hi, d));
+  }
   S p = E::kExp[E::kExpTerms - 1] * kScale;
 #pragma unroll
   for (int i = E::kExpTerms - 2; i >= 0; --i) p = E::mad(p, r, E::kExp[i] * kScale);
