@@ -232,12 +232,13 @@ template <> struct ExpLog<float> {
   // logsumexp of a state s >= 1 can see); one fused multiply-add an exp fewer than Cody and Waite's two
   static constexpr bool kOneStep = true;
   static constexpr float kLn2 = 0x1.62e430p-1f;
-  // e^r for |r| <= ln2 / 2: a degree-6 polynomial fitted to e^r's relative error (1 + r + c2 r^2 + ..., the
-  // c_k rounded to float), seven terms where the Taylor series needs eight: one fused multiply-add an
-  // element fewer, and the exp within 0.98 ulp of e^d for d > -11 (0.84 with r in two steps; bench/NOTES.md)
-  static constexpr int kExpTerms = 7;
-  static constexpr float kExp[kExpTerms] = {0x1p+0f, 0x1p+0f, 0x1.fffffcp-2f, 0x1.555492p-3f, 0x1.5558f2p-5f,
-                                            0x1.1239e2p-7f, 0x1.6a2434p-10f};
+  // e^r for |r| <= ln2 / 2: a degree-5 polynomial fitted to e^r's relative error (1 + r + c2 r^2 + ..., the
+  // c_k rounded to float; Lawson's weighted least squares, probe/expfit.py), six terms where the Taylor series
+  // needs eight: two fused multiply-adds an element fewer, and the exp within 2.3 ulp of e^d for d > -11
+  // (0.98 with degree 6; a row's logsumexp of 16384 normal values 1.4 ulp from float64's, 1.2; bench/NOTES.md)
+  static constexpr int kExpTerms = 6;
+  static constexpr float kExp[kExpTerms] = {0x1p+0f, 0x1p+0f, 0x1.fffdfcp-2f, 0x1.5557aep-3f, 0x1.5729e6p-5f,
+                                            0x1.10625ap-7f};
   static constexpr float kSqrtHalf = 0x1.6a09e6p-1f;
   static constexpr int kLogTerms = 5;  // atanh series 1 / (2k + 1), k = 0..4, for |u| <= 0.172
   static constexpr float kLog[kLogTerms] = {0x1p+0f, 0x1.555556p-2f, 0x1.99999ap-3f, 0x1.24924ap-3f, 0x1.c71c72p-4f};

@@ -1189,8 +1189,7 @@ _EXPLOG = {
     np.dtype(np.float32): {
         "underflow": -104.0, "inv_ln2": "0x1.715476p+0", "magic": "0x1.8p+23", "ln2_hi": "0x1.62e4p-1",
         "ln2_lo": "0x1.7f7d1cp-20", "ln2": "0x1.62e430p-1",
-        "exp": ["0x1p+0", "0x1p+0", "0x1.fffffcp-2", "0x1.555492p-3", "0x1.5558f2p-5", "0x1.1239e2p-7",
-                "0x1.6a2434p-10"],
+        "exp": ["0x1p+0", "0x1p+0", "0x1.fffdfcp-2", "0x1.5557aep-3", "0x1.5729e6p-5", "0x1.10625ap-7"],
         "sqrt_half": "0x1.6a09e6p-1",
         "log": ["0x1p+0", "0x1.555556p-2", "0x1.99999ap-3", "0x1.24924ap-3", "0x1.c71c72p-4"]},
     np.dtype(np.float64): {

@@ -2111,10 +2111,10 @@ def test_exp_scaled_by_its_coefficients_keeps_its_bits():
 
 
 def test_exp_and_log_routines_are_accurate():
-    """The exp and log against float64's, within 2 ulps; float32's exp, whose r takes one step with ln2
-    rounded to float, within that plus |d| 2^-28 relative (k (ln2 - kLn2) < |d| 2^-28.4)."""
+    """The exp and log against float64's, within 2 ulps; float32's exp (a degree-5 polynomial, its r in one
+    step with ln2 rounded to float) within 2.5 plus |d| 2^-28 relative (k (ln2 - kLn2) < |d| 2^-28.4)."""
     rng = np.random.default_rng(5)
-    for dtype, ulps in ((np.float32, 2), (np.float64, 2)):
+    for dtype, ulps, exp_ulps in ((np.float32, 2, 2.5), (np.float64, 2, 2)):
         eps = np.finfo(dtype).eps
         d = -np.abs(rng.standard_normal(200000) * 40).astype(dtype)
         d[:4] = [0.0, -0.0, -1e-30, -np.inf]
@@ -2122,7 +2122,7 @@ def test_exp_and_log_routines_are_accurate():
         want = np.exp(d.astype(np.float64))
         step = np.abs(np.where(np.isfinite(d), d, 0).astype(np.float64)) * 2.0**-28 * want if dtype == np.float32 else 0
         normal = want > np.finfo(dtype).tiny
-        assert (np.abs(got - want) <= np.where(normal, ulps * eps * want, np.finfo(dtype).smallest_subnormal * 2)
+        assert (np.abs(got - want) <= np.where(normal, exp_ulps * eps * want, np.finfo(dtype).smallest_subnormal * 2)
                 + step).all()
         assert got[0] == 1 and got[1] == 1 and got[3] == 0
         s = (1 + np.abs(rng.standard_normal(200000)) * 1e6).astype(dtype)
@@ -2130,14 +2130,14 @@ def test_exp_and_log_routines_are_accurate():
         ls = reference._log_at_least_one(s)
         w = np.log(s.astype(np.float64))
         assert (np.abs(ls - w) <= ulps * eps * np.maximum(w, 1)).all() and ls[0] == 0
-    # float32's exp on a lattice over every float32 in [-104, 0]: within one ulp of e^d (of 2^-149 for
-    # subnormal results) plus |d| 2^-28 relative; within one ulp alone for d > -11
+    # float32's exp on a lattice over every float32 in [-104, 0]: within 2.25 ulps of e^d (of 2^-149 for
+    # subnormal results) plus |d| 2^-28 relative; within 2.25 ulps alone for d > -11 (2.22 there)
     d = np.arange(0x80000000, np.float32(-104).view(np.uint32) + 1, 1117).astype(np.uint32).view(np.float32)
     got = reference._exp_nonpositive(d).astype(np.float64)
     want = np.exp(d.astype(np.float64))
     ulp = np.exp2(np.maximum(np.floor(np.log2(np.maximum(want, 2.0**-126))) - 23, -149))
-    assert (np.abs(got - want) <= ulp + np.abs(d.astype(np.float64)) * 2.0**-28 * want).all()
-    assert (np.abs(got - want) <= ulp)[d > -11].all()
+    assert (np.abs(got - want) <= 2.25 * ulp + np.abs(d.astype(np.float64)) * 2.0**-28 * want).all()
+    assert (np.abs(got - want) <= 2.25 * ulp)[d > -11].all()
 
 
 def test_exp_is_zero_from_the_underflow_bound_down():
