@@ -225,14 +225,20 @@ template <> struct ExpLog<float> {
   static constexpr float kUnderflow = -104.0f;  // e^-104 is below half the smallest subnormal
   static constexpr float kInvLn2 = 0x1.715476p+0f;
   static constexpr float kMagic = 0x1.8p+23f;  // v + kMagic rounds v to an integer, ties to even, for |v| < 2^22
-  static constexpr float kLn2Hi = 0x1.62e4p-1f;  // 15 bits: k * kLn2Hi is exact for |k| < 2^8
+  static constexpr float kLn2Hi = 0x1.62e4p-1f;  // 15 bits: k * kLn2Hi is exact for |k| < 2^8 (the log's)
   static constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
-  // e^r for |r| <= ln2 / 2: a degree-6 polynomial fitted to e^r's relative error (1 + r + c2 r^2 + ..., the
-  // c_k rounded to float), seven terms where the Taylor series needs eight: one fused multiply-add an
-  // element fewer, and the exp within 0.88 ulp of e^d (0.91 with Taylor's; bench/NOTES.md)
-  static constexpr int kExpTerms = 7;
-  static constexpr float kExp[kExpTerms] = {0x1p+0f, 0x1p+0f, 0x1.fffffcp-2f, 0x1.555492p-3f, 0x1.5558f2p-5f,
-                                            0x1.1239e2p-7f, 0x1.6a2434p-10f};
+  // The exp's r = d - k ln2 in one fused step with ln2 rounded to float: its error, k (ln2 - kLn2) with
+  // |k| <= 150, adds under 0.2 ulp to e^d for d > -11 and up to 4 at d = -87 (whose e^d, below 2^-125, no
+  // logsumexp of a state s >= 1 can see); one fused multiply-add an exp fewer than Cody and Waite's two
+  static constexpr bool kOneStep = true;
+  static constexpr float kLn2 = 0x1.62e430p-1f;
+  // e^r for |r| <= ln2 / 2: a degree-5 polynomial fitted to e^r's relative error (1 + r + c2 r^2 + ..., the
+  // c_k rounded to float; Lawson's weighted least squares, probe/expfit.py), six terms where the Taylor series
+  // needs eight: two fused multiply-adds an element fewer, and the exp within 2.3 ulp of e^d for d > -11
+  // (0.98 with degree 6; a row's logsumexp of 16384 normal values 1.4 ulp from float64's, 1.2; bench/NOTES.md)
+  static constexpr int kExpTerms = 6;
+  static constexpr float kExp[kExpTerms] = {0x1p+0f, 0x1p+0f, 0x1.fffdfcp-2f, 0x1.5557aep-3f, 0x1.5729e6p-5f,
+                                            0x1.10625ap-7f};
   static constexpr float kSqrtHalf = 0x1.6a09e6p-1f;
   static constexpr int kLogTerms = 5;  // atanh series 1 / (2k + 1), k = 0..4, for |u| <= 0.172
   static constexpr float kLog[kLogTerms] = {0x1p+0f, 0x1.555556p-2f, 0x1.99999ap-3f, 0x1.24924ap-3f, 0x1.c71c72p-4f};
@@ -248,6 +254,7 @@ template <> struct ExpLog<double> {
   static constexpr double kMagic = 0x1.8p+52;  // v + kMagic rounds v to an integer, ties to even, for |v| < 2^51
   static constexpr double kLn2Hi = 0x1.62e42feep-1;  // 32 bits: k * kLn2Hi is exact for |k| < 2^21
   static constexpr double kLn2Lo = 0x1.a39ef35793c76p-33;
+  static constexpr bool kOneStep = false;  // r in two steps (Cody and Waite)
   static constexpr int kExpTerms = 14;
   static constexpr double kExp[kExpTerms] = {
       0x1p+0, 0x1p+0, 0x1p-1, 0x1.5555555555555p-3, 0x1.5555555555555p-5, 0x1.1111111111111p-7,
@@ -266,22 +273,31 @@ template <> struct ExpLog<double> {
   __device__ __forceinline__ static double mad(double a, double b, double c) { return add_rn(mul_rn(a, b), c); }
 };
 
-// e^d for d <= 0 (-inf gives 0): d = k ln2 + r (Cody and Waite), k = rint(d / ln2) by adding and subtracting
-// kMagic (no rounding or conversion instruction: k also lies in the sum's low bits), e^r by Horner, times
-// 2^k as p 2^(k + 64), exact and normal for p in [1/2, 2) and k >= -1076, then times 2^-64, which rounds
-// once (subnormal results included). Below kUnderflow (and for -inf or a NaN) the result is 0: d is
-// raised to kUnderflow, whose e^d these steps already round to 0 (tests/test_reduce.py checks it), one
-// max instruction where a test and a select took two.
+// e^d for d <= 0 (-inf gives 0): d = k ln2 + r (Cody and Waite's two steps; float's one, kOneStep), k =
+// rint(d / ln2) by adding and subtracting kMagic (no rounding or conversion instruction: k also lies in the
+// sum's low bits), e^r by Horner, then p 2^k rounded once (subnormal results included) as one product,
+// p 2^-64 times 2^(k + 64): the coefficients are scaled by 2^-64 (exactly, at compile time), which scales
+// every step of Horner's exactly (each stays normal), and 2^(k + 64) is normal for every k the exp forms
+// (k >= -150 for float, -1076 for double). The same bits as p 2^(k + 64) (exact) times 2^-64, one
+// multiplication fewer. Below kUnderflow (and for -inf or a NaN) the result is 0: d is raised to
+// kUnderflow, whose e^d these steps already round to 0 (tests/test_reduce.py checks it), one max
+// instruction where a test and a select took two.
 template <typename S> __device__ __forceinline__ S exp_nonpositive(S d) {
   using E = ExpLog<S>;
+  constexpr S kScale = S(0x1p-64);
   d = fmax(d, E::kUnderflow);
   const S t = E::mad(d, E::kInvLn2, E::kMagic);
   const S k = sub_rn(t, E::kMagic);
-  const S r = E::mad(k, -E::kLn2Lo, E::mad(k, -E::kLn2Hi, d));
-  S p = E::kExp[E::kExpTerms - 1];
+  S r;
+  if constexpr (E::kOneStep) {
+    r = E::mad(k, -E::kLn2, d);
+  } else {
+    r = E::mad(k, -E::kLn2Lo, E::mad(k, -E::kLn2Hi, d));
+  }
+  S p = E::kExp[E::kExpTerms - 1] * kScale;
 #pragma unroll
-  for (int i = E::kExpTerms - 2; i >= 0; --i) p = E::mad(p, r, E::kExp[i]);
-  return mul_rn(mul_rn(p, E::pow2(E::magic_int(t) + 64)), E::pow2(-64));
+  for (int i = E::kExpTerms - 2; i >= 0; --i) p = E::mad(p, r, E::kExp[i] * kScale);
+  return mul_rn(p, E::pow2(E::magic_int(t) + 64));
 }
 
 // log(s) for finite s >= 1: s = f 2^e with f in [sqrt(1/2), sqrt(2)), log f = 2 atanh((f - 1) / (f + 1)).
@@ -433,8 +449,10 @@ template <typename I> __device__ __forceinline__ int chain_count(I left) {
 // (count, mean, M2). A non-finite d makes the mean an infinity or a NaN, which no later Chan merge makes
 // finite again and finish turns into the NaN result, whatever M2 holds.
 // logsumexp: m = the NaN-propagating Max of the elements (commutative, so order-free), then s = ((e^(v_0 - m)
-// + e^(v_1 - m)) + ...), one exp_nonpositive per element (the term of the maximum is 1 exactly). An infinite
-// or NaN m gives (m, 1): for such an m nothing after the chain reads s beyond s != 0. finish returns m for
+// + e^(v_1 - m)) + ...), one exp_nonpositive per element (the term of the maximum is 1 exactly, so s >= 1),
+// then s raised to 1: no change for a finite m, and (m, 1) for an infinite or NaN m, whose every term is 0
+// (v - m is -inf or NaN, raised to kUnderflow), with no branch: for such an m nothing after the chain reads
+// s beyond s != 0. finish returns m for
 // any s != 0. LogSumExp::apply with a NaN operand adds the m's (a NaN) and the s's (no zero: every
 // non-identity s is at least 1); against an equal m (two +inf or two -inf) it adds the s's; against the
 // identity (s == 0) it returns this state; an m of -inf against a larger m, or a finite m against +inf, goes
@@ -472,13 +490,12 @@ __device__ __forceinline__ A chain_state(const T (&x)[CHAIN_LENGTH], int count, 
     for (int m = 1; m < CHAIN_LENGTH; ++m) {
       if (m < count) hi = chain_max(hi, to_acc<S>(x[m]));
     }
-    if (!isfinite(hi)) return A{hi, S(1)};
     S s = exp_nonpositive(sub_rn(to_acc<S>(x[0]), hi));
 #pragma unroll
     for (int m = 1; m < CHAIN_LENGTH; ++m) {
       if (m < count) s = add_rn(s, exp_nonpositive(sub_rn(to_acc<S>(x[m]), hi)));
     }
-    return A{hi, s};
+    return A{hi, fmax(s, S(1))};  // s itself for a finite m; 1 for an infinite or NaN m (every term 0)
   }
 }
 

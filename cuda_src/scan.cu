@@ -750,9 +750,14 @@ template <int OP, int D, typename A> __device__ __forceinline__ void ladder_step
 // for float32, 32 for the half types. Measured on whole tiles (unchecked loads at 32-bit offsets), % of the
 // copy: float32 [16384, 4096] 56% with 64 against 53% with 32 (13% with the loads left to the compiler, which
 // issued them a few at a time); float16 [16384, 8192] 45% with 32 against 39% with 16 (bench/NOTES.md).
-template <typename T, typename O> __device__ constexpr int column_runs() {
-  return (sizeof(T) == 4 ? 64 : 32) / scan_items<T, O>();
+// column_tiles' launches (a block a tile, many blocks) take 16 elements a thread at two blocks an SM (48-92
+// registers; float32's 32 spilled 56 B at the 128-register bound on sm_80 and sm_90), so that one block's
+// loads are in flight while the other forms its ladder: the walk's one block an SM left them at about 40%
+// of the copy, each batch of loads a round trip with nothing else in flight.
+template <typename T, typename O, int MODE> __device__ constexpr int column_runs() {
+  return (MODE == 0 ? (sizeof(T) == 4 ? 64 : 32) : 16) / scan_items<T, O>();
 }
+template <int MODE> __host__ __device__ constexpr int column_min_blocks() { return MODE == 0 ? 1 : 2; }
 
 // What a scan_columns launch does. COLUMN_WALK: a block a column group, walking its tiles in order with Q
 // and B carried (few long lines would leave most SMs idle). With fewer column groups than that, the lines'
@@ -763,11 +768,11 @@ template <typename T, typename O> __device__ constexpr int column_runs() {
 constexpr int COLUMN_WALK = 0, COLUMN_AGGREGATES = 1, COLUMN_FINISH = 2;
 
 template <typename T, typename O, int OP, int MODE>
-__global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x, scan_acc_t<O>* tile_values,
-                                                             const __grid_constant__ ScanParams p) {
+__global__ void __launch_bounds__(SCAN_BLOCK, column_min_blocks<MODE>())
+    scan_columns(O* out, const T* x, scan_acc_t<O>* tile_values, const __grid_constant__ ScanParams p) {
   using A = scan_acc_t<O>;
   static_assert(sizeof(A) == 4, "a block's run totals fill 32 KiB of shared memory at 4 bytes");
-  constexpr int ITEMS = scan_items<T, O>(), TILE = SCAN_BLOCK * ITEMS, RUNS = column_runs<T, O>();
+  constexpr int ITEMS = scan_items<T, O>(), TILE = SCAN_BLOCK * ITEMS, RUNS = column_runs<T, O, MODE>();
   __shared__ A runs[SCAN_WARPS][32][32];  // [warp][definition lane j][line]: T_j, then the ladder's values
   __shared__ A warp_total[SCAN_WARPS][32];
   const int h = static_cast<int>(threadIdx.x);
@@ -788,10 +793,10 @@ __global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x
   const auto element = [&](long long e) {
     return live && e < p.n ? scan_lift<A>(xl[e * p.x_step]) : scan_identity<OP, A>();
   };
-  // A whole tile of a live line whose steps fit 32-bit offsets (a run group's RUNS * ITEMS elements at most
-  // 2^31 elements apart) takes unchecked loads and stores at offsets from the group's first element: one
-  // multiply-add an address instead of 64-bit index arithmetic and a bound test an element.
-  constexpr long long kNear = (1ll << 31) / (RUNS * ITEMS);
+  // A whole tile of a live line whose steps fit in 32 bits takes unchecked loads and stores, a pointer
+  // stepped from the run group's first element (an add with carry an address), the results stored in a loop
+  // of their own: no 64-bit index arithmetic, no bound test and no branch an element.
+  constexpr long long kNear = 1ll << 31;
   const bool near = p.x_step > -kNear && p.x_step < kNear && p.o_step > -kNear && p.o_step < kNear;
   const int xs = static_cast<int>(p.x_step), os = static_cast<int>(p.o_step);
   // Runs j0 .. j0 + RUNS - 1 of this warp's definition threads in the tile from `first`, loaded together.
@@ -802,7 +807,10 @@ __global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x
 #pragma unroll
       for (int r = 0; r < RUNS; ++r)
 #pragma unroll
-        for (int k = 0; k < ITEMS; ++k) v[r][k] = scan_lift<A>(xg[(r * ITEMS + k) * xs]);
+        for (int k = 0; k < ITEMS; ++k) {
+          v[r][k] = scan_lift<A>(*xg);
+          xg += xs;
+        }
     } else {
 #pragma unroll
       for (int r = 0; r < RUNS; ++r)
@@ -859,22 +867,31 @@ __global__ void __launch_bounds__(SCAN_BLOCK, 1) scan_columns(O* out, const T* x
     for (int j0 = 0; j0 < 32; j0 += RUNS) {
       A v[RUNS][ITEMS];
       load_runs(v, first, j0, whole);
-      O* const og = ol + (first + (32ll * warp + j0) * ITEMS) * p.o_step;  // the run group's first result
 #pragma unroll
-      for (int r = 0; r < RUNS; ++r) {
+      for (int r = 0; r < RUNS; ++r) {  // the results in place of the elements
         const int j = j0 + r;
         const A base = scan_op<OP>(prefix, j == 0 ? scan_identity<OP, A>() : runs[warp][j - 1][lane]);  // (+) L
-        const long long e0 = first + (32ll * warp + j) * ITEMS;
         A s = v[r][0];
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
           if (k > 0) s = scan_op<OP>(s, v[r][k]);  // s_k
-          const O y = scan_out<O>(scan_op<OP>(base, s));
-          if (whole) {
-            og[(r * ITEMS + k) * os] = y;
-          } else if (live && e0 + k < p.n) {
-            ol[(e0 + k) * p.o_step] = y;
+          v[r][k] = scan_op<OP>(base, s);
+        }
+      }
+      const long long e0 = first + (32ll * warp + j0) * ITEMS;  // the run group's first element
+      if (whole) {
+        O* og = ol + e0 * p.o_step;
+#pragma unroll
+        for (int r = 0; r < RUNS; ++r)
+#pragma unroll
+          for (int k = 0; k < ITEMS; ++k) {
+            *og = scan_out<O>(v[r][k]);
+            og += os;
           }
+      } else {
+#pragma unroll
+        for (int i = 0; i < RUNS * ITEMS; ++i) {
+          if (live && e0 + i < p.n) ol[(e0 + i) * p.o_step] = scan_out<O>(v[i / ITEMS][i % ITEMS]);
         }
       }
     }

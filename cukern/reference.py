@@ -1188,9 +1188,8 @@ def prod_emulated(x, axis=None, dtype=None, keepdims=False):
 _EXPLOG = {
     np.dtype(np.float32): {
         "underflow": -104.0, "inv_ln2": "0x1.715476p+0", "magic": "0x1.8p+23", "ln2_hi": "0x1.62e4p-1",
-        "ln2_lo": "0x1.7f7d1cp-20",
-        "exp": ["0x1p+0", "0x1p+0", "0x1.fffffcp-2", "0x1.555492p-3", "0x1.5558f2p-5", "0x1.1239e2p-7",
-                "0x1.6a2434p-10"],
+        "ln2_lo": "0x1.7f7d1cp-20", "ln2": "0x1.62e430p-1",
+        "exp": ["0x1p+0", "0x1p+0", "0x1.fffdfcp-2", "0x1.5557aep-3", "0x1.5729e6p-5", "0x1.10625ap-7"],
         "sqrt_half": "0x1.6a09e6p-1",
         "log": ["0x1p+0", "0x1.555556p-2", "0x1.99999ap-3", "0x1.24924ap-3", "0x1.c71c72p-4"]},
     np.dtype(np.float64): {
@@ -1242,26 +1241,29 @@ def _fma32(a, b, c):
 def _exp_nonpositive(d):
     """reduce.cu ``exp_nonpositive``: e^d for d <= 0 (an array of float32 or float64), 0 below the underflow
     bound. k = rint(d / ln2) by adding and subtracting the magic constant (its integer also read from the
-    sum's bits), r = d - k ln2 in two steps, e^r by Horner, then p 2^(k + 64) (exact) times 2^-64 (rounded
-    once). Float32 forms every multiply-add with one rounding (:func:`_fma32`, as ``__fmaf_rn``), float64 as
-    a correctly rounded product and a correctly rounded sum."""
+    sum's bits), r = d - k ln2 (in one fused step for float32, two for float64), e^r by Horner with the
+    coefficients scaled by 2^-64, then that times 2^(k + 64), rounded once. Float32 forms every multiply-add
+    with one rounding (:func:`_fma32`, as ``__fmaf_rn``), float64 as a correctly rounded product and a
+    correctly rounded sum."""
     c = _explog(d.dtype)
     t = d.dtype.type
     mad = _fma32 if t is np.float32 else (lambda a, b, c: a * b + c)
     bits = np.dtype(f"i{d.dtype.itemsize}")
+    scale = t(2.0**-64)
     with np.errstate(all="ignore"):
         live = d >= c["underflow"]
         dd = np.where(live, d, t(0))
         km = mad(dd, c["inv_ln2"], c["magic"])
         kf = km - c["magic"]
         ki = km.view(bits).astype(np.int64) - np.asarray(c["magic"]).view(bits).astype(np.int64)
-        r = mad(kf, -c["ln2_hi"], dd)
-        r = mad(kf, -c["ln2_lo"], r)
-        p = np.full_like(d, c["exp"][-1])
+        if "ln2" in c:  # float32: r in one fused step
+            r = mad(kf, -c["ln2"], dd)
+        else:
+            r = mad(kf, -c["ln2_lo"], mad(kf, -c["ln2_hi"], dd))
+        p = np.full_like(d, c["exp"][-1] * scale)
         for coef in reversed(c["exp"][:-1]):
-            p = mad(p, r, coef)
-        one = np.ones_like(d)
-        out = (p * np.ldexp(one, ki + 64)) * np.ldexp(one, -64)
+            p = mad(p, r, coef * scale)
+        out = p * np.ldexp(np.ones_like(d), ki + 64)
     return np.where(live, out, t(0))
 
 

@@ -59,11 +59,10 @@ BLOCK = 256  # SCAN_BLOCK in cuda_src/scan.cu: the definition's threads
 GROUP = 32  # SCAN_GROUP: tiles a group
 SPAN = 4096  # elements a scan_tiles block takes: one tile, or two of float32's 2048
 # scan_columns walks each group of 32 lines whole in one block, so it takes lines of more than one tile only
-# with at least this many bytes of each row of lines an SM (float32: half a column group an SM, the half
-# types one); below it, column_tiles spreads the tiles over blocks (bench/NOTES.md: float32 at 0.36 groups an
-# SM 32% walked against 42%, at 0.48 a tie, at 0.73 53% against 41%; float16 at 0.97 groups 31% against 34%,
-# at 1.94 45% against 34%)
-COLUMN_WALK_BYTES_PER_SM = 64
+# with at least this many bytes of each row of lines an SM (float32: 0.36 column groups an SM, the half types
+# 0.73); below it, column_tiles spreads the tiles over blocks (bench/NOTES.md, session 7: at 46.5 bytes an SM
+# float32 43% walked against 45%, float16 34% against 35%; at 62, 53% against 44% and 41% against 34%)
+COLUMN_WALK_BYTES_PER_SM = 48
 # scan_columns' modes (cuda_src/scan.cu): a block walking a column group's tiles; a block a column group's tile,
 # its aggregates; the same tile's results from the prefixes scan_column_prefixes forms between the two
 COLUMN_WALK, COLUMN_AGGREGATES, COLUMN_FINISH = 0, 1, 2
@@ -201,9 +200,9 @@ class Plan:
         if self.kernel == "ahead":
             return min(self.tiles, self.blocks_per_sm * self.sm_count)
         if self.kernel == "columns":
-            return self.rows // self.inner * -(-self.inner // 32)
+            return column_groups(self.rows, self.inner)
         if self.kernel == "column_tiles":
-            return self.rows // self.inner * -(-self.inner // 32) * self.tiles_per_row
+            return column_groups(self.rows, self.inner) * self.tiles_per_row
         return self.rows * -(-self.tiles_per_row // (SPAN // self.tile))
 
     @property
@@ -213,13 +212,18 @@ class Plan:
     @property
     def column_values(self) -> int:
         """column_tiles: the floats between its launches, one a tile of every line slot (column groups of 32)."""
-        return self.rows // self.inner * -(-self.inner // 32) * 32 * self.tiles_per_row
+        return column_groups(self.rows, self.inner) * 32 * self.tiles_per_row
 
     @property
     def prefix_config(self) -> LaunchConfig:
         """column_tiles: scan_column_prefixes' launch, a thread a line slot."""
-        slots = self.rows // self.inner * -(-self.inner // 32) * 32
+        slots = column_groups(self.rows, self.inner) * 32
         return LaunchConfig(grid=(-(-slots // BLOCK),), block=(BLOCK,))
+
+
+def column_groups(rows: int, inner: int) -> int:
+    """Groups of 32 neighbouring lines (the last part empty) of ``rows`` lines, ``inner`` side by side."""
+    return rows // inner * -(-inner // 32)
 
 
 def threads(dtype, out_dtype) -> int:
@@ -286,8 +290,7 @@ def kernel_for(dtypes, x: tuple, o: tuple, vector: bool, inner: int = 1, rows: i
     t, o_dtype = (np.dtype(d) for d in dtypes)
     if (t == o_dtype and t in AHEAD_DTYPES and x[1] == 1 and o[1] == 1 and (x[2] != 1 or o[2] != 1)
             and inner >= 32):
-        groups = rows // inner * -(-inner // 32)
-        if tiles_per_line <= 1 or groups * 32 * t.itemsize >= COLUMN_WALK_BYTES_PER_SM * sm_count:
+        if tiles_per_line <= 1 or column_groups(rows, inner) * 32 * t.itemsize >= COLUMN_WALK_BYTES_PER_SM * sm_count:
             return "columns"
         return "column_tiles"
     if not vector:
@@ -421,6 +424,7 @@ class _Call:
     fields: dict  # PARAMS but the epoch
     out_dtype: np.dtype
     shape: tuple  # the result's
+    params: object = None  # the column kernels' PARAMS, packed once (no look-back: no epoch)
 
 
 _calls = CallCache()
@@ -463,7 +467,8 @@ def _prepare(op: str, x, axis, dtype, out) -> _Call:
             kernel = get_kernel(instantiation(x.dtype, o, OPS[op], pl.kernel))
         if kernel is not None and pl.shared:
             kernel.max_dynamic_shared_size_bytes = pl.shared
-    return _Call(kernel, pl, fields, o, shape)
+    params = struct_argument(PARAMS.struct(**fields, epoch=0)) if pl.kernel in ("columns", "column_tiles") else None
+    return _Call(kernel, pl, fields, o, shape, params)
 
 
 def _validate_out(out, call: _Call, x):
@@ -604,15 +609,13 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
         dst = out if out is not None and not pl.copy else cp.ndarray(call.shape, call.out_dtype)
         if call.kernel is not None:
             src = cp.ascontiguousarray(x) if pl.copy else x
-            if walks or spread:
-                params = struct_argument(PARAMS.struct(**call.fields, epoch=0))
             if walks:
-                launch(call.kernel, pl.config, (dst, src, NULL, params))
+                launch(call.kernel, pl.config, (dst, src, NULL, call.params))
             elif spread:
                 values = np.uint64(ws.values.data.ptr)
-                launch(call.kernel[0], pl.config, (dst, src, values, params))
-                launch(call.kernel[1], pl.prefix_config, (values, params))
-                launch(call.kernel[2], pl.config, (dst, src, values, params))
+                launch(call.kernel[0], pl.config, (dst, src, values, call.params))
+                launch(call.kernel[1], pl.prefix_config, (values, call.params))
+                launch(call.kernel[2], pl.config, (dst, src, values, call.params))
             else:
                 params = struct_argument(PARAMS.struct(**call.fields, epoch=epoch))
                 status, values, size = ws.status.data.ptr, ws.values.data.ptr, ws.tiles
