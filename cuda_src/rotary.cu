@@ -425,8 +425,9 @@ struct RotaryCheckParams {
 };
 
 // found[0]: the first token whose position is outside [0, cache_rows), or tokens if none; found[1]: that
-// position (0 if none). found is host memory mapped into the device's address space, read by the host once
-// the stream is synchronized. Launched as exactly one block of BLOCK threads.
+// position (0 if none). found is host memory mapped into the device's address space: the host sets found[0]
+// to -1 before the launch and waits for it to change (cukern/rotary.py), so found[1] is written first and a
+// system-scope fence orders the two stores. Launched as exactly one block of BLOCK threads.
 template <typename P, int BLOCK, int UNROLL>
 __global__ void __launch_bounds__(BLOCK)
     rotary_first_bad_position(long long* found, const P* positions, const __grid_constant__ RotaryCheckParams p) {
@@ -458,8 +459,9 @@ __global__ void __launch_bounds__(BLOCK)
     long long best = tokens;
 #pragma unroll
     for (int w = 0; w < BLOCK / 32; ++w) best = warp_first[w] < best ? warp_first[w] : best;
-    found[0] = best;
     found[1] = best < tokens ? static_cast<long long>(positions[best * pos_stride]) : 0;
+    __threadfence_system();
+    found[0] = best;
   }
 }
 

@@ -408,12 +408,20 @@ def _found_pair():
     return pair
 
 
+# How many times a checked call reads its answer slot, waiting for the check kernel's answer, before it waits
+# for the stream instead: about a millisecond of reads, where an idle stream answers in microseconds (a long
+# check, or one queued behind other work, then waits in the driver, which also raises an earlier kernel's
+# error). Reading the slot returns as soon as the kernel's store reaches the host, before the kernel's end
+# is signalled and the driver's wait returns.
+CHECK_READS = 10000
+
+
 def _check_positions(call, positions) -> None:
     """IndexError naming the first token whose position is outside the cache, before the rotation is launched:
-    one small kernel on the current stream writes its answer into pinned host memory, the host waits for
-    the stream and reads it (no allocation, no copy). ``[3, tokens]`` positions (:func:`rotary_embedding_mrope`,
-    its call knowing the bytes between rows) are checked row by row, a launch and a wait each, and the error
-    names ``positions[r, t]``. Refused while the stream captures a CUDA graph, where the host cannot wait,
+    one small kernel on the current stream writes its answer into pinned host memory, the host sets the slot
+    to -1, launches, and reads it until the kernel's answer arrives (no allocation, no copy; CHECK_READS).
+    ``[3, tokens]`` positions (:func:`rotary_embedding_mrope`, its call knowing the bytes between rows) are
+    checked row by row, a launch and a wait each, and the error names ``positions[r, t]``. Refused while the stream captures a CUDA graph, where the host cannot wait,
     before anything is recorded."""
     stream = _cupy().cuda.get_current_stream()
     if stream.is_capturing():
@@ -426,8 +434,13 @@ def _check_positions(call, positions) -> None:
     rows = 1 if positions.ndim == 1 else positions.shape[0]
     for r in range(rows):
         row = positions if rows == 1 else positions.data + r * call.row_bytes
+        host[0] = -1
         launch(kernel, _CHECK_CONFIG, (address, row, call.check_params))
-        stream.synchronize()
+        for _ in range(CHECK_READS):
+            if host[0] >= 0:
+                break
+        else:
+            stream.synchronize()
         first, value = host.tolist()
         if first < positions.shape[-1]:
             where = first if rows == 1 else f"{r}, {first}"

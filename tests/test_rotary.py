@@ -509,6 +509,19 @@ def test_every_instantiation_compiles_without_spills_or_local_memory(arch):
 
 @pytest.mark.nvrtc(rotary.SOURCE)
 @pytest.mark.parametrize("arch", ARCHS)
+def test_position_check_stores_its_answer_last(arch):
+    """The host reads the check's answer slot until found[0] leaves -1, then reads found[1]: the kernel stores
+    found[1] first, a system-scope fence between (membar.sys), then found[0]."""
+    prog = compiled(rotary.SOURCE, arch)
+    for dtype in (np.int32, np.int64):
+        body = prog.kernel_ptx(rotary.check_instantiation(dtype))
+        stores = re.findall(r"st\.global\.u64\s+\[(%rd\d+)(\+8)?\]|(membar\.sys)", body)
+        assert [(s[1], s[2]) for s in stores] == [("+8", ""), ("", "membar.sys"), ("", "")], (dtype, stores)
+        assert stores[0][0] == stores[2][0]
+
+
+@pytest.mark.nvrtc(rotary.SOURCE)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_vectorized_instantiations_use_16_byte_accesses(arch):
     prog = compiled(rotary.SOURCE, arch)
     for inst in checked_instantiations(rotary.SOURCE):
@@ -870,12 +883,17 @@ def test_zero_heads_still_check_positions(key_heads):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("reads", [None, 0])
 @pytest.mark.parametrize("pos_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("tokens", [1, 7])
-def test_position_check_names_the_first_and_the_last_token(rng, pos_dtype, tokens):
+def test_position_check_names_the_first_and_the_last_token(rng, pos_dtype, tokens, reads, monkeypatch):
     """A bad first or last token raises naming it and its position, with query and key unchanged; valid
-    positions rotate exactly as the unchecked call does."""
+    positions rotate exactly as the unchecked call does. Also with no reads of the answer slot (reads=0: the
+    host waits for the stream at once, as after a long check)."""
     import cupy
+
+    if reads is not None:
+        monkeypatch.setattr(rotary, "CHECK_READS", reads)
 
     rows = 32
     cache = rope_cache(rows, 64)
