@@ -130,16 +130,24 @@ class _Fake:
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """The ops' host path with the GPU replaced: arrays are :class:`Arr`, kernels record their launches (the
-    position check writes its answer into its pinned pair, as the kernel does), the stream records waits."""
+    position check writes its answer into its pinned pair, as the kernel does: while it is launched, or with
+    ``answer_late`` set only once the stream is waited for, as a check queued behind other work), the stream
+    records waits."""
     import cupy
 
     from cukern import _interop, _launch, _tuned
     from cukern._launch import CallCache
 
     _Fake.current, _Fake.allocations = 0, []
-    events, pinned = [], {}
-    stream = SimpleNamespace(capturing=False, is_capturing=lambda: stream.capturing,
-                             synchronize=lambda: events.append(("sync", _Fake.current)))
+    events, pinned, queued = [], {}, []
+
+    def synchronize():
+        events.append(("sync", _Fake.current))
+        while queued:
+            queued.pop(0)()
+
+    stream = SimpleNamespace(capturing=False, is_capturing=lambda: stream.capturing, synchronize=synchronize)
+    fake = SimpleNamespace(answer_late=False)
 
     class Device:
         def __init__(self, device):
@@ -163,7 +171,10 @@ def fake_gpu(monkeypatch):
             address, positions, params = args
             bad = [t for t, p in enumerate(positions.values) if not 0 <= p < params["cache_rows"]]
             first = bad[0] if bad else params["tokens"]
-            np.frombuffer(pinned[int(address)][0], np.int64)[:] = (first, positions.values[first] if bad else 0)
+            answer = (first, positions.values[first] if bad else 0)
+            queued.append(lambda: np.frombuffer(pinned[int(address)][0], np.int64).__setitem__(slice(None), answer))
+            if not fake.answer_late:
+                queued.pop()()
 
     cuda = SimpleNamespace(get_current_stream=lambda: stream, PinnedMemory=lambda size, flags: (size, flags),
                            PinnedMemoryPointer=Pinned,
@@ -186,7 +197,8 @@ def fake_gpu(monkeypatch):
     real_lookup = _tuned.lookup
     monkeypatch.setattr(_tuned, "lookup", lambda *args: lookups.append(args[2:]) or real_lookup(*args))
     monkeypatch.setattr(_tuned, "_enabled", False)  # no cache file is read
-    return SimpleNamespace(events=events, pinned=pinned, stream=stream, lookups=lookups)
+    fake.__dict__.update(events=events, pinned=pinned, stream=stream, lookups=lookups)
+    return fake
 
 
 def test_a_cached_call_looks_nothing_up_until_the_tuning_cache_changes(fake_gpu):
@@ -234,15 +246,21 @@ def _rotary_inputs(positions, dtype=np.int64, rows=16):
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
-def test_position_check_waits_once_reads_its_pinned_pair_and_raises_before_the_rotation(fake_gpu, dtype):
+@pytest.mark.parametrize("late", [False, True])
+def test_position_check_reads_its_pinned_pair_and_raises_before_the_rotation(fake_gpu, dtype, late, monkeypatch):
+    """The host reads the pair until the check's answer arrives, with no wait for the stream; an answer that
+    has not arrived after CHECK_READS reads is waited for once."""
+    monkeypatch.setattr(rotary, "CHECK_READS", 50)
+    fake_gpu.answer_late = late
     events = fake_gpu.events
+    wait = [("sync", 0)] if late else []
     rotary.rotary_embedding(*_rotary_inputs([3, 0, 15], dtype))
-    assert events == [("check", 0), ("sync", 0), ("rotate", 0)]
+    assert events == [("check", 0), *wait, ("rotate", 0)]
     for positions, first, value in (([16, 1, 2], 0, 16), ([0, 1, -1], 2, -1)):  # first token, last token
         events.clear()
         with pytest.raises(IndexError, match=rf"^positions\[{first}\] = {value} is outside cos_sin_cache's 16 rows"):
             rotary.rotary_embedding(*_rotary_inputs(positions, dtype))
-        assert events == [("check", 0), ("sync", 0)]  # nothing rotated
+        assert events == [("check", 0), *wait]  # nothing rotated
     events.clear()
     rotary.rotary_embedding(*_rotary_inputs([16, 1, 2], dtype), check_positions=False)
     assert events == [("rotate", 0)]  # unchecked: no wait
@@ -276,7 +294,7 @@ def test_a_rotation_on_another_device_checks_and_launches_there(fake_gpu):
     for a in (pos, q, k, cache):
         a.data.device_id = a.device.id = 1
     rotary.rotary_embedding(pos, q, k, cache)
-    assert fake_gpu.events == [("check", 1), ("sync", 1), ("rotate", 1)] and _Fake.current == 0
+    assert fake_gpu.events == [("check", 1), ("rotate", 1)] and _Fake.current == 0
 
 
 # ------------------------------------------------------------------------------------------------- GPU
