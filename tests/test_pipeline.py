@@ -147,7 +147,7 @@ def fake_gpu(monkeypatch):
             queued.pop(0)()
 
     stream = SimpleNamespace(capturing=False, is_capturing=lambda: stream.capturing, synchronize=synchronize)
-    fake = SimpleNamespace(answer_late=False)
+    fake = SimpleNamespace(answer_late=False, events=events, pinned=pinned, stream=stream)
 
     class Device:
         def __init__(self, device):
@@ -172,9 +172,14 @@ def fake_gpu(monkeypatch):
             bad = [t for t, p in enumerate(positions.values) if not 0 <= p < params["cache_rows"]]
             first = bad[0] if bad else params["tokens"]
             answer = (first, positions.values[first] if bad else 0)
-            queued.append(lambda: np.frombuffer(pinned[int(address)][0], np.int64).__setitem__(slice(None), answer))
-            if not fake.answer_late:
-                queued.pop()()
+
+            def write():
+                np.frombuffer(pinned[int(address)][0], np.int64)[:] = answer
+
+            if fake.answer_late:
+                queued.append(write)
+            else:
+                write()
 
     cuda = SimpleNamespace(get_current_stream=lambda: stream, PinnedMemory=lambda size, flags: (size, flags),
                            PinnedMemoryPointer=Pinned,
@@ -197,7 +202,7 @@ def fake_gpu(monkeypatch):
     real_lookup = _tuned.lookup
     monkeypatch.setattr(_tuned, "lookup", lambda *args: lookups.append(args[2:]) or real_lookup(*args))
     monkeypatch.setattr(_tuned, "_enabled", False)  # no cache file is read
-    fake.__dict__.update(events=events, pinned=pinned, stream=stream, lookups=lookups)
+    fake.lookups = lookups
     return fake
 
 
