@@ -2,15 +2,19 @@
 
 Kernel text lives in ``cuda_src/*.cu`` (installed as ``cukern/cuda_src`` in a wheel). An instantiation
 is a template name plus its arguments; its C++ name expression is generated here, never written by hand.
-At run time each instantiation becomes a :class:`cupy.RawModule` built once per (device, source,
-instantiation, options) and memoized behind a lock, so concurrent first calls compile once. Without a GPU,
-:func:`compile_program` runs the same source through NVRTC for any architecture (NVRTC needs no driver).
+At run time each instantiation is compiled by :func:`compile_program` (NVRTC) for the device's architecture,
+kept on disk (:func:`cache_dir`), loaded as a :class:`cupy.RawModule` once per (device, instantiation,
+options) and memoized behind a lock, so concurrent first calls compile once. Without a GPU,
+:func:`compile_program` runs the same source through NVRTC for any architecture (NVRTC needs no driver): the
+code the CPU tests read is the code the GPU runs.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,7 +87,12 @@ class Instantiation:
         return f"cukern::{self.name}<{', '.join(parts)}>"
 
 
-OPTIONS = ("-std=c++17",)
+# -ftz=false is NVRTC's default, stated because it is the reason cukern compiles its kernels itself: CuPy's
+# RawModule(code=...) appends -ftz=true to every program (cupy.cuda.compiler), and NVRTC takes the last of
+# two -ftz options, so a kernel built that way flushes float32 subnormal operands and results to zero (a
+# cumprod that reaches the subnormal range gave 0 there, sum and max saw subnormal inputs as 0), which
+# neither NumPy nor the emulators of cukern.reference do. tests/test_compile.py checks the PTX for .ftz.
+OPTIONS = ("-std=c++17", "-ftz=false")
 
 
 def _options(extra=()) -> tuple:
@@ -105,14 +114,79 @@ def get_kernel(inst: Instantiation, options: tuple = ()):
         with _lock:
             kernel = _kernels.get(key)
             if kernel is None:
-                module = cupy.RawModule(
-                    code=read_source(inst.source),
-                    options=_options(options),
-                    name_expressions=[inst.expression],
-                )
-                kernel = module.get_function(inst.expression)
+                path, lowered = cached_binary(inst, options, target(device))
+                kernel = cupy.RawModule(path=str(path)).get_function(lowered)
                 _kernels[key] = kernel
     return kernel
+
+
+def target(device: int) -> str:
+    """What NVRTC compiles for ``device``: its own machine code (``sm_90``) where this NVRTC knows the
+    architecture, else the PTX of the newest one it knows below it (``compute_90``), which the driver
+    compiles on loading."""
+    import cupy
+    from cupy.cuda import nvrtc
+
+    cc = int(cupy.cuda.Device(device).compute_capability)
+    known = [a for a in nvrtc.getSupportedArchs() if a <= cc]
+    if cc in known or not known:
+        return f"sm_{cc}"
+    return f"compute_{max(known)}"
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept between processes: ``$CUKERN_CACHE_DIR``, else ``cukern`` under
+    ``$XDG_CACHE_HOME`` (``~/.cache``)."""
+    chosen = os.environ.get("CUKERN_CACHE_DIR")
+    if chosen:
+        return Path(chosen)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cukern"
+
+
+_scratch: list = []  # a process's own directory, where the cache directory cannot be written
+
+
+def _sources_digest() -> str:
+    """sha256 over every file under ``source_dir()`` (paths and bytes): any change to a kernel or a header
+    it includes makes new cache entries."""
+    root = source_dir()
+    h = hashlib.sha256()
+    for p in sorted(q for q in root.rglob("*") if q.is_file() and q.suffix in {".cu", ".cuh", ".h"}):
+        h.update(p.relative_to(root).as_posix().encode() + b"\n" + p.read_bytes())
+    return h.hexdigest()
+
+
+def cached_binary(inst: Instantiation, options: tuple, arch: str) -> tuple:
+    """``(path, lowered name)`` of ``inst`` compiled for ``arch`` by :func:`compile_program`: read from
+    :func:`cache_dir` when an earlier process made it from the same sources, NVRTC version, options and
+    architecture, else compiled and written there (each file written whole under a temporary name and then
+    renamed, so processes compiling the same kernel at once each leave a complete file)."""
+    key = hashlib.sha256("\n".join((_sources_digest(), nvrtc_version(), arch, " ".join(OPTIONS + tuple(options)),
+                                    inst.expression)).encode()).hexdigest()
+    suffix = ".cubin" if arch.startswith("sm_") else ".ptx"
+    for folder in [cache_dir()] + _scratch:
+        binary, name = folder / f"{key}{suffix}", folder / f"{key}.name"
+        if binary.is_file() and name.is_file():
+            return binary, name.read_text()
+    c = compile_program(inst.source, [inst], arch, options, report=False)
+    lowered = c.lowered[inst.expression]
+    data = c.cubin if suffix == ".cubin" else c.ptx.encode()
+    try:
+        return _write(cache_dir(), key, suffix, data, lowered), lowered
+    except OSError:
+        if not _scratch:
+            _scratch.append(Path(tempfile.mkdtemp(prefix="cukern-")))
+        return _write(_scratch[0], key, suffix, data, lowered), lowered
+
+
+def _write(folder: Path, key: str, suffix: str, data: bytes, lowered: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for path, content in ((folder / f"{key}.name", lowered.encode()), (folder / f"{key}{suffix}", data)):
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".part-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+        os.replace(tmp, path)
+    return folder / f"{key}{suffix}"
 
 
 @dataclass
@@ -158,9 +232,11 @@ class Compiled:
         return out
 
 
-def compile_program(source: str, instantiations, arch: str = "sm_90", options: tuple = ()) -> Compiled:
+def compile_program(source: str, instantiations, arch: str = "sm_90", options: tuple = (),
+                    report: bool = True) -> Compiled:
     """Compile ``instantiations`` of ``cuda_src/<source>.cu`` with NVRTC for ``arch``; no GPU needed. A virtual
-    architecture (``compute_90``) stops at the PTX: no ptxas, no cubin, no resources (half the time)."""
+    architecture (``compute_90``) stops at the PTX: no ptxas, no cubin, no resources (half the time).
+    ``report``: ptxas' resource report in the log (:meth:`Compiled.resources`)."""
     machine_code = not arch.startswith("compute_")
     from cupy.cuda import nvrtc
 
@@ -169,7 +245,8 @@ def compile_program(source: str, instantiations, arch: str = "sm_90", options: t
         exprs = [i.expression for i in instantiations]
         for e in exprs:
             nvrtc.addNameExpression(prog, e)
-        opts = list(_options(options)) + [f"--gpu-architecture={arch}"] + (["-Xptxas=-v"] if machine_code else [])
+        opts = list(_options(options)) + [f"--gpu-architecture={arch}"]
+        opts += ["-Xptxas=-v"] if machine_code and report else []
         try:
             nvrtc.compileProgram(prog, opts)
         except nvrtc.NVRTCError as err:

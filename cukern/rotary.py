@@ -421,8 +421,8 @@ def _check_positions(call, positions) -> None:
     one small kernel on the current stream writes its answer into pinned host memory, the host sets the slot
     to -1, launches, and reads it until the kernel's answer arrives (no allocation, no copy; CHECK_READS).
     ``[3, tokens]`` positions (:func:`rotary_embedding_mrope`, its call knowing the bytes between rows) are
-    checked row by row, a launch and a wait each, and the error names ``positions[r, t]``. Refused while the stream captures a CUDA graph, where the host cannot wait,
-    before anything is recorded."""
+    checked row by row, a launch and a wait each, and the error names ``positions[r, t]``. Refused while the
+    stream captures a CUDA graph, where the host cannot wait, before anything is recorded."""
     stream = _cupy().cuda.get_current_stream()
     if stream.is_capturing():
         raise RuntimeError("check_positions=True waits for the GPU, which a CUDA graph capture cannot do; pass "

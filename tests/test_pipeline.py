@@ -665,7 +665,7 @@ def test_eight_threads_first_call_compile_once(monkeypatch):
     real = cupy.RawModule
 
     def counting(*args, **kwargs):
-        built.append(kwargs["name_expressions"])
+        built.append(kwargs["path"])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cupy, "RawModule", counting)
