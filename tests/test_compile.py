@@ -122,3 +122,32 @@ def test_gpu_kernels_keep_subnormal_inputs_and_results():
     y = cukern.rms_norm(cupy.asarray(row)).get()
     assert (y.astype(np.float32) > 0).all()
     assert y.tobytes() == reference.rms_norm_emulated(row).tobytes()
+
+
+def test_get_kernel_loads_the_binary_compiled_here(tmp_path, monkeypatch):
+    """get_kernel never hands CuPy source to compile (CuPy would add -ftz=true): it loads cached_binary's file
+    by path and asks for the lowered name, once per (device, instantiation, options)."""
+    import cupy
+
+    import cukern._compile as comp
+
+    monkeypatch.setenv("CUKERN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(comp, "_kernels", {})
+    monkeypatch.setattr(comp, "target", lambda device: "compute_90")
+    monkeypatch.setattr(cupy.cuda, "Device", lambda *a: type("D", (), {"id": 0})())
+    loaded = []
+
+    class Module:
+        def __init__(self, code=None, *, path=None, **kw):
+            assert code is None and not kw
+            loaded.append(path)
+
+        def get_function(self, name):
+            return ("kernel", name)
+
+    monkeypatch.setattr(cupy, "RawModule", Module)
+    inst = comp.Instantiation("timing", "hold_stream", ())
+    first = comp.get_kernel(inst)
+    assert comp.get_kernel(inst) is first and len(loaded) == 1
+    path, lowered = comp.cached_binary(inst, (), "compute_90")
+    assert loaded == [str(path)] and first == ("kernel", lowered)
