@@ -31,6 +31,7 @@ import operator
 from contextlib import nullcontext
 from types import SimpleNamespace
 
+import cukern._convert as _convert
 import cukern.reduce as _reduce
 import cukern.reduce_plan as _plan
 import cukern.rmsnorm as _rmsnorm
@@ -248,7 +249,7 @@ def _finish(parts, axis, keepdims, *, op, name, count, final):
             r = r / count if count else r * np.nan
         elif name == "norm":
             r = np.sqrt(r)
-        return r if r.dtype == final else r.astype(final)
+        return r if r.dtype == final else _convert.astype(r, final)
 
 
 def _reduction(name: str, x, axis, dtype, keepdims: bool, split_every):

@@ -101,6 +101,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import cukern._check as _check
+import cukern._convert as _convert
 import cukern._tuned as _tuned
 
 from ._compile import get_kernel
@@ -401,12 +402,12 @@ def _elementwise(op: Op, x, axes, dst, keepdims: bool, divisor: float) -> None:
         x = x.copy()
     x, dst = _drop(x, axes), _drop(dst, axes) if keepdims else dst
     if op.lift == LIFT_NONZERO:
-        cp.not_equal(x, 0, out=dst)
+        _convert.nonzero(x, dst)
         return
     if op.lift == LIFT_NOT_NAN:
         cp.equal(x, x, out=dst)
         return
-    cp.copyto(dst, x, casting="unsafe")
+    _convert.copyto(dst, x)
     if op.lift == LIFT_SKIP_NAN and op.kernel_op == OP_SUM:
         if dst.dtype.kind == "f":
             cp.nan_to_num(dst, copy=False, nan=0.0, posinf=np.inf, neginf=-np.inf)
@@ -418,9 +419,9 @@ def _elementwise(op: Op, x, axes, dst, keepdims: bool, divisor: float) -> None:
         cp.true_divide(dst, divisor, out=dst)
         return
     if op.finalize == FINISH_SQRT:
-        cp.abs(dst, out=dst)
+        _convert.absolute(dst)
     elif op.kernel_op == OP_SUMSQ:
-        cp.multiply(dst, dst, out=dst)
+        _convert.square(dst)
 
 
 # What an empty reduction gives, where it is not 0 (sums, counts, any) or NaN (mean, var, std).
@@ -539,8 +540,8 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
         _prepare(pl, x, o, op, divisor, kept).run(result, x)
         result = result.reshape(shape)
         if out is None:
-            return result.astype(final)
-        out[...] = result
+            return _convert.astype(result, final)
+        _convert.copyto(out, result)
         return out
 
 
@@ -609,7 +610,7 @@ def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, co
             elif rt.how == "cast" and x.dtype in COMPLEX and rt.via == BOOL:  # a count: x != 0, either part
                 xl = cp.not_equal(x, 0)
             elif rt.how == "cast":
-                xl = x.astype(rt.via)
+                xl = _convert.astype(x, rt.via)
                 if name == "nansum" and rt.via.kind in "iu" and (x.dtype.kind == "f" or x.dtype == BFLOAT16):
                     # NumPy's nansum into an integer dtype: each NaN is 0 in x's dtype, then converted. Zero
                     # them by x's own mask, whatever the conversion made of a NaN (one more pass; this case only).
@@ -649,16 +650,16 @@ def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, co
                 elif rt.how == "flip":
                     r = cp.bitwise_xor(r.view(U64), _SIGN)
                 elif name in MINMAX_OPS:
-                    r = r.astype(x.dtype)
+                    r = _convert.astype(r, x.dtype)
                 if rt.mean_int:
                     if count == 0:
                         warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
-                    r = (r.astype(final).astype(np.float64) / count).astype(final)
+                    r = _convert.astype(_convert.astype(r, final).astype(np.float64) / count, final)
         if r.dtype != final:
-            r = r.astype(final)
+            r = _convert.astype(r, final)
         if out is None:
             return r
-        cp.copyto(out, r, casting="unsafe")
+        _convert.copyto(out, r)
         return out
 
 
@@ -879,8 +880,8 @@ def _nanmean(x, axis, dtype, keepdims: bool, out, korder: bool = True):
     if final in COMPLEX and x.dtype not in COMPLEX:  # a real mean, widened: NumPy's values
         r = _nanmean(x, axis, real_of(final), keepdims, None, korder)
         if out is None:
-            return r.astype(final)
-        cp.copyto(out, r)
+            return _convert.astype(r, final)
+        _convert.copyto(out, r)
         return out
     _refuse_capture("nanmean", "it checks for all-NaN slices on the host; use mean, or nanmean outside")
     axes = normalize_axis(axis, x.ndim)
@@ -898,17 +899,17 @@ def _nanmean(x, axis, dtype, keepdims: bool, out, korder: bool = True):
         sums = cp.ndarray(total.shape + (2,), part, memptr=total.data, strides=total.strides + (part.itemsize,))
         q = cp.empty(total.shape, final)
         parts = cp.ndarray(q.shape + (2,), part, memptr=q.data, strides=q.strides + (part.itemsize,))
-        cp.divide(sums.astype(np.float64), count[..., None].astype(np.float64), out=parts, casting="unsafe")
+        _convert.copyto(parts, sums.astype(np.float64) / count[..., None].astype(np.float64))
     else:
         count = _reduce("count_not_nan", x, axis, None, keepdims, None)
         q = total.astype(np.float64) / count
     if final.itemsize == 2:
-        q = q.astype(np.float32)  # as the mean kernels round a double result: to float, then to the half type
+        q = _convert.astype(q, np.float32)  # as the mean kernels round a double result: to float, then to half
     if bool(cp.any(count == 0)):
         warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
     if out is None:
-        return q.astype(final)
-    out[...] = q
+        return _convert.astype(q, final)
+    _convert.copyto(out, q)
     return out
 
 

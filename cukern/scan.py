@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import cukern._check as _check
+import cukern._convert as _convert
 
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, dtype_name, parse_dtype
@@ -493,7 +494,6 @@ def _routed(op: str, x, axis, via, final, out):
     """A scan :func:`route` sends through a conversion: every check first, then x converted to ``via``, its
     scan, and the result converted to ``final`` (cast into ``out`` of any dtype, as NumPy casts, unsafely;
     ``out`` may be x itself)."""
-    cp = _cupy()
     a = normalize_axis(axis, x.ndim)
     if out is not None:
         out = _check_cast_out(out, x, a)
@@ -504,16 +504,16 @@ def _routed(op: str, x, axis, via, final, out):
         elif x.dtype.kind == "u" and x.itemsize == 8 and via == _I64:
             src = x.view(_I64)
         else:
-            src = x.astype(via)
+            src = _convert.astype(x, via)
         scanned = DEFAULT_DTYPE[via]
         if out is not None and scanned == final == out.dtype and src is not x:
             return _run(op, src, a, scanned, out)  # src is a new array: out may be x's memory
         r = _run(op, src, a, scanned, None)
         if r.dtype != final and (out is None or out.dtype != final):  # NumPy's result (wrapped) first
-            r = r.view(final) if final.kind == "u" and final.itemsize == 8 else r.astype(final)
+            r = r.view(final) if final.kind == "u" and final.itemsize == 8 else _convert.astype(r, final)
         if out is None:
             return r
-        cp.copyto(out, r, casting="unsafe")
+        _convert.copyto(out, r)
         return out
 
 
@@ -534,7 +534,7 @@ def _complex(op: str, x, axis, final, out):
             out = _check_cast_out(out, x, a)
         refuse_temporary_in_capture(op, CONVERTED)
         with on_device(x.data.device_id):
-            return _run(op, (x.astype(_F32) if x.dtype == BFLOAT16 else x).astype(final), a, None, out)
+            return _run(op, _convert.astype(x.astype(_F32) if x.dtype == BFLOAT16 else x, final), a, None, out)
     shape = (x.size,) if a is None else x.shape
     if out is not None:
         out = _check_cast_out(out, x, a)
@@ -542,7 +542,7 @@ def _complex(op: str, x, axis, final, out):
     refuse_temporary_in_capture(op, CONVERTED if x.dtype != final else X_COPIED if flat_copy
                                 else CAST_OUT if out is not None and out.dtype != final else None)
     with on_device(x.data.device_id):
-        src = x if x.dtype == final else (x.astype(_F32) if x.dtype == BFLOAT16 else x).astype(final)
+        src = x if x.dtype == final else _convert.astype(x.astype(_F32) if x.dtype == BFLOAT16 else x, final)
         if a is None:
             src, a = cp.ascontiguousarray(src).reshape(-1), 0
         direct = out is not None and out.dtype == final
@@ -553,7 +553,7 @@ def _complex(op: str, x, axis, final, out):
         _run(op, parts[0], a, None, parts[1], korder=False)
         if out is None or direct:
             return r
-        cp.copyto(out, r, casting="unsafe")
+        _convert.copyto(out, r)
         return out
 
 
@@ -591,7 +591,7 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
                 a = normalize_axis(axis, x.ndim)
                 out = _check_cast_out(out, x, a)
                 refuse_temporary_in_capture(op, CAST_OUT)
-                cp.copyto(out, _run(op, x, a, dtype, None, korder=False), casting="unsafe")
+                _convert.copyto(out, _run(op, x, a, dtype, None, korder=False))
                 return out
         call = _prepare(op, x, axis, dtype, out)
         if key is not None:

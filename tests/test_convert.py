@@ -1,0 +1,132 @@
+"""cukern/_convert.py and cuda_src/convert.cu: the element-wise steps on results that CuPy would flush to zero.
+On the host: the struct, the plan of a call's launches, the kernels' code (no flush, no local memory). On a
+GPU: each step against NumPy on subnormal values and views, and the ops that use them (nanmean, one-element
+reductions, float32 results of float64 reductions and scans) against NumPy and the emulators."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _support import same_bits, struct_fields
+
+from cukern import _convert as C
+from cukern._compile import compile_program
+
+
+def test_params_match_the_struct():
+    assert struct_fields(C.SOURCE, "ConvertParams") == C.PARAMS.fields
+
+
+@pytest.mark.parametrize("arch", ("sm_80", "sm_90", "sm_100", "sm_120", "compute_90"))
+def test_kernels_compile_without_flush_or_local_memory(arch):
+    c = compile_program(C.SOURCE, C.instantiations(), arch)
+    assert ".ftz" not in c.ptx and ".local" not in c.ptx
+    assert "cvt.rn.f32.f64" in c.ptx and "mul.rn.f32" in c.ptx and "abs.f32" in c.ptx
+
+
+def test_plan_collapses_axes_and_keeps_views():
+    (only,) = C.plan((3, 4), (4, 1), (4, 1))  # contiguous in both: one axis of 12
+    assert only[:2] == (0, 0) and (only[2]["n"], only[2]["d3"], only[2]["x3"], only[2]["o3"]) == (12, 12, 1, 1)
+    (t,) = C.plan((3, 4), (1, 3), (4, 1))  # a transposed source
+    assert (t[2]["d2"], t[2]["d3"], t[2]["x2"], t[2]["x3"], t[2]["o2"], t[2]["o3"]) == (3, 4, 1, 3, 4, 1)
+    (r,) = C.plan((5,), (-1,), (1,))  # reversed: the stride stays negative, the offset is the first element's
+    assert r[:2] == (0, 0) and r[2]["x3"] == -1
+    (b,) = C.plan((2, 3), (0, 1), (3, 1))  # broadcast rows
+    assert (b[2]["x2"], b[2]["x3"]) == (0, 1)
+    assert C.plan((0, 4), (4, 1), (4, 1)) == []
+    (scalar,) = C.plan((), (), ())
+    assert scalar[2]["n"] == 1
+
+
+def test_plan_takes_leading_axes_one_index_at_a_time():
+    shape = (2, 3, 2, 2, 2, 2)
+    x = tuple(s * 2 for s in (48, 16, 8, 4, 2, 1))  # every other element: no axis merges with the next in x
+    o = (1, 2, 6, 12, 24, 48)  # F order: none merges in out either
+    launches = C.plan(shape, x, o)
+    assert len(launches) == 6 and all(f["n"] == 16 for _, _, f in launches)
+    assert [(xo, oo) for xo, oo, _ in launches] == [(i * 96 + j * 32, i + 2 * j) for i in range(2) for j in range(3)]
+
+
+def test_only_the_flushing_pairs_have_kernels():
+    f32, f64, c64, c128 = (np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
+    assert C._key(c128, c64, C.VALUE) in C.KERNELS and C._key(f64, f32, C.VALUE) in C.KERNELS
+    assert C._key(f32, f64, C.VALUE) not in C.KERNELS and C._key(f64, np.dtype(np.float16), C.VALUE) not in C.KERNELS
+
+
+def _tiny(rng, shape):
+    """float64 values across float32's subnormal range (and a few normal and zero ones), both signs."""
+    v = np.ldexp(rng.random(shape) + 0.5, rng.integers(-152, -120, shape)) * rng.choice([-1.0, 1.0], shape)
+    v.reshape(-1)[::7] = 0.0
+    return v
+
+
+@pytest.mark.gpu
+def test_conversions_keep_subnormals_in_any_view():
+    import cupy
+
+    rng = np.random.default_rng(1)
+    v = _tiny(rng, (37, 41))
+    for host in (v, v[::-1], v.T, v[:, 1::3]):
+        got = C.astype(cupy.asarray(host), np.float32)
+        assert got.flags.c_contiguous and same_bits(got, host.astype(np.float32))
+    out = cupy.full((41, 37), 7.0, np.float32)
+    C.copyto(out.T, cupy.asarray(v))
+    assert same_bits(out, v.T.astype(np.float32))
+    row = cupy.full((4, 41), 7.0, np.float32)
+    C.copyto(row, cupy.asarray(v[0]))  # broadcast
+    assert same_bits(row, np.broadcast_to(v[0].astype(np.float32), (4, 41)))
+    z = v[:, :20] + 1j * v[:, 20:40]
+    assert same_bits(C.astype(cupy.asarray(z), np.complex64), z.astype(np.complex64))
+
+
+@pytest.mark.gpu
+def test_one_element_steps_keep_subnormals():
+    import cupy
+
+    from cukern._dtypes import BFLOAT16
+
+    rng = np.random.default_rng(2)
+    small = np.ldexp(rng.random(300) + 0.5, rng.integers(-75, -60, 300)).astype(np.float32)  # squares subnormal
+    a = cupy.asarray(small)
+    C.square(a)
+    assert same_bits(a, small * small) and np.count_nonzero(small * small) == small.size
+    t = _tiny(rng, (300,)).astype(np.float32)
+    a = cupy.asarray(t)
+    C.absolute(a[::2])
+    want = t.copy()
+    want[::2] = np.abs(want[::2])
+    assert same_bits(a, want)
+    for host in (t, t.astype(BFLOAT16)):
+        for dtype in (np.bool_, np.int64):
+            out = cupy.empty(host.shape, dtype)
+            C.nonzero(cupy.asarray(host), out)
+            assert np.array_equal(out.get(), (host.astype(np.float64) != 0).astype(dtype))
+
+
+@pytest.mark.gpu
+def test_ops_keep_subnormal_results():
+    """The ops' steps that went through CuPy: nanmean's conversion, a reduction over axes of one element, a
+    float64 reduction or scan into a float32 dtype or out."""
+    import cupy
+
+    import cukern
+    from cukern import reference
+
+    rng = np.random.default_rng(3)
+    t32 = _tiny(rng, (64, 33)).astype(np.float32)
+    x = cupy.asarray(t32)
+    assert same_bits(cukern.nanmean(x, axis=0), reference.nanmean_emulated(t32, axis=0))
+    assert np.count_nonzero(reference.nanmean_emulated(t32, axis=0)) > 0
+    one = t32[:1]
+    for name in ("sum", "sum_of_squares", "norm", "amax"):
+        got = getattr(cukern, name)(cupy.asarray(one), axis=0)
+        assert same_bits(got, getattr(reference, name + "_emulated")(one, axis=0)), name
+    assert np.array_equal(cukern.count_nonzero(cupy.asarray(one), axis=0).get(), np.count_nonzero(one, axis=0))
+    t64 = _tiny(rng, (64, 33))
+    x64 = cupy.asarray(t64)
+    out = cupy.full(33, 7.0, np.float32)
+    cukern.sum(x64, axis=0, out=out)
+    assert same_bits(out, reference.sum_emulated(t64, axis=0).astype(np.float32))
+    assert same_bits(cukern.sum(x64, axis=0, dtype=np.float32), reference.sum_emulated(t64, axis=0, dtype=np.float32))
+    scanned = cukern.cumsum(x64, axis=0, dtype=np.float32)
+    assert same_bits(scanned, reference.cumsum_emulated(t64, axis=0, dtype=np.float32))
