@@ -1,0 +1,149 @@
+"""Random calls of the reductions and scans against their exact emulators (``cukern.reference``), bit for bit,
+with values drawn to include subnormals, signed zeros, infinities and NaN beside normal ones: random dtypes,
+shapes of 1 to 3 axes, views (transposed, reversed, offset, stepped), axes (None, one, negative, a tuple)
+and keepdims. What the CUDA-event benchmarks never draw, and what found the flush to zero of 2026-12-04
+(bench/NOTES.md).
+
+Run from the repository root on a GPU: ``PYTHONPATH=. python3 bench/sweep_emulators.py SECONDS [SEED
+[PROCESSES]]``; prints one line a mismatch (at most 20 a process) and a summary a process.
+"""
+
+import multiprocessing
+import sys
+import time
+
+import numpy as np
+
+# op: (emulator keywords it takes, dtypes drawn)
+FLOATS = ["float32", "float32", "float64", "float16", "bfloat16"]
+OPS = {
+    "sum": ("dtype keepdims", FLOATS + ["int32"]), "mean": ("dtype keepdims", FLOATS),
+    "amax": ("keepdims", FLOATS), "amin": ("keepdims", FLOATS), "prod": ("keepdims", FLOATS),
+    "sum_of_squares": ("keepdims", FLOATS), "norm": ("keepdims", FLOATS), "nansum": ("keepdims", FLOATS),
+    "nanmean": ("keepdims", FLOATS), "var": ("ddof keepdims", FLOATS), "std": ("ddof keepdims", FLOATS),
+    "logsumexp": ("keepdims", ["float32", "float64"]), "count_nonzero": ("keepdims", FLOATS),
+    "argmax": ("keepdims one", FLOATS), "argmin": ("keepdims one", FLOATS),
+    "cumsum": ("scan", FLOATS), "cumprod": ("scan", ["float32", "float64", "bfloat16"]),
+}
+
+
+def draw_values(rng, shape):
+    """Normal values with some replaced: subnormal float32 magnitudes, +-0, +-inf, NaN."""
+    v = rng.standard_normal(shape)
+    r = rng.random(shape)
+    kind = rng.integers(4)  # some arrays all normal, some mostly subnormal
+    share = [0.0, 0.05, 0.5, 0.95][kind]
+    tiny = np.ldexp(rng.random(shape) + 0.5, rng.integers(-149, -126, shape)) * np.sign(v)
+    v = np.where(r < share, tiny, v)
+    if rng.random() < 0.3:
+        specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan])
+        pick = rng.random(shape) < 0.01
+        v = np.where(pick, specials[rng.integers(5, size=shape)], v)
+    return v
+
+
+def view_of(rng, host, dev):
+    nd = host.ndim
+    r = rng.random()
+    ax = int(rng.integers(nd))
+    sl = [slice(None)] * nd
+    if r < 0.15 and nd > 1:
+        return host.T, dev.T, "T"
+    if r < 0.3:
+        sl[ax] = slice(None, None, -1)
+    elif r < 0.45:
+        sl[ax] = slice(1, None)
+    elif r < 0.55:
+        sl[ax] = slice(None, None, 2)
+    else:
+        return host, dev, "c"
+    return host[tuple(sl)], dev[tuple(sl)], f"{r:.2f}@{ax}"
+
+
+def same(got, want):
+    """Equal shapes, dtypes and bytes, but where both elements are NaN (a NaN's payload is not promised)."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    g, w = got.reshape(-1), want.reshape(-1)
+    differ = np.any(g.view(np.uint8).reshape(g.size, -1) != w.view(np.uint8).reshape(w.size, -1), axis=1)
+    if g.dtype.kind == "c":
+        nan = (np.isnan(g.real) | np.isnan(g.imag)) & (np.isnan(w.real) | np.isnan(w.imag))
+    elif g.dtype.kind == "f" or g.dtype.name == "bfloat16":
+        nan = np.isnan(g.astype(np.float64)) & np.isnan(w.astype(np.float64))
+    else:
+        nan = np.zeros(g.size, bool)
+    return not np.any(differ & ~nan)
+
+
+def worker(args):
+    seconds, seed = args
+    import cupy as cp
+
+    import cukern
+    from cukern import reference
+    from cukern._dtypes import BFLOAT16
+
+    rng = np.random.default_rng(seed)
+    names = list(OPS)
+    cases = bad = 0
+    lines = []
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        op = names[int(rng.integers(len(names)))]
+        form, dtypes = OPS[op]
+        dt = BFLOAT16 if (d := dtypes[int(rng.integers(len(dtypes)))]) == "bfloat16" else np.dtype(d)
+        nd = int(rng.integers(1, 4))
+        shape = tuple(int(rng.choice([1, 2, 3, 7, 33, 130, 1000, 4099])) for _ in range(nd))
+        while np.prod(shape) > 2_000_000:
+            shape = shape[1:] or (1000,)
+        v = draw_values(rng, shape)
+        host = v.astype(np.int32) if dt == np.int32 else v.astype(dt)
+        host, dev, view = view_of(rng, host, cp.asarray(host))
+        if host.size == 0:
+            continue
+        kw, ekw = {}, {}
+        if "scan" in form or "one" in form:
+            axis = None if rng.random() < 0.3 else int(rng.integers(-host.ndim, host.ndim))
+        else:
+            r = rng.random()
+            axis = None if r < 0.3 else int(rng.integers(-host.ndim, host.ndim)) if r < 0.8 else tuple(
+                sorted(set(int(a) for a in rng.integers(0, host.ndim, 2))))
+        if "keepdims" in form and rng.random() < 0.3:
+            kw["keepdims"] = ekw["keepdims"] = True
+        if "ddof" in form and rng.random() < 0.3:
+            kw["ddof"] = ekw["ddof"] = 1
+        if "dtype" in form and rng.random() < 0.2:
+            kw["dtype"] = ekw["dtype"] = np.float64 if dt != np.float64 else np.float32
+        try:
+            got = cp.asnumpy(getattr(cukern, op)(dev, axis=axis, **kw))
+            want = np.asarray(getattr(reference, op + "_emulated")(host, axis=axis, **ekw))
+            ok = same(got, want)
+        except Exception as err:  # noqa: BLE001 - reported with the call
+            ok, got, want = False, None, repr(err)[:160]
+        cases += 1
+        if not ok:
+            bad += 1
+            if bad <= 20:
+                where = None
+                if isinstance(got, np.ndarray) and isinstance(want, np.ndarray) and got.shape == want.shape:
+                    diff = np.nonzero(np.asarray(got != want).reshape(-1))[0]
+                    where = (diff.size, diff[:3].tolist(), got.reshape(-1)[diff[:3]].tolist(),
+                             want.reshape(-1)[diff[:3]].tolist())
+                lines.append(f"SWEEP BAD {op} {dt} {shape} {view} axis={axis} {kw} got/want "
+                             f"{getattr(got, 'dtype', got)}/{getattr(want, 'dtype', want)} {where}")
+    lines.append(f"SWEEP seed {seed}: {cases} calls, {bad} mismatches, {time.time() - t0:.0f} s")
+    return lines
+
+
+def main():
+    seconds = float(sys.argv[1])
+    seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    procs = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(procs) as pool:
+        for lines in pool.imap_unordered(worker, [(seconds, seed + i) for i in range(procs)]):
+            print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    main()
