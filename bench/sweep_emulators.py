@@ -60,19 +60,20 @@ def view_of(rng, host, dev):
     return host[tuple(sl)], dev[tuple(sl)], f"{r:.2f}@{ax}"
 
 
-def same(got, want):
-    """Equal shapes, dtypes and bytes, but where both elements are NaN (a NaN's payload is not promised)."""
+def differ(got, want):
+    """The flat indices where ``got`` and ``want`` differ: in bytes, but not where both elements are NaN (a
+    NaN's payload is not promised); None when their shapes or dtypes differ."""
     if got.shape != want.shape or got.dtype != want.dtype:
-        return False
+        return None
     g, w = got.reshape(-1), want.reshape(-1)
-    differ = np.any(g.view(np.uint8).reshape(g.size, -1) != w.view(np.uint8).reshape(w.size, -1), axis=1)
+    bytes_differ = np.any(g.view(np.uint8).reshape(g.size, -1) != w.view(np.uint8).reshape(w.size, -1), axis=1)
     if g.dtype.kind == "c":
         nan = (np.isnan(g.real) | np.isnan(g.imag)) & (np.isnan(w.real) | np.isnan(w.imag))
     elif g.dtype.kind == "f" or g.dtype.name == "bfloat16":
         nan = np.isnan(g.astype(np.float64)) & np.isnan(w.astype(np.float64))
     else:
         nan = np.zeros(g.size, bool)
-    return not np.any(differ & ~nan)
+    return np.nonzero(bytes_differ & ~nan)[0]
 
 
 def worker(args):
@@ -117,16 +118,16 @@ def worker(args):
         try:
             got = cp.asnumpy(getattr(cukern, op)(dev, axis=axis, **kw))
             want = np.asarray(getattr(reference, op + "_emulated")(host, axis=axis, **ekw))
-            ok = same(got, want)
+            diff = differ(got, want)
+            ok = diff is not None and diff.size == 0
         except Exception as err:  # noqa: BLE001 - reported with the call
-            ok, got, want = False, None, repr(err)[:160]
+            ok, got, want, diff = False, None, repr(err)[:160], None
         cases += 1
         if not ok:
             bad += 1
             if bad <= 20:
                 where = None
-                if isinstance(got, np.ndarray) and isinstance(want, np.ndarray) and got.shape == want.shape:
-                    diff = np.nonzero(np.asarray(got != want).reshape(-1))[0]
+                if isinstance(got, np.ndarray) and diff is not None:
                     where = (diff.size, diff[:3].tolist(), got.reshape(-1)[diff[:3]].tolist(),
                              want.reshape(-1)[diff[:3]].tolist())
                 lines.append(f"SWEEP BAD {op} {dt} {shape} {view} axis={axis} {kw} got/want "

@@ -2,10 +2,11 @@
 //
 // CuPy compiles its element-wise kernels with -ftz=true (cupy.cuda.compiler), so there a float32 result or
 // operand below 2^-126 becomes 0, where NumPy and cukern's own kernels keep it (cukern/_compile.py). These
-// are the steps cukern takes on its results that would meet it: a float64 value rounded to float32 (each
-// part of a complex128 value to complex64's), and, where a reduction has one element, that element's square
-// (sum_of_squares), absolute value (norm) and test against zero (count_nonzero), of float32 or bfloat16
-// values. Each is correctly rounded, as NumPy's.
+// are the steps cukern takes on its results that would meet it: a float64 value rounded to float32 and a
+// float32 value widened to float64 (each part of a complex value likewise), a float32 value rounded to
+// bfloat16 and a bfloat16 value widened, and, where a reduction has one element, that element's square (sum_of_squares), absolute value
+// (norm) and test against zero (count_nonzero), of float32 or bfloat16 values. Each is correctly rounded, as
+// NumPy's (a bfloat16 square: the float32 product, rounded to bfloat16).
 //
 // Layout: element i of the launch is the C-order index (i0, i1, i2, i3) over up to four axes (collapsed by
 // cukern/_convert.py: most calls have one), read through x's strides and written through out's (elements,
@@ -24,6 +25,13 @@ struct ConvertParams {
   long long o0, o1, o2, o3;
 };
 
+// One value of T as O: rounded to nearest even, subnormal values kept.
+__device__ __forceinline__ void store_value(float* o, double v) { *o = __double2float_rn(v); }
+__device__ __forceinline__ void store_value(double* o, float v) { *o = static_cast<double>(v); }
+__device__ __forceinline__ void store_value(bf16* o, float v) { *o = from_float<bf16>(v); }
+__device__ __forceinline__ void store_value(float* o, bf16 v) { *o = to_float(v); }
+__device__ __forceinline__ void store_value(double* o, bf16 v) { *o = static_cast<double>(to_float(v)); }
+
 template <typename T, typename O, int MODE>
 __global__ void convert_values(O* out, const T* x, const __grid_constant__ ConvertParams p) {
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
@@ -38,11 +46,11 @@ __global__ void convert_values(O* out, const T* x, const __grid_constant__ Conve
     const T v = x[i0 * p.x0 + i1 * p.x1 + i2 * p.x2 + i3 * p.x3];
     O* o = out + i0 * p.o0 + i1 * p.o1 + i2 * p.o2 + i3 * p.o3;
     if constexpr (MODE == CONVERT_VALUE) {
-      *o = __double2float_rn(v);
+      store_value(o, v);
     } else if constexpr (MODE == CONVERT_SQUARE) {
-      *o = __fmul_rn(v, v);
+      *o = from_float<O>(__fmul_rn(to_float(v), to_float(v)));
     } else if constexpr (MODE == CONVERT_ABS) {
-      *o = fabsf(v);
+      *o = from_float<O>(fabsf(to_float(v)));
     } else {
       *o = to_float(v) != 0.f;
     }

@@ -3,8 +3,10 @@
 CuPy compiles its element-wise kernels with ``-ftz=true``, so ``astype``, ``copyto`` and the arithmetic
 ufuncs turn a float32 result or operand below 2^-126 into 0 on the GPU, where NumPy keeps it. The op modules
 call these functions instead where that can meet one of their results: a float64 value rounded to float32
-(complex128 to complex64, part by part), and the one-element forms of the reductions on float32 and
-bfloat16 values (a square, an absolute value, a test against zero). Every other conversion goes to CuPy
+or a float32 value widened to float64 (complex, part by part), float32 to and from bfloat16, bfloat16 to
+float64, and the
+one-element forms of the reductions on float32 and bfloat16 values (a square, an absolute value, a test
+against zero). Every other conversion goes to CuPy
 unchanged. Any view in, any view out: the kernel reads and writes through the arrays' strides, so these
 make no temporary of their own (:func:`astype` returns a new array, as CuPy's does). Up to four axes (after
 merging the contiguous ones) take one launch; each index of any axes before them takes one more.
@@ -30,14 +32,11 @@ PARAMS = Params(tuple((n, "i64") for n in ("n", "d1", "d2", "d3", "x0", "x1", "x
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _C64, _C128 = np.dtype(np.complex64), np.dtype(np.complex128)
 # (x's dtype, out's dtype, mode) -> the kernel's template arguments
-KERNELS = {
-    (_F64, _F32, VALUE): (_F64, _F32, VALUE),
-    (_F32, _F32, SQUARE): (_F32, _F32, SQUARE),
-    (_F32, _F32, ABS): (_F32, _F32, ABS),
-}
+_PAIRS = ((_F64, _F32), (_F32, _F64), (_F32, BFLOAT16), (BFLOAT16, _F32), (BFLOAT16, _F64))
+KERNELS = {(t, o, VALUE): (t, o, VALUE) for t, o in _PAIRS}
 for _t in (_F32, BFLOAT16):
-    for _o in (np.dtype(np.bool_), np.dtype(np.int64)):
-        KERNELS[(_t, _o, NONZERO)] = (_t, _o, NONZERO)
+    KERNELS.update({(_t, _t, m): (_t, _t, m) for m in (SQUARE, ABS)})
+    KERNELS.update({(_t, _o, NONZERO): (_t, _o, NONZERO) for _o in (np.dtype(np.bool_), np.dtype(np.int64))})
 
 
 def instantiations() -> list:
@@ -86,14 +85,14 @@ def _run(x, out, mode: int) -> None:
 
 def _key(src_dtype, dst_dtype, mode: int):
     s, d = np.dtype(src_dtype), np.dtype(dst_dtype)
-    if s == _C128 and d == _C64:
-        s, d = _F64, _F32
+    if {s, d} == {_C64, _C128}:
+        s, d = (_F32, _F64) if s == _C64 else (_F64, _F32)
     return (s, d, mode)
 
 
 def copyto(dst, src) -> None:
-    """``cupy.copyto(dst, src, casting="unsafe")`` (``src`` broadcast to ``dst``), but float64 -> float32 and
-    complex128 -> complex64 rounded here, subnormals kept."""
+    """``cupy.copyto(dst, src, casting="unsafe")`` (``src`` broadcast to ``dst``), but float64 <-> float32,
+    complex128 <-> complex64, bfloat16 <-> float32 and bfloat16 -> float64 converted here, subnormals kept."""
     cp = _cupy()
     if _key(src.dtype, dst.dtype, VALUE) in KERNELS and src.size:
         _run(cp.broadcast_to(src, dst.shape), dst, VALUE)
@@ -112,16 +111,16 @@ def astype(a, dtype):
 
 
 def square(a) -> None:
-    """a *= a in place, float32 here (others by CuPy, where no float32 result can be subnormal)."""
-    if a.dtype == _F32:
+    """a *= a in place, float32 and bfloat16 here (others by CuPy, where no float32 result can be subnormal)."""
+    if (a.dtype, a.dtype, SQUARE) in KERNELS:
         _run(a, a, SQUARE)
     else:
         _cupy().multiply(a, a, out=a)
 
 
 def absolute(a) -> None:
-    """a = |a| in place, float32 here."""
-    if a.dtype == _F32:
+    """a = |a| in place, float32 and bfloat16 here."""
+    if (a.dtype, a.dtype, ABS) in KERNELS:
         _run(a, a, ABS)
     else:
         _cupy().abs(a, out=a)

@@ -640,7 +640,8 @@ def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, co
                 inner_dtype = None if rt.op in COUNT_OPS else rt.kernel
                 r = _reduce(rt.op, xl, inner_axes, inner_dtype, keepdims, None, knobs, sm, ddof, korder=False)
                 if rt.how == "complex" and name in VAR_OPS:
-                    r = r[..., 0].astype(np.float64) + r[..., 1]  # var(z) = var(z.real) + var(z.imag)
+                    r = _convert.astype(r, np.float64)
+                    r = r[..., 0] + r[..., 1]  # var(z) = var(z.real) + var(z.imag)
                     if name == "std":
                         r = cp.sqrt(r)
                 elif rt.how == "complex" and name != "norm":
@@ -899,10 +900,10 @@ def _nanmean(x, axis, dtype, keepdims: bool, out, korder: bool = True):
         sums = cp.ndarray(total.shape + (2,), part, memptr=total.data, strides=total.strides + (part.itemsize,))
         q = cp.empty(total.shape, final)
         parts = cp.ndarray(q.shape + (2,), part, memptr=q.data, strides=q.strides + (part.itemsize,))
-        _convert.copyto(parts, sums.astype(np.float64) / count[..., None].astype(np.float64))
+        _convert.copyto(parts, _convert.astype(sums, np.float64) / count[..., None].astype(np.float64))
     else:
         count = _reduce("count_not_nan", x, axis, None, keepdims, None)
-        q = total.astype(np.float64) / count
+        q = _convert.astype(total, np.float64) / count
     if final.itemsize == 2:
         q = _convert.astype(q, np.float32)  # as the mean kernels round a double result: to float, then to half
     if bool(cp.any(count == 0)):

@@ -10,6 +10,7 @@ import pytest
 from _support import same_bits, struct_fields
 
 from cukern import _convert as C
+from cukern._dtypes import BFLOAT16
 from cukern._compile import compile_program
 
 
@@ -21,7 +22,7 @@ def test_params_match_the_struct():
 def test_kernels_compile_without_flush_or_local_memory(arch):
     c = compile_program(C.SOURCE, C.instantiations(), arch)
     assert ".ftz" not in c.ptx and ".local" not in c.ptx
-    assert "cvt.rn.f32.f64" in c.ptx and "mul.rn.f32" in c.ptx and "abs.f32" in c.ptx
+    assert all(op in c.ptx for op in ("cvt.rn.f32.f64", "cvt.f64.f32", "cvt.rn.bf16.f32", "mul.rn.f32", "abs.f32"))
 
 
 def test_plan_collapses_axes_and_keeps_views():
@@ -49,8 +50,10 @@ def test_plan_takes_leading_axes_one_index_at_a_time():
 
 def test_only_the_flushing_pairs_have_kernels():
     f32, f64, c64, c128 = (np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
-    assert C._key(c128, c64, C.VALUE) in C.KERNELS and C._key(f64, f32, C.VALUE) in C.KERNELS
-    assert C._key(f32, f64, C.VALUE) not in C.KERNELS and C._key(f64, np.dtype(np.float16), C.VALUE) not in C.KERNELS
+    for a, b in ((c128, c64), (f64, f32), (c64, c128), (f32, f64), (f32, BFLOAT16), (BFLOAT16, f32), (BFLOAT16, f64)):
+        assert C._key(a, b, C.VALUE) in C.KERNELS
+    f16 = np.dtype(np.float16)  # no float32 value that rounds to float16 or comes from it can be subnormal
+    assert C._key(f64, f16, C.VALUE) not in C.KERNELS and C._key(f32, f16, C.VALUE) not in C.KERNELS
 
 
 def _tiny(rng, shape):
@@ -83,10 +86,8 @@ def test_conversions_keep_subnormals_in_any_view():
 def test_one_element_steps_keep_subnormals():
     import cupy
 
-    from cukern._dtypes import BFLOAT16
-
     rng = np.random.default_rng(2)
-    small = np.ldexp(rng.random(300) + 0.5, rng.integers(-75, -60, 300)).astype(np.float32)  # squares subnormal
+    small = np.ldexp(rng.random(300) + 0.5, rng.integers(-72, -64, 300)).astype(np.float32)  # squares subnormal
     a = cupy.asarray(small)
     C.square(a)
     assert same_bits(a, small * small) and np.count_nonzero(small * small) == small.size
@@ -96,6 +97,18 @@ def test_one_element_steps_keep_subnormals():
     want = t.copy()
     want[::2] = np.abs(want[::2])
     assert same_bits(a, want)
+    b = (small * small).astype(BFLOAT16)  # squares in bfloat16's subnormal range, and absolute values
+    a = cupy.asarray(small.astype(BFLOAT16))
+    C.square(a)
+    assert same_bits(a, (small.astype(BFLOAT16).astype(np.float32) ** 2).astype(BFLOAT16)) and np.count_nonzero(b)
+    a = cupy.asarray(t.astype(BFLOAT16))
+    C.absolute(a)
+    assert same_bits(a, np.abs(t).astype(BFLOAT16))
+    for src, dst in ((np.float32, np.float64), (np.float32, BFLOAT16), (BFLOAT16, np.float32), (BFLOAT16, np.float64)):
+        host = t[::-3].astype(src)
+        assert same_bits(C.astype(cupy.asarray(host), dst), host.astype(dst)), (src, dst)
+    z = (t[:150] + 1j * t[150:]).astype(np.complex64)
+    assert same_bits(C.astype(cupy.asarray(z), np.complex128), z.astype(np.complex128))
     for host in (t, t.astype(BFLOAT16)):
         for dtype in (np.bool_, np.int64):
             out = cupy.empty(host.shape, dtype)
@@ -128,5 +141,15 @@ def test_ops_keep_subnormal_results():
     cukern.sum(x64, axis=0, out=out)
     assert same_bits(out, reference.sum_emulated(t64, axis=0).astype(np.float32))
     assert same_bits(cukern.sum(x64, axis=0, dtype=np.float32), reference.sum_emulated(t64, axis=0, dtype=np.float32))
+    for name in ("nanmean", "mean"):
+        got = getattr(cukern, name)(cupy.asarray(t32.astype(BFLOAT16)), axis=1)
+        assert same_bits(got, getattr(reference, name + "_emulated")(t32.astype(BFLOAT16), axis=1)), name
+    assert same_bits(cukern.mean(cupy.asarray(one), axis=0, dtype=np.float64), one[0].astype(np.float64))
+    for name in ("sum_of_squares", "norm", "sum"):
+        one16 = (one * 2.0**30).astype(BFLOAT16)  # squares near bfloat16's subnormal range
+        got = getattr(cukern, name)(cupy.asarray(one16), axis=0)
+        assert same_bits(got, getattr(reference, name + "_emulated")(one16, axis=0)), name
+    z = (t32[:, :16] + 1j * t32[:, 16:32]).astype(np.complex64)
+    assert same_bits(cukern.var(cupy.asarray(z), axis=0), reference.var_emulated(z, axis=0))
     scanned = cukern.cumsum(x64, axis=0, dtype=np.float32)
-    assert same_bits(scanned, reference.cumsum_emulated(t64, axis=0, dtype=np.float32))
+    assert same_bits(scanned, reference.cumsum_emulated(t64.astype(np.float32), axis=0))  # NumPy: x cast first
