@@ -3,6 +3,7 @@ table. The compile CLI and the compile tests walk this list, so a new family is 
 
 from __future__ import annotations
 
+import cukern._convert as convert
 import cukern.argreduce as argreduce
 import cukern.ladder as ladder
 import cukern.qknorm as qknorm
@@ -14,7 +15,7 @@ import cukern.segment as segment
 
 
 def all_families():
-    return [rmsnorm, rotary, reduce, ladder, argreduce, qknorm, segment, scan]
+    return [rmsnorm, rotary, reduce, ladder, argreduce, qknorm, segment, scan, convert]
 
 
 def named(source: str):
