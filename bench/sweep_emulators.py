@@ -1,7 +1,9 @@
-"""Random calls of the reductions and scans against their exact emulators (``cukern.reference``), bit for bit,
-with values drawn to include subnormals, signed zeros, infinities and NaN beside normal ones: random dtypes,
-shapes of 1 to 3 axes, views (transposed, reversed, offset, stepped), axes (None, one, negative, a tuple)
-and keepdims. What the CUDA-event benchmarks never draw, and what found the flush to zero of 2026-12-04
+"""Random calls of the reductions, arg-reductions, scans and segment ops against their exact emulators
+(``cukern.reference``), bit for bit, with values drawn to include subnormals, signed zeros, infinities and
+NaN beside normal ones: random float, integer, bool and complex dtypes, shapes of 1 to 3 axes, views
+(transposed, reversed, offset, stepped), axes (None, one, negative, a tuple), keepdims, dtype= (complex
+ones for the scans) and segment offsets with empty segments. A call the emulator refuses must be refused
+by cukern too. What the CUDA-event benchmarks never draw, and what found the flush to zero of 2026-12-04
 (bench/NOTES.md).
 
 Run from the repository root on a GPU: ``PYTHONPATH=. python3 bench/sweep_emulators.py SECONDS [SEED
@@ -16,15 +18,39 @@ import numpy as np
 
 # op: (emulator keywords it takes, dtypes drawn)
 FLOATS = ["float32", "float32", "float64", "float16", "bfloat16"]
+INTS = ["int8", "uint8", "int32", "int64", "uint64", "bool"]
 OPS = {
-    "sum": ("dtype keepdims", FLOATS + ["int32"]), "mean": ("dtype keepdims", FLOATS),
-    "amax": ("keepdims", FLOATS), "amin": ("keepdims", FLOATS), "prod": ("keepdims", FLOATS),
+    "sum": ("dtype keepdims", FLOATS + INTS + ["complex64", "complex128"]),
+    "mean": ("dtype keepdims", FLOATS + ["int32", "complex64"]),
+    "amax": ("keepdims", FLOATS + INTS), "amin": ("keepdims", FLOATS + INTS),
+    "nanmax": ("keepdims", FLOATS), "nanmin": ("keepdims", FLOATS),
+    "prod": ("keepdims", FLOATS + ["int32", "int64", "complex64"]),
     "sum_of_squares": ("keepdims", FLOATS), "norm": ("keepdims", FLOATS), "nansum": ("keepdims", FLOATS),
-    "nanmean": ("keepdims", FLOATS), "var": ("ddof keepdims", FLOATS), "std": ("ddof keepdims", FLOATS),
-    "logsumexp": ("keepdims", ["float32", "float64"]), "count_nonzero": ("keepdims", FLOATS),
-    "argmax": ("keepdims one", FLOATS), "argmin": ("keepdims one", FLOATS),
-    "cumsum": ("scan", FLOATS), "cumprod": ("scan", ["float32", "float64", "bfloat16"]),
+    "nanmean": ("keepdims", FLOATS), "var": ("ddof keepdims", FLOATS + ["complex64"]),
+    "std": ("ddof keepdims", FLOATS + ["int32"]),
+    "logsumexp": ("keepdims", ["float32", "float64"]), "count_nonzero": ("keepdims", FLOATS + INTS),
+    "any": ("keepdims", FLOATS + INTS), "all": ("keepdims", FLOATS + INTS),
+    "argmax": ("keepdims one", FLOATS + INTS + ["complex64"]), "argmin": ("keepdims one", FLOATS + INTS),
+    "nanargmax": ("keepdims one", FLOATS), "nanargmin": ("keepdims one", FLOATS),
+    "cumsum": ("scan dtype", FLOATS + ["int8", "int32", "uint64", "bool", "complex64"]),
+    "cumprod": ("scan dtype", ["float32", "float64", "bfloat16", "int32", "complex64"]),
+    "segment_sum": ("segment", FLOATS + INTS), "segment_max": ("segment", FLOATS + INTS),
+    "segment_min": ("segment", FLOATS + INTS), "segment_mean": ("segment", FLOATS + INTS),
 }
+
+
+def cast_values(v, rng, dt):
+    """The drawn float64 values in dtype dt: integers as small whole numbers (wrapping into unsigned ones),
+    bool as v > 0, complex with a second draw as the imaginary parts."""
+    if dt == np.bool_:
+        return v > 0
+    if dt.kind in "iu":
+        return np.nan_to_num(np.round(v * 3), nan=0, posinf=7, neginf=-7).astype(np.int64).astype(dt)
+    if dt.kind == "c":
+        z = np.empty(v.shape, dt)
+        z.real, z.imag = v, draw_values(rng, v.shape)
+        return z
+    return v.astype(dt)
 
 
 def draw_values(rng, shape):
@@ -86,7 +112,7 @@ def worker(args):
 
     rng = np.random.default_rng(seed)
     names = list(OPS)
-    cases = bad = 0
+    cases = bad = unchecked = 0
     lines = []
     t0 = time.time()
     while time.time() - t0 < seconds:
@@ -98,12 +124,19 @@ def worker(args):
         while np.prod(shape) > 2_000_000:
             shape = shape[1:] or (1000,)
         v = draw_values(rng, shape)
-        host = v.astype(np.int32) if dt == np.int32 else v.astype(dt)
+        host = cast_values(v, rng, dt)
         host, dev, view = view_of(rng, host, cp.asarray(host))
         if host.size == 0:
             continue
         kw, ekw = {}, {}
-        if "scan" in form or "one" in form:
+        if form == "segment":  # offsets into axis 0: sorted cut points, some repeated (empty segments)
+            rows = host.shape[0]
+            cuts = np.sort(rng.integers(0, rows + 1, int(rng.integers(1, 40))))
+            offsets = np.concatenate([[0], cuts, [rows]]).astype([np.int32, np.int64][int(rng.integers(2))])
+            args = (offsets,)
+            kw["offsets"] = cp.asarray(offsets)
+            axis = None
+        elif "scan" in form or "one" in form:
             axis = None if rng.random() < 0.3 else int(rng.integers(-host.ndim, host.ndim))
         else:
             r = rng.random()
@@ -113,15 +146,31 @@ def worker(args):
             kw["keepdims"] = ekw["keepdims"] = True
         if "ddof" in form and rng.random() < 0.3:
             kw["ddof"] = ekw["ddof"] = 1
-        if "dtype" in form and rng.random() < 0.2:
+        if "dtype" in form and dt.kind != "c" and rng.random() < 0.2:
             kw["dtype"] = ekw["dtype"] = np.float64 if dt != np.float64 else np.float32
+            if "scan" in form and rng.random() < 0.5:  # a complex dtype=: x's values into the real parts
+                kw["dtype"] = ekw["dtype"] = [np.complex64, np.complex128][int(rng.integers(2))]
+        call = ((lambda f, a: f(a, kw["offsets"])) if form == "segment"
+                else (lambda f, a: f(a, axis=axis, **kw)))
+        emulate = ((lambda f, a: f(a, args[0])) if form == "segment"
+                   else (lambda f, a: f(a, axis=axis, **ekw)))
         try:
-            got = cp.asnumpy(getattr(cukern, op)(dev, axis=axis, **kw))
-            want = np.asarray(getattr(reference, op + "_emulated")(host, axis=axis, **ekw))
+            want = np.asarray(emulate(getattr(reference, op + "_emulated"), host))
+        except Exception as err:  # noqa: BLE001 - a case the emulator does not take: cukern must refuse it too
+            want = err
+        try:
+            got = cp.asnumpy(call(getattr(cukern, op), dev))
+            if isinstance(want, Exception):
+                unchecked += 1
+                if unchecked <= 5:
+                    lines.append(f"SWEEP UNCHECKED {op} {dt} {shape} {view} axis={axis} {kw.get('dtype')} "
+                                 f"emulator {want!r:.120}")
+                continue
             diff = differ(got, want)
             ok = diff is not None and diff.size == 0
         except Exception as err:  # noqa: BLE001 - reported with the call
-            ok, got, want, diff = False, None, repr(err)[:160], None
+            ok = isinstance(want, Exception)  # both refused
+            got, want, diff = None, f"{err!r:.120} / emulator {want!r:.80}", None
         cases += 1
         if not ok:
             bad += 1
@@ -132,7 +181,8 @@ def worker(args):
                              want.reshape(-1)[diff[:3]].tolist())
                 lines.append(f"SWEEP BAD {op} {dt} {shape} {view} axis={axis} {kw} got/want "
                              f"{getattr(got, 'dtype', got)}/{getattr(want, 'dtype', want)} {where}")
-    lines.append(f"SWEEP seed {seed}: {cases} calls, {bad} mismatches, {time.time() - t0:.0f} s")
+    lines.append(f"SWEEP seed {seed}: {cases} calls, {bad} mismatches, {unchecked} answered where the emulator "
+                 f"raised, {time.time() - t0:.0f} s")
     return lines
 
 
