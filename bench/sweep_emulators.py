@@ -1,8 +1,8 @@
 """Random calls of the reductions, arg-reductions, scans and segment ops against their exact emulators
 (``cukern.reference``), bit for bit, with values drawn to include subnormals, signed zeros, infinities and
 NaN beside normal ones: random float, integer, bool and complex dtypes, shapes of 1 to 3 axes, views
-(transposed, reversed, offset, stepped), axes (None, one, negative, a tuple), keepdims, dtype= (complex
-ones for the scans) and segment offsets with empty segments. A call the emulator refuses must be refused
+(transposed, reversed, offset, stepped), axes (None, one, negative, a tuple), keepdims, dtype= (bfloat16
+among them; complex ones for the scans) and segment offsets with empty segments. A call the emulator refuses must be refused
 by cukern too. What the CUDA-event benchmarks never draw, and what found the flush to zero of 2026-12-04
 (bench/NOTES.md).
 
@@ -149,6 +149,8 @@ def worker(args):
             kw["ddof"] = ekw["ddof"] = 1
         if "dtype" in form and dt.kind != "c" and rng.random() < 0.2:
             kw["dtype"] = ekw["dtype"] = np.float64 if dt != np.float64 else np.float32
+            if dt != BFLOAT16 and rng.random() < 0.3:  # a float64 or integer result rounded into bfloat16
+                kw["dtype"] = ekw["dtype"] = BFLOAT16
             if "scan" in form and rng.random() < 0.5:  # a complex dtype=: x's values into the real parts
                 kw["dtype"] = ekw["dtype"] = [np.complex64, np.complex128][int(rng.integers(2))]
         try:
