@@ -2,9 +2,9 @@
 (``cukern.reference``), bit for bit, with values drawn to include subnormals, signed zeros, infinities and
 NaN beside normal ones: random float, integer, bool and complex dtypes, shapes of 1 to 3 axes, views
 (transposed, reversed, offset, stepped), axes (None, one, negative, a tuple), keepdims, dtype= (bfloat16
-among them; complex ones for the scans) and segment offsets with empty segments. A call the emulator refuses must be refused
-by cukern too. What the CUDA-event benchmarks never draw, and what found the flush to zero of 2026-12-04
-(bench/NOTES.md).
+among them; complex ones for the scans) and segment offsets with empty segments. A call the emulator
+refuses must be refused by cukern too. What the CUDA-event benchmarks never draw, and what found the
+flush to zero of 2026-12-04 (bench/NOTES.md).
 
 Run from the repository root on a GPU: ``PYTHONPATH=. python3 bench/sweep_emulators.py SECONDS [SEED
 [PROCESSES]]``; prints one line a mismatch (at most 20 a process) and a summary a process.
@@ -19,6 +19,7 @@ import numpy as np
 # op: (emulator keywords it takes, dtypes drawn)
 FLOATS = ["float32", "float32", "float64", "float16", "bfloat16"]
 INTS = ["int8", "uint8", "int32", "int64", "uint64", "bool"]
+COUNTED = FLOATS + INTS + ["complex64"]  # counts and truth tests: a complex element with any nonzero part counts
 OPS = {
     "sum": ("dtype keepdims", FLOATS + INTS + ["complex64", "complex128"]),
     "mean": ("dtype keepdims", FLOATS + ["int32", "complex64"]),
@@ -28,8 +29,8 @@ OPS = {
     "sum_of_squares": ("keepdims", FLOATS), "norm": ("keepdims", FLOATS), "nansum": ("keepdims", FLOATS),
     "nanmean": ("keepdims", FLOATS), "var": ("ddof keepdims", FLOATS + ["complex64"]),
     "std": ("ddof keepdims", FLOATS + ["int32"]),
-    "logsumexp": ("keepdims", ["float32", "float64"]), "count_nonzero": ("keepdims", FLOATS + INTS + ["complex64"]),
-    "any": ("keepdims", FLOATS + INTS + ["complex64"]), "all": ("keepdims", FLOATS + INTS + ["complex64"]),
+    "logsumexp": ("keepdims", ["float32", "float64"]), "count_nonzero": ("keepdims", COUNTED),
+    "any": ("keepdims", COUNTED), "all": ("keepdims", COUNTED),
     "argmax": ("keepdims one", FLOATS + INTS + ["complex64"]), "argmin": ("keepdims one", FLOATS + INTS),
     "nanargmax": ("keepdims one", FLOATS), "nanargmin": ("keepdims one", FLOATS),
     "cumsum": ("scan dtype", FLOATS + ["int8", "int32", "uint64", "bool", "complex64"]),
