@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from _support import ARCHS, fake_array
 
-from cukern import _check, _layout, rmsnorm, rotary
+from cukern import _check, _convert, _layout, argreduce, qknorm, rmsnorm, rotary, scan, segment
 from cukern._compile import Instantiation, read_source
 from cukern._dtypes import BFLOAT16
 from cukern._launch import LaunchConfig, Params, Signature
@@ -28,17 +28,25 @@ def test_signature_types_scalars_and_counts_arguments():
         sig.convert((None, 1, 2.0))
 
 
-_C_KINDS = {"long long": "i64", "int": "i32", "float": "f32", "double": "f64"}
+# C field types and the Params kinds that fill them (an unsigned field takes an int32: its values stay below 2^31)
+_C_KINDS = {"long long": "i64", "unsigned long long": "u64", "int": "i32", "unsigned": "i32", "float": "f32",
+            "double": "f64"}
 
 
-@pytest.mark.parametrize("params, source, struct", [(rmsnorm.PARAMS, rmsnorm.SOURCE, "RmsNormParams"),
-                                                    (rotary.PARAMS, rotary.SOURCE, "RotaryParams"),
-                                                    (rotary.CHECK_PARAMS, rotary.SOURCE, "RotaryCheckParams")])
-def test_params_match_the_struct_the_kernel_declares(params, source, struct):
-    body = re.search(r"struct " + struct + r" \{(.*?)\};", read_source(source), re.S).group(1)
+@pytest.mark.parametrize("params, family, struct", [
+    (rmsnorm.PARAMS, rmsnorm, "RmsNormParams"), (rmsnorm.FP8_PARAMS, rmsnorm, "RmsNormFp8Params"),
+    (rotary.PARAMS, rotary, "RotaryParams"), (rotary.CHECK_PARAMS, rotary, "RotaryCheckParams"),
+    (rotary.POSITIONS_PARAMS, rotary, "RotaryPositionsParams"), (rotary.MROPE_PARAMS, rotary, "RotaryMropeParams"),
+    (qknorm.PARAMS, qknorm, "QkNormRopeParams"), (scan.PARAMS, scan, "ScanParams"),
+    (segment.PARAMS, segment, "SegParams"), (argreduce.PARAMS, argreduce, "ArgParams"),
+    (_convert.PARAMS, _convert, "ConvertParams")])
+def test_params_match_the_struct_the_kernel_declares(params, family, struct):
+    text = re.sub(r"//[^\n]*", "", read_source(family.SOURCE))
+    body = re.search(r"struct " + struct + r" \{(.*?)\};", text, re.S).group(1)
     fields = []
     for decl in body.split(";")[:-1]:
-        kind, names = re.fullmatch(r"\s*(long long|int|float|double) (.*)", decl, re.S).groups()
+        kind, names = re.fullmatch(r"\s*(unsigned long long|long long|unsigned|int|float|double) (.*)", decl,
+                                  re.S).groups()
         fields += [(n.strip(), _C_KINDS[kind]) for n in names.split(",")]
     assert tuple(fields) == params.fields
     # NumPy's aligned layout is C's: every field at a multiple of its size, the whole padded to the largest
