@@ -10,7 +10,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _support import ARCHS, assert_close, assert_no_spills, checked_instantiations, compiled, same_bits
-from test_plumbing import test_params_match_the_struct_the_kernel_declares as _struct_matches
 
 from cukern import qknorm, reference, rmsnorm, rotary
 from cukern._dtypes import BFLOAT16, FLOAT_TYPES
@@ -166,10 +165,6 @@ def test_widest_vector():
     assert qknorm.widest_vector(128, 24, False, 2) == 8 and qknorm.widest_vector(128, 20, False, 2) == 1
     assert qknorm.widest_vector(128, 16, False, 2) == 8
     assert qknorm.widest_vector(100, 100, True, 2) == 1
-
-
-def test_params_match_the_kernels_struct():
-    _struct_matches(qknorm.PARAMS, qknorm.SOURCE, "QkNormRopeParams")
 
 
 # ----------------------------------------------------------------- validation with fake arrays (CPU)

@@ -11,7 +11,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _support import ARCHS, assert_close, assert_no_spills, checked_instantiations, compiled, same_bits
-from test_plumbing import test_params_match_the_struct_the_kernel_declares as _struct_matches
 
 from cukern import reference, rotary
 from cukern._dtypes import BFLOAT16, FLOAT_TYPES
@@ -998,10 +997,6 @@ def _exact_cos_sin(p: int, w: float) -> tuple:
         return float(c), float(s)
 
 
-def test_positions_params_match_the_struct():
-    _struct_matches(rotary.POSITIONS_PARAMS, rotary.SOURCE, "RotaryPositionsParams")
-
-
 def test_pi_over_2_in_three_parts():
     from fractions import Fraction
 
@@ -1257,10 +1252,6 @@ def test_mrope_validation_with_fakes(monkeypatch):
                        (Fake((3, 6), np.int64), "positions has shape"), (Fake((3, 7), F32), "positions has dtype")):
         with pytest.raises((TypeError, ValueError), match=match):
             rotary._plan_mrope_call(("b",), pos, q, None, cache, (16, 24, 24), False, True, None)
-
-
-def test_mrope_params_match_the_struct():
-    _struct_matches(rotary.MROPE_PARAMS, rotary.SOURCE, "RotaryMropeParams")
 
 
 def _mrope_case(rng, *, tokens, nh, nkv, hs, rot, dtype, is_neox, section, interleaved, kind="contiguous",

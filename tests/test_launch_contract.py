@@ -1,0 +1,163 @@
+"""What every op hands the driver, checked with no GPU against what NVRTC made of the kernel: the arguments
+against the kernel's parameter list (count, sizes, the struct's bytes and alignment), the block against its
+launch bounds, the grid against the hardware's limits, shared memory against what the kernel may take, and
+every address inside an array the op was given or made. tests/_record_launches.py runs the ops in a process
+of its own over memory nothing reads and records each launch."""
+
+import collections
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _support import compiled
+
+from cukern import families
+from cukern._compile import compile_program
+
+HERE = Path(__file__).parent
+SOURCES = [f.SOURCE for f in families.all_families()]
+ARCH = "sm_90"
+MAX_GRID_X, MAX_GRID_YZ = 2**31 - 1, 65535
+STATIC_SHARED = 48 * 1024  # what a block may take without opting in
+MAX_SHARED = 227 * 1024  # sm_90's most a block may take, opted in
+ARG_TYPES = {"int32": "32", "uint32": "32", "int64": "64", "uint64": "64", "float32": "f32", "float64": "f64"}
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    run = subprocess.run([sys.executable, str(HERE / "_record_launches.py")], capture_output=True, cwd=HERE.parent,
+                         env={**__import__("os").environ, "PYTHONPATH": str(HERE.parent)}, timeout=300)
+    assert run.returncode == 0, run.stderr.decode()[-3000:]
+    cases, allocations = pickle.loads(run.stdout)
+    return cases, allocations
+
+
+def launches(recorded):
+    return [(name, launch) for name, _, done in recorded[0] for launch in done]
+
+
+def entry(ptx: str):
+    """(parameters, launch-bound threads or None, static shared bytes) of one kernel's PTX (``kernel_ptx``),
+    each parameter ``(type, bytes, alignment)``."""
+    head, _, body = ptx.partition(")")
+    params = []
+    for p in re.findall(r"\.param ([^\n,]+)", head):
+        m = re.fullmatch(r"\.align (\d+) \.b8 \S+\[(\d+)\]", p.strip())
+        if m:
+            params.append(("struct", int(m.group(2)), int(m.group(1))))
+        else:
+            kind = p.split()[0]
+            params.append((kind, int(re.sub(r"\D", "", kind) or 0) // 8, None))
+    bound = re.search(r"\.(?:maxntid|reqntid) (\d+), (\d+), (\d+)", body.split("{", 1)[0])
+    threads = None if bound is None else int(bound.group(1)) * int(bound.group(2)) * int(bound.group(3))
+    static = sum(int(n) for n in re.findall(r"^\s*\.shared [^\n;]*\[(\d+)\];", body, re.M))
+    return params, threads, static
+
+
+def argument_fits(arg, param) -> bool:
+    kind, size, align = param
+    if arg[0] == "ptr":
+        return kind in (".u64", ".b64", ".s64")
+    if arg[0] == "struct":  # a struct, or a scalar passed as its bytes (rotary's answer address)
+        return arg[1:] == (size, align) if kind == "struct" else arg[1] == size
+    want = ARG_TYPES[arg[0]]
+    return kind.endswith(want) if want.startswith("f") else kind in {f".{t}{want}" for t in "usb"}
+
+
+@pytest.fixture(scope="module")
+def kernels(recorded):
+    """``(entries, undeclared)``: :func:`entry` of each launched instantiation this run compiles (its family's
+    checked ones: every one under .ci/run's ``--every-instantiation``, a covering sample otherwise) and of the
+    launched ones no family lists (compiled here to machine code), keyed by instantiation; and the
+    compilation of those, per source."""
+    declared = {i for f in families.all_families() for i in f.instantiations()}
+    by_source = collections.defaultdict(set)
+    for _, launch in launches(recorded):
+        by_source[launch[0].source].add(launch[0])
+    entries, undeclared = {}, {}
+    for source, insts in by_source.items():
+        c = compiled(source, ARCH)
+        extra = sorted((i for i in insts if i not in declared), key=lambda i: i.expression)
+        if extra:
+            undeclared[source] = compile_program(source, extra, ARCH)
+        for inst in insts:
+            have = c if inst.expression in c.lowered else undeclared.get(source)
+            if have is not None and inst.expression in have.lowered:
+                entries[inst] = entry(have.kernel_ptx(inst))
+    return entries, undeclared
+
+
+def parameters(kernels, inst):
+    """The kernel's parameter list: its own, or a compiled sibling's (a kernel's parameters are pointers,
+    scalars and structs whose types no template argument changes)."""
+    if inst in kernels[0]:
+        return kernels[0][inst][0]
+    return next(e[0] for i, e in kernels[0].items() if (i.source, i.name) == (inst.source, inst.name))
+
+
+@pytest.mark.nvrtc(*SOURCES)
+def test_every_kernel_of_every_family_is_launched(recorded):
+    launched = {(launch[0].source, launch[0].name) for _, launch in launches(recorded)}
+    declared = {(f.SOURCE, i.name) for f in families.all_families() for i in f.instantiations()}
+    assert declared <= launched, sorted(declared - launched)
+
+
+def test_ops_refuse_or_reach_cupy_only(recorded):
+    """A case ends in a launch, in a refusal (TypeError, ValueError), or where a step of CuPy's own needs the
+    driver; any other exception is a bug in the host path."""
+    odd = [(name, error) for name, error, _ in recorded[0]
+           if error and not re.match(r"(TypeError|ValueError|CUDARuntimeError|CUDADriverError)\b", error)]
+    assert not odd, odd[:10]
+    assert sum(1 for _, error, done in recorded[0] if error is None and done) > 1000
+
+
+@pytest.mark.nvrtc(*SOURCES)
+def test_arguments_match_the_kernel_parameters(recorded, kernels):
+    bad = []
+    for name, (inst, _, _, _, _, args) in launches(recorded):
+        params = parameters(kernels, inst)
+        if len(args) != len(params) or not all(argument_fits(a, p) for a, p in zip(args, params)):
+            bad.append((name, inst.expression, args, params))
+    assert not bad, bad[:5]
+
+
+@pytest.mark.nvrtc(*SOURCES)
+def test_blocks_grids_and_shared_memory_fit(recorded, kernels):
+    bad = []
+    for name, (inst, grid, block, shared, limit, _) in launches(recorded):
+        if inst not in kernels[0]:
+            continue  # declared but outside this run's sample: checked under --every-instantiation
+        _, threads, static = kernels[0][inst]
+        size = block[0] * (block[1] if len(block) > 1 else 1) * (block[2] if len(block) > 2 else 1)
+        fits = size <= (1024 if threads is None else threads) and grid[0] <= MAX_GRID_X
+        fits &= all(g <= MAX_GRID_YZ for g in grid[1:]) and static + shared <= MAX_SHARED
+        fits &= static + shared <= STATIC_SHARED or (limit is not None and shared <= limit)
+        if not fits:
+            bad.append((name, inst.expression, grid, block, shared, limit, threads, static))
+    assert not bad, bad[:5]
+
+
+def test_addresses_fall_inside_arrays(recorded):
+    cases, allocations = recorded
+    spans = sorted(allocations)
+
+    def inside(address):
+        return address == 0 or 0x7F0000000000 <= address < 0x7F0001000000 or any(  # null, pinned, arrays
+            base <= address <= base + size for base, size in spans)
+
+    bad = [(name, inst.expression, a) for name, (inst, *_, args) in launches(recorded) for a in args
+           if (a[0] == "ptr" or a[0] == "uint64" and a[1] >= 1 << 40) and not inside(a[1])]
+    assert not bad, bad[:5]
+
+
+@pytest.mark.nvrtc(*SOURCES)
+def test_undeclared_instantiations_compile_clean(kernels):
+    """The instantiations no family lists (its ``instantiations`` says which it leaves to compile on first use)
+    that these cases launch: no local memory, no spill."""
+    for source, c in kernels[1].items():
+        assert ".local" not in c.ptx, source
+        for name, r in c.resources().items():
+            assert max(r["spill_stores"], r["spill_loads"], r["stack"]) == 0, (source, name, r)
