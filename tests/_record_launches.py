@@ -189,7 +189,7 @@ def cases():
                         _a((16,), np.int64), _a((16, 32, 128), t), _a((16, 8, 128), t) if k else None,
                         _a((128,), t), _a((128,), t) if k else None, _a((4096, d or 128), c), is_neox=n,
                         rotary_dim=d)))
-    for (x_t, o_t, mode), _ in _convert.KERNELS.items():
+    for x_t, o_t, mode in _convert.KERNELS:
         name = {_convert.VALUE: "astype", _convert.SQUARE: "square", _convert.ABS: "absolute",
                 _convert.NONZERO: "nonzero"}[mode]
         out.append((f"convert {name} {x_t.name}->{o_t.name}", lambda x_t=x_t, o_t=o_t, mode=mode: _convert._run(

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _support import compiled
+from _support import assert_no_spills, compiled
 
 from cukern import families
 from cukern._compile import compile_program
@@ -164,4 +164,4 @@ def test_undeclared_instantiations_compile_clean(kernels):
     for source, c in kernels[1].items():
         assert ".local" not in c.ptx, source
         for name, r in c.resources().items():
-            assert max(r["spill_stores"], r["spill_loads"], r["stack"]) == 0, (source, name, r)
+            assert_no_spills(r, ARCH, name)
