@@ -3,13 +3,13 @@
 CuPy compiles its element-wise kernels with ``-ftz=true``, so ``astype``, ``copyto`` and the arithmetic
 ufuncs turn a float32 result or operand below 2^-126 into 0 on the GPU, where NumPy keeps it. The op modules
 call these functions instead where that can meet one of their results: a float64 value rounded to float32
-or a float32 value widened to float64 (complex, part by part), float32 to and from bfloat16, bfloat16 to
-float64, and the
-one-element forms of the reductions on float32 and bfloat16 values (a square, an absolute value, a test
-against zero). Every other conversion goes to CuPy
-unchanged. Any view in, any view out: the kernel reads and writes through the arrays' strides, so these
-make no temporary of their own (:func:`astype` returns a new array, as CuPy's does). Up to four axes (after
-merging the contiguous ones) take one launch; each index of any axes before them takes one more.
+or a float32 value widened to float64 (complex, part by part, and a real value into a complex one), float32
+to and from bfloat16, bfloat16 to float64, float32 and bfloat16 to bool (a test against zero), and the
+one-element forms of the reductions on float32 and bfloat16 values (a square, an absolute value). Every
+other conversion goes to CuPy unchanged. Any view in, any view out: the kernel reads and writes through the
+arrays' strides, so these make no temporary of their own (:func:`astype` returns a new array, as CuPy's
+does). Up to four axes (after merging the contiguous ones) take one launch; each index of any axes before
+them takes one more.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ PARAMS = Params(tuple((n, "i64") for n in ("n", "d1", "d2", "d3", "x0", "x1", "x
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _C64, _C128 = np.dtype(np.complex64), np.dtype(np.complex128)
+_PART = {_C64: _F32, _C128: _F64}
 # (x's dtype, out's dtype, mode) -> the kernel's template arguments
 _PAIRS = ((_F64, _F32), (_F32, _F64), (_F32, BFLOAT16), (BFLOAT16, _F32), (BFLOAT16, _F64))
 KERNELS = {(t, o, VALUE): (t, o, VALUE) for t, o in _PAIRS}
@@ -83,27 +84,37 @@ def _run(x, out, mode: int) -> None:
                     struct_argument(PARAMS.struct(**fields))))
 
 
-def _key(src_dtype, dst_dtype, mode: int):
+def _key(src_dtype, dst_dtype):
+    """The kernel that converts ``src_dtype`` into ``dst_dtype`` (complex: part by part; a real dtype into a
+    complex one: into the real parts), or None where CuPy's conversion keeps every value."""
     s, d = np.dtype(src_dtype), np.dtype(dst_dtype)
-    if {s, d} == {_C64, _C128}:
-        s, d = (_F32, _F64) if s == _C64 else (_F64, _F32)
-    return (s, d, mode)
+    if d in _PART:
+        s, d = _PART.get(s, s), _PART[d]
+    key = (s, d, NONZERO if d == np.bool_ else VALUE)
+    return key if key in KERNELS else None
 
 
 def copyto(dst, src) -> None:
     """``cupy.copyto(dst, src, casting="unsafe")`` (``src`` broadcast to ``dst``), but float64 <-> float32,
-    complex128 <-> complex64, bfloat16 <-> float32 and bfloat16 -> float64 converted here, subnormals kept."""
+    complex128 <-> complex64, a real float into complex, bfloat16 <-> float32, bfloat16 -> float64 and float32
+    or bfloat16 -> bool converted here, subnormals kept (a subnormal value is not zero)."""
     cp = _cupy()
-    if _key(src.dtype, dst.dtype, VALUE) in KERNELS and src.size:
-        _run(cp.broadcast_to(src, dst.shape), dst, VALUE)
-    else:
+    key = _key(src.dtype, dst.dtype)
+    if key is None or not src.size:
         cp.copyto(dst, src, casting="unsafe")
+        return
+    src = cp.broadcast_to(src, dst.shape)
+    if dst.dtype.kind == "c" and src.dtype.kind != "c":  # a real value is a complex one with no imaginary part
+        _run(src, dst.real, VALUE)
+        dst.imag.fill(0)
+    else:
+        _run(src, dst, key[2])
 
 
 def astype(a, dtype):
     """``a.astype(dtype)`` (a C-ordered result), with :func:`copyto`'s rounding."""
     dtype = np.dtype(dtype)
-    if _key(a.dtype, dtype, VALUE) not in KERNELS:
+    if _key(a.dtype, dtype) is None:
         return a.astype(dtype)
     out = _cupy().empty(a.shape, dtype)
     copyto(out, a)

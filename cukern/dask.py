@@ -48,6 +48,7 @@ _eager = SimpleNamespace(
     sum_of_squares=_reduce.sum_of_squares,
     amax=_reduce.amax,
     amin=_reduce.amin,
+    astype=_convert.astype,
 )
 
 
@@ -245,11 +246,12 @@ def _finish(parts, axis, keepdims, *, op, name, count, final):
 
     with _on_device(_first(parts)):
         r = getattr(_eager, op)(_join(parts, sorted(axis)), axis=axis, keepdims=keepdims)
-        if name == "mean":
-            r = r / count if count else r * np.nan
-        elif name == "norm":
-            r = np.sqrt(r)
-        return r if r.dtype == final else _convert.astype(r, final)
+        if name in ("mean", "norm"):  # in float64, as the eager kernels finish (CuPy's float32 steps flush)
+            r = _eager.astype(r, np.complex128 if r.dtype.kind == "c" else np.float64)
+            r = (r / count if count else r * np.nan) if name == "mean" else np.sqrt(r)
+            if final.itemsize == 2:  # the eager kernels round a half type's result through float32
+                r = _eager.astype(r, np.float32)
+        return r if r.dtype == final else _eager.astype(r, final)
 
 
 def _reduction(name: str, x, axis, dtype, keepdims: bool, split_every):

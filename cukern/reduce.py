@@ -540,7 +540,7 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
         _prepare(pl, x, o, op, divisor, kept).run(result, x)
         result = result.reshape(shape)
         if out is None:
-            return _convert.astype(result, final)
+            return result if result.dtype == final else _convert.astype(result, final)
         _convert.copyto(out, result)
         return out
 

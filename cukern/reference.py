@@ -1491,7 +1491,7 @@ def _accumulate(f, v):
 def _scan_emulated(op: str, x, axis, dtype):
     from ._check import check_dtype
     from ._dtypes import BFLOAT16
-    from .scan import BLOCK, DTYPES, GROUP, items, result_dtype
+    from .scan import BLOCK, DTYPES, GROUP, items, result_dtype, route
 
     x = _numpy(x)
     if op == "cumsum" and (x.dtype.kind == "c" or (dtype is not None and np.dtype(dtype).kind == "c")):
@@ -1502,6 +1502,13 @@ def _scan_emulated(op: str, x, axis, dtype):
         return r
     if op == "cumprod" and dtype is not None and np.dtype(dtype).kind == "c" and x.dtype != np.dtype(dtype):
         x, dtype = (x.astype(np.float32) if x.dtype == BFLOAT16 else x).astype(dtype), None  # converted first
+    if x.dtype.kind != "c" and (dtype is not None or x.dtype not in DTYPES):
+        how = route(x.dtype, dtype)  # the public op's TypeError for a dtype it does not scan
+        if how is not None:  # scan.route's conversions: x to via (uint64 viewed), its scan, then to the result
+            via, final = how
+            wide_u = x.dtype.kind == "u" and x.itemsize == 8 and via == np.int64
+            r = _scan_emulated(op, x.view(np.int64) if wide_u else x.astype(via), axis, None)
+            return r.view(final) if final.kind == "u" and final.itemsize == 8 else r.astype(final)
     check_dtype(x, "x", DTYPES)  # the public op's TypeError
     o = result_dtype(x.dtype, dtype)
     if x.size == 0:

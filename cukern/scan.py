@@ -534,7 +534,7 @@ def _complex(op: str, x, axis, final, out):
             out = _check_cast_out(out, x, a)
         refuse_temporary_in_capture(op, CONVERTED)
         with on_device(x.data.device_id):
-            return _run(op, _convert.astype(x.astype(_F32) if x.dtype == BFLOAT16 else x, final), a, None, out)
+            return _run(op, _convert.astype(x, final), a, None, out)
     shape = (x.size,) if a is None else x.shape
     if out is not None:
         out = _check_cast_out(out, x, a)
@@ -542,7 +542,7 @@ def _complex(op: str, x, axis, final, out):
     refuse_temporary_in_capture(op, CONVERTED if x.dtype != final else X_COPIED if flat_copy
                                 else CAST_OUT if out is not None and out.dtype != final else None)
     with on_device(x.data.device_id):
-        src = x if x.dtype == final else _convert.astype(x.astype(_F32) if x.dtype == BFLOAT16 else x, final)
+        src = x if x.dtype == final else _convert.astype(x, final)
         if a is None:
             src, a = cp.ascontiguousarray(src).reshape(-1), 0
         direct = out is not None and out.dtype == final

@@ -51,9 +51,13 @@ def test_plan_takes_leading_axes_one_index_at_a_time():
 def test_only_the_flushing_pairs_have_kernels():
     f32, f64, c64, c128 = (np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
     for a, b in ((c128, c64), (f64, f32), (c64, c128), (f32, f64), (f32, BFLOAT16), (BFLOAT16, f32), (BFLOAT16, f64)):
-        assert C._key(a, b, C.VALUE) in C.KERNELS
+        assert C._key(a, b) == (C._PART.get(a, a), C._PART.get(b, b), C.VALUE)
+    # a real value into complex: into the real parts (float32 into complex128 through cvt.f64.f32)
+    assert C._key(f32, c128) == (f32, f64, C.VALUE) and C._key(BFLOAT16, c64) == (BFLOAT16, f32, C.VALUE)
+    assert C._key(f64, c64) == (f64, f32, C.VALUE) and C._key(f32, c64) is None  # a move: nothing flushes
+    assert C._key(f32, np.bool_) == (f32, np.dtype(np.bool_), C.NONZERO) and C._key(f64, np.bool_) is None
     f16 = np.dtype(np.float16)  # no float32 value that rounds to float16 or comes from it can be subnormal
-    assert C._key(f64, f16, C.VALUE) not in C.KERNELS and C._key(f32, f16, C.VALUE) not in C.KERNELS
+    assert C._key(f64, f16) is None and C._key(f32, f16) is None and C._key(c64, f32) is None
 
 
 def _tiny(rng, shape):
@@ -80,6 +84,26 @@ def test_conversions_keep_subnormals_in_any_view():
     assert same_bits(row, np.broadcast_to(v[0].astype(np.float32), (4, 41)))
     z = v[:, :20] + 1j * v[:, 20:40]
     assert same_bits(C.astype(cupy.asarray(z), np.complex64), z.astype(np.complex64))
+
+
+@pytest.mark.gpu
+def test_real_into_complex_keeps_subnormals():
+    """A real float into complex: its value into the real parts through the kernel, the imaginary parts zeroed
+    (float32 into complex128 went through CuPy's flushing cvt.f64.f32); float32 and bfloat16 into bool."""
+    import cupy
+
+    t = _tiny(np.random.default_rng(4), (23, 9))
+    for src, dst in ((np.float32, np.complex128), (np.float64, np.complex64), (BFLOAT16, np.complex64),
+                     (BFLOAT16, np.complex128), (np.float32, np.complex64)):
+        host = (t if src == np.float64 else t.astype(np.float32).astype(src))[::-1, 1::2]
+        want = host.astype(np.float32).astype(dst) if src == BFLOAT16 else host.astype(dst)
+        assert same_bits(C.astype(cupy.asarray(host), dst), want), (src, dst)
+        out = cupy.full((4, 23), 7 + 7j, dst)
+        C.copyto(out.T, cupy.asarray(host))
+        assert same_bits(out, want.T), (src, dst)
+    for src in (np.float32, BFLOAT16):
+        host = t.astype(np.float32).astype(src)
+        assert np.array_equal(C.astype(cupy.asarray(host), np.bool_).get(), host.astype(np.float64) != 0), src
 
 
 @pytest.mark.gpu

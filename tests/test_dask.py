@@ -65,6 +65,9 @@ class Stub:
     def amin(self, x, axis=None, *, dtype=None, keepdims=False):
         return self._reduce("amin", lambda v, dtype, **kw: np.min(v, **kw), x, axis, keepdims, dtype)
 
+    def astype(self, a, dtype):
+        return a.astype(dtype)
+
 
 @pytest.fixture
 def stub(monkeypatch):
@@ -244,6 +247,25 @@ def test_dask_reductions_match_eager_on_one_gpu(gpu_data, name):
                 assert same(got, ref)
             else:
                 cupy.testing.assert_allclose(got, ref, rtol=2e-5, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_dask_mean_and_norm_keep_subnormal_results():
+    """mean divides and norm square-roots in float64, as the eager kernels finish (CuPy's float32 division and
+    square root flush a subnormal operand or result). Sums of multiples of 2^-149 and squares of multiples of
+    2^-74 are exact in any order, so the bits are the eager op's."""
+    import cupy
+
+    rng = np.random.default_rng(11)
+    k = rng.integers(-1000, 1000, (300, 70)).astype(np.float32)
+    for name, x in (("mean", np.ldexp(k, -149)), ("norm", np.ldexp(k, -74))):
+        x = cupy.asarray(x)
+        dx = da.from_array(x, chunks=(64, 30), asarray=False)
+        with dask.config.set(scheduler="synchronous"):
+            for axis in (None, 0, 1):
+                got = getattr(ckd, name)(dx, axis=axis, split_every=3).compute()
+                ref = getattr(cukern, name)(x, axis=axis)
+                assert same(got, ref) and np.any(ref.get() != 0), (name, axis)  # (CuPy's != flushes too)
 
 
 @pytest.mark.gpu

@@ -101,9 +101,38 @@ def test_scans_of_an_empty_axis(op, x, axis):
 
 
 @pytest.mark.parametrize("op", ["cumsum", "cumprod"])
-@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.uint8, np.uint32])
-def test_scans_refuse_the_public_ops_refused_dtypes(op, dtype):
-    with pytest.raises(TypeError, match=np.dtype(dtype).name):
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.uint8, np.uint16, np.uint32, np.uint64, np.int32, np.bool_])
+@pytest.mark.parametrize("requested", [None, np.int8, np.uint16, np.int32, np.uint64, np.bool_])
+def test_scans_of_routed_integers_are_numpys(op, dtype, requested):
+    """cukern.scan.route's integer and bool results: x converted, scanned in int64 (wrapping), converted to
+    NumPy's result dtype, whose low bits are those of NumPy's narrower arithmetic."""
+    x = np.random.default_rng(5).integers(-300, 300, (7, 301)).astype(dtype)
+    for axis in (None, 0, 1):
+        with np.errstate(over="ignore"):
+            want = getattr(np, op)(x, axis=axis, dtype=requested)
+        got = getattr(R, f"{op}_emulated")(x, axis, requested)
+        assert got.dtype == want.dtype and np.array_equal(got, want), (axis, got.dtype)
+
+
+@pytest.mark.parametrize("op", ["cumsum", "cumprod"])
+@pytest.mark.parametrize("dtype, requested", [(np.float16, np.float64), (np.float64, np.float16),
+                                              (np.int32, np.float32), (np.uint8, np.float16)])
+def test_scans_of_a_converted_float_scan_the_converted_values(op, dtype, requested):
+    """A float result of another dtype than a kernel scans x into: x converted to it first (NumPy's
+    conversion), then that dtype's own scan, bit for bit."""
+    x = np.random.default_rng(6).standard_normal((5, 3000)).astype(dtype) if np.dtype(dtype).kind == "f" else (
+        np.random.default_rng(6).integers(0, 9, (5, 3000)).astype(dtype))
+    for axis in (None, 1):
+        with np.errstate(all="ignore"):
+            got = getattr(R, f"{op}_emulated")(x, axis, requested)
+            want = getattr(R, f"{op}_emulated")(x.astype(requested), axis)
+        assert got.dtype == np.dtype(requested) and same_bits(got, want), axis
+
+
+@pytest.mark.parametrize("op", ["cumsum", "cumprod"])
+@pytest.mark.parametrize("dtype", [np.str_, np.object_])
+def test_scans_refuse_what_the_public_ops_refuse(op, dtype):
+    with pytest.raises(TypeError, match="supported"):
         getattr(R, f"{op}_emulated")(np.ones(3, dtype))
 
 
