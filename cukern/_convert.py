@@ -4,7 +4,7 @@ CuPy compiles its element-wise kernels with ``-ftz=true``, so ``astype``, ``copy
 ufuncs turn a float32 result or operand below 2^-126 into 0 on the GPU, where NumPy keeps it. The op modules
 call these functions instead where that can meet one of their results: a float64 value rounded to float32
 or a float32 value widened to float64 (complex, part by part, and a real value into a complex one), float32
-to and from bfloat16, bfloat16 to float64, float32 and bfloat16 to bool (a test against zero), and the
+to and from bfloat16, bfloat16 to float64, float32, complex64 and bfloat16 to bool (a test against zero), and the
 one-element forms of the reductions on float32 and bfloat16 values (a square, an absolute value). Every
 other conversion goes to CuPy unchanged. Any view in, any view out: the kernel reads and writes through the
 arrays' strides, so these make no temporary of their own (:func:`astype` returns a new array, as CuPy's
@@ -90,21 +90,25 @@ def _key(src_dtype, dst_dtype):
     s, d = np.dtype(src_dtype), np.dtype(dst_dtype)
     if d in _PART:
         s, d = _PART.get(s, s), _PART[d]
+    elif d == np.bool_:  # complex: either part not zero
+        s = _PART.get(s, s)
     key = (s, d, NONZERO if d == np.bool_ else VALUE)
     return key if key in KERNELS else None
 
 
 def copyto(dst, src) -> None:
     """``cupy.copyto(dst, src, casting="unsafe")`` (``src`` broadcast to ``dst``), but float64 <-> float32,
-    complex128 <-> complex64, a real float into complex, bfloat16 <-> float32, bfloat16 -> float64 and float32
-    or bfloat16 -> bool converted here, subnormals kept (a subnormal value is not zero)."""
+    complex128 <-> complex64, a real float into complex, bfloat16 <-> float32, bfloat16 -> float64 and float32,
+    complex64 or bfloat16 -> bool converted here, subnormals kept (a subnormal value is not zero)."""
     cp = _cupy()
     key = _key(src.dtype, dst.dtype)
     if key is None or not src.size:
         cp.copyto(dst, src, casting="unsafe")
         return
     src = cp.broadcast_to(src, dst.shape)
-    if dst.dtype.kind == "c" and src.dtype.kind != "c":  # a real value is a complex one with no imaginary part
+    if key[2] == NONZERO:
+        nonzero(src, dst)
+    elif dst.dtype.kind == "c" and src.dtype.kind != "c":  # a real value is a complex one with no imaginary part
         _run(src, dst.real, VALUE)
         dst.imag.fill(0)
     else:
@@ -138,8 +142,14 @@ def absolute(a) -> None:
 
 
 def nonzero(x, out) -> None:
-    """out = x != 0 (out bool or int64), float32 and bfloat16 x here (a subnormal value is not zero)."""
-    if (x.dtype, out.dtype, NONZERO) in KERNELS:
+    """out = x != 0 (out bool or int64), float32 and bfloat16 x here (a subnormal value is not zero); complex
+    x: either part not zero, its parts so tested."""
+    cp = _cupy()
+    if x.dtype.kind == "c":
+        both = cp.empty(x.shape + (2,), np.bool_)
+        nonzero(_parts(x), both)
+        cp.logical_or(both[..., 0], both[..., 1], out=out)
+    elif (x.dtype, out.dtype, NONZERO) in KERNELS:
         _run(x, out, NONZERO)
     else:
-        _cupy().not_equal(x, 0, out=out)
+        cp.not_equal(x, 0, out=out)

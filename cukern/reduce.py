@@ -608,7 +608,8 @@ def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, co
                 if name == "norm":
                     inner_axes = axes + (x.ndim,)
             elif rt.how == "cast" and x.dtype in COMPLEX and rt.via == BOOL:  # a count: x != 0, either part
-                xl = cp.not_equal(x, 0)
+                xl = cp.empty(x.shape, BOOL)
+                _convert.nonzero(x, xl)
             elif rt.how == "cast":
                 xl = _convert.astype(x, rt.via)
                 if name == "nansum" and rt.via.kind in "iu" and (x.dtype.kind == "f" or x.dtype == BFLOAT16):

@@ -56,6 +56,7 @@ def test_only_the_flushing_pairs_have_kernels():
     assert C._key(f32, c128) == (f32, f64, C.VALUE) and C._key(BFLOAT16, c64) == (BFLOAT16, f32, C.VALUE)
     assert C._key(f64, c64) == (f64, f32, C.VALUE) and C._key(f32, c64) is None  # a move: nothing flushes
     assert C._key(f32, np.bool_) == (f32, np.dtype(np.bool_), C.NONZERO) and C._key(f64, np.bool_) is None
+    assert C._key(c64, np.bool_) == (f32, np.dtype(np.bool_), C.NONZERO) and C._key(c128, np.bool_) is None
     f16 = np.dtype(np.float16)  # no float32 value that rounds to float16 or comes from it can be subnormal
     assert C._key(f64, f16) is None and C._key(f32, f16) is None and C._key(c64, f32) is None
 
@@ -104,6 +105,29 @@ def test_real_into_complex_keeps_subnormals():
     for src in (np.float32, BFLOAT16):
         host = t.astype(np.float32).astype(src)
         assert np.array_equal(C.astype(cupy.asarray(host), np.bool_).get(), host.astype(np.float64) != 0), src
+
+
+@pytest.mark.gpu
+def test_complex_with_subnormal_parts_is_not_zero():
+    """complex64 into bool, and the counts and truth tests of complex x, test each part against zero through
+    the kernel (CuPy's complex != flushed a subnormal part, so 1e-40j was zero)."""
+    import cupy
+
+    import cukern
+
+    t = _tiny(np.random.default_rng(5), (2, 31, 17)).astype(np.float32)
+    t[1, ::3] = 0.0
+    z = (t[0] + 1j * t[1]).astype(np.complex64)
+    z[5] = 0
+    want = z != 0
+    assert np.count_nonzero(want) > np.count_nonzero(want & (np.abs(z.real) >= 2.0**-126))  # subnormal-only ones
+    x = cupy.asarray(z)
+    assert np.array_equal(C.astype(x, np.bool_).get(), want)
+    assert np.array_equal(C.astype(x[::-2, 1::3], np.bool_).get(), want[::-2, 1::3])
+    for axis in (None, 0, 1):
+        assert np.array_equal(cukern.count_nonzero(x, axis=axis).get(), np.count_nonzero(z, axis=axis)), axis
+        assert np.array_equal(cukern.any(x, axis=axis).get(), np.any(z, axis=axis)), axis
+        assert np.array_equal(cukern.all(x, axis=axis).get(), np.all(z, axis=axis)), axis
 
 
 @pytest.mark.gpu
