@@ -56,12 +56,34 @@ def same_view(a, b) -> bool:
     return a.data.ptr == b.data.ptr and a.shape == b.shape and a.strides == b.strides
 
 
+class _Addresses:
+    """An array's addresses through NumPy's array interface, never read: what :func:`numpy.shares_memory`
+    needs to decide exactly whether two strided layouts share a byte."""
+
+    def __init__(self, a):
+        self.__array_interface__ = {"version": 3, "shape": tuple(a.shape), "strides": tuple(a.strides),
+                                    "typestr": f"|V{a.itemsize}", "data": (a.data.ptr, True)}
+
+
+_SHARE_WORK = 1 << 20  # numpy.shares_memory's search bound; layouts it cannot settle within it count as sharing
+
+
+def shares_elements(a, b) -> bool:
+    """Whether two arrays share a byte, decided exactly (views of one buffer interleaved, such as ``buf[:, 0]``
+    and ``buf[:, 1]``, share none though their extents meet)."""
+    try:
+        return bool(np.shares_memory(np.asarray(_Addresses(a)), np.asarray(_Addresses(b)), max_work=_SHARE_WORK))
+    except np.exceptions.TooHardError:
+        return True
+
+
 def overlaps(a, b) -> bool:
+    """Whether two arrays share an element: their extents first, then, where those meet, exactly."""
     if a.size == 0 or b.size == 0:
         return False
     alo, ahi = extent(a.data.ptr, a.shape, a.strides, a.itemsize)
     blo, bhi = extent(b.data.ptr, b.shape, b.strides, b.itemsize)
-    return alo < bhi and blo < ahi
+    return alo < bhi and blo < ahi and shares_elements(a, b)
 
 
 def check_no_overlap(a, a_name: str, b, b_name: str, *, identical_ok: bool) -> None:

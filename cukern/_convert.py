@@ -120,7 +120,8 @@ def astype(a, dtype):
     dtype = np.dtype(dtype)
     if _key(a.dtype, dtype) is None:
         return a.astype(dtype)
-    out = _cupy().empty(a.shape, dtype)
+    with on_device(a.data.device_id):  # the result on a's device, whichever is current
+        out = _cupy().empty(a.shape, dtype)
     copyto(out, a)
     return out
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from ._launch import cupy as _cupy
 from ._launch import require_gpu
-from ._layout import contiguous_strides, extent
+from ._layout import contiguous_strides, extent, item_aligned
 
 _DLPACK_CUDA, _DLPACK_CUDA_MANAGED = 2, 13
 _DLPACK_DEVICES = {1: "CPU", 3: "CUDA pinned host memory", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 10: "ROCm"}
@@ -202,17 +202,31 @@ def _from_dlpack(obj, name: str):
     return cp.from_dlpack(obj)
 
 
+def check_item_aligned(a, name: str) -> None:
+    """ValueError for an array some of whose elements do not start at a multiple of its item size (a view of
+    bytes at an odd offset, say): the GPU cannot load them (a misaligned load is a fault that ends the
+    process's CUDA context), so it is refused before any launch."""
+    if not item_aligned(a.data.ptr, a.shape, a.strides, a.itemsize):
+        whose = f"{name}'" if name.endswith("s") else f"{name}'s"
+        raise ValueError(f"{whose} elements are not aligned to its item size ({a.itemsize} bytes: its address or a "
+                         "stride is not a multiple of it), which the GPU cannot load; copy its bytes to a new array")
+
+
 def as_array(obj, name: str, *, writable: bool = False):
     """``obj`` as a :class:`cupy.ndarray` without copying: CuPy arrays as they are, other GPU arrays through
     ``__dlpack__`` or ``__cuda_array_interface__`` (see the module notes for stream order). ``writable``:
-    the op writes into it, so a producer that marks its memory read-only is refused."""
+    the op writes into it, so a producer that marks its memory read-only is refused. Every array must be
+    aligned to its item size (:func:`check_item_aligned`)."""
     cp = _cupy()
     if isinstance(obj, cp.ndarray):
+        check_item_aligned(obj, name)
         return obj
     if isinstance(obj, np.ndarray):
         raise TypeError(f"{name} is a numpy.ndarray in host memory; move it to the GPU with cupy.asarray({name})")
     if hasattr(obj, "__dlpack__"):
-        return _from_dlpack(obj, name)
+        a = _from_dlpack(obj, name)
+        check_item_aligned(a, name)
+        return a
     try:
         desc = obj.__cuda_array_interface__
     except AttributeError:
@@ -226,4 +240,6 @@ def as_array(obj, name: str, *, writable: bool = False):
     if writable and iface.readonly:
         raise ValueError(f"{name} is read-only (its producer says so) and this op writes into it; pass a "
                          "writable array")
-    return from_interface(obj, iface)
+    a = from_interface(obj, iface)
+    check_item_aligned(a, name)
+    return a

@@ -37,6 +37,14 @@ def extent(ptr: int, shape, strides, itemsize: int) -> tuple:
     return lo, hi + itemsize
 
 
+def item_aligned(ptr: int, shape, strides, itemsize: int) -> bool:
+    """Whether every element starts at a multiple of ``itemsize``: the address and the stride (bytes) of each
+    axis longer than one, as the GPU's loads of the dtype need (an empty array holds no element)."""
+    if 0 in shape:
+        return True
+    return ptr % itemsize == 0 and all(s % itemsize == 0 for n, s in zip(shape, strides) if n > 1)
+
+
 class _Address:
     __slots__ = ("ptr",)
 

@@ -27,8 +27,8 @@ on data known to hold a number in each slice.
 
 Layouts: the reduced axis may have any stride; the other axes are merged into at most two levels of rows
 (``row // inner * s0 + row % inner * s1``). Layouts that do not merge that far (and ``axis=None`` over an
-array that is not one strided run, such as a transposed matrix, or an x not aligned to its item size) are
-first copied to a C-contiguous temporary, which costs one more read and write of x.
+array that is not one strided run, such as a transposed matrix) are first copied to a C-contiguous
+temporary, which costs one more read and write of x.
 """
 
 from __future__ import annotations
@@ -205,16 +205,14 @@ def _layout(shape, strides, axis):
     return math.prod(shape[i] for i in kept), shape[axis], tuple(zip(sizes, sts)), strides[axis]
 
 
-def plan(shape, dtype, axis=None, *, strides=None, ptr: int = 0, sm_count: int = 132,
-         knobs: Knobs = DEFAULT_KNOBS) -> Plan:
+def plan(shape, axis=None, *, strides=None, sm_count: int = 132, knobs: Knobs = DEFAULT_KNOBS) -> Plan:
     """The launch for reducing ``axis`` (None or a normalized int) of an array of ``shape``, ``strides`` in
-    elements (default C-contiguous) at address ``ptr``: pure, from these numbers alone. The caller has
-    checked that the reduction is not empty."""
-    dt = np.dtype(dtype)
+    elements (default C-contiguous): pure, from these numbers alone (the dtype picks only the instantiation,
+    :meth:`Plan.instantiation`). The caller has checked that the reduction is not empty."""
     shape = tuple(shape)
     contiguous = tuple(int(math.prod(shape[i + 1:])) for i in range(len(shape)))
     strides = contiguous if strides is None else tuple(strides)
-    laid = _layout(shape, strides, axis) if ptr % dt.itemsize == 0 else None
+    laid = _layout(shape, strides, axis)
     copy = laid is None
     if copy:
         laid = _layout(shape, contiguous, axis)
@@ -352,10 +350,8 @@ def _prepare(op: str, x, axis, keepdims, knobs: Knobs | None, sm: int | None) ->
     device = x.data.device_id
     if knobs is None:
         knobs = _tuned.lookup(TUNING["argmax"], device, x.dtype, (x.size,)) if a is None else DEFAULT_KNOBS
-    strides = tuple(s // x.itemsize for s in x.strides)
-    aligned = all(s % x.itemsize == 0 for s in x.strides)
-    pl = plan(x.shape, x.dtype, a, strides=strides if aligned else None,
-              ptr=x.data.ptr if aligned else 1, sm_count=sm if sm is not None else sm_count(device), knobs=knobs)
+    pl = plan(x.shape, a, strides=tuple(s // x.itemsize for s in x.strides),
+              sm_count=sm if sm is not None else sm_count(device), knobs=knobs)
     shape = result_shape(x.shape, a, keepdims)
     flip, nan_loses = SEARCHES[op]
     check_nan = nan_loses and x.dtype in INEXACT and op.startswith("nanarg")

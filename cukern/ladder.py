@@ -99,8 +99,6 @@ class Rung:
         _check.check_dtype(x, "x", DTYPES)
         if not x.flags.c_contiguous:
             x = cupy.ascontiguousarray(x)
-        if x.data.ptr % x.itemsize:
-            x = x.copy()
         a = acc_dtype(x.dtype)
         with on_device(x.data.device_id):
             sm = sm_count(x.data.device_id)

@@ -26,7 +26,7 @@ import cukern._tuned as _tuned
 
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, FLOAT_TYPES, dtype_name
-from ._interop import as_array
+from ._interop import as_array, check_item_aligned
 from ._launch import _NO_SWITCH
 from ._launch import cupy as _cupy
 from ._launch import NULL as _NULL
@@ -255,6 +255,7 @@ def _validate(positions, query, key, q_weight, k_weight, cache, rotary_dim):
     for n, w in weights.items():
         if w is None:
             continue
+        check_item_aligned(w, n)
         _check.check_unit_last_stride(w, n)
     return args
 
@@ -296,9 +297,8 @@ def _call_key(positions, query, key, q_weight, k_weight, cache, eps, offset, is_
         from .rotary import _int_arg
 
         rotary_dim = _int_arg(rotary_dim, "rotary_dim")
-    return (_desc(query), _desc(key), _desc(q_weight), _desc(k_weight), _desc(cache), positions.shape,
-          positions.strides, positions.dtype, positions.data.device_id, eps, offset, bool(is_neox), rotary_dim,
-          knobs, _tuned.generation)
+    return (_desc(query), _desc(key), _desc(q_weight), _desc(k_weight), _desc(cache), _desc(positions), eps,
+            offset, bool(is_neox), rotary_dim, knobs, _tuned.generation)
 
 
 def _prepare(positions, query, key, q_weight, k_weight, cache, eps=1e-6, offset=0.0, is_neox=True, rotary_dim=None,

@@ -75,7 +75,7 @@ replay, so keep it as long as the graph). Per layout (see :mod:`cukern.reduce_pl
 * refused under capture, because they go through a temporary whose memory would return to the pool while
   the graph keeps writing it: layouts copied to contiguous first (more than two kept or reduced levels that
   do not merge, or two reduced levels with nothing kept, such as a full reduction of a transposed array),
-  an x not aligned to its item size, an ``out`` that is not C-contiguous, amax or amin with ``dtype=``
+  an ``out`` that is not C-contiguous, amax or amin with ``dtype=``
   (a conversion), and complex maxima and minima (an index, then a gather).
 
 A refusal is a RuntimeError raised before anything is recorded (the capture stays valid); it names the
@@ -392,14 +392,12 @@ def _drop(a, axes):
 
 def _elementwise(op: Op, x, axes, dst, keepdims: bool, divisor: float) -> None:
     """Every reduced axis (``axes``) has size 1: each output is its one element of ``x``, written into
-    ``dst`` (the kept shape, with the size-1 axes where ``keepdims``) in place, with no temporary but a copy
-    of an ``x`` whose address is not a multiple of its item size: converted to the result dtype, then squared
+    ``dst`` (the kept shape, with the size-1 axes where ``keepdims``) in place, with no temporary: converted
+    to the result dtype, then squared
     there (sum_of_squares: for one element the same bits as the kernels' square in the accumulator, rounded
     once) or made absolute (norm); var and std: 0 for a finite element (|x * 0|), NaN otherwise, over
     ``divisor`` (0 / 0 is NaN)."""
     cp = _cupy()
-    if x.data.ptr % x.itemsize:
-        x = x.copy()
     x, dst = _drop(x, axes), _drop(dst, axes) if keepdims else dst
     if op.lift == LIFT_NONZERO:
         _convert.nonzero(x, dst)
@@ -428,9 +426,11 @@ def _elementwise(op: Op, x, axes, dst, keepdims: bool, divisor: float) -> None:
 _EMPTY = {OP_VAR: np.nan, OP_PROD: 1, OP_LSE: -np.inf}
 
 
-def _empty_value(op: Op):
+def _empty_value(op: Op, divisor: float):
     if op.finalize == FINISH_EQUALS:
         return True  # all of nothing
+    if op.kernel_op == OP_VAR and divisor > 0:
+        return 0.0  # NumPy: the empty M2, 0, over max(n - ddof, 0) = -ddof for a negative ddof
     return _EMPTY.get(op.kernel_op, np.nan if op.finalize == FINISH_DIVIDE else 0)
 
 
@@ -504,9 +504,8 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
     device = x.data.device_id
     with on_device(device):
         pl = _plan_of(x, axes, o, knobs, sm, name)
-        aligned = x.data.ptr % x.itemsize == 0
-        direct = None if out is None else bool(out.flags.c_contiguous and out.data.ptr % out.itemsize == 0)
-        why = temporary(pl, aligned=aligned, converts=storage(o) != final, out_direct=direct)
+        direct = None if out is None else bool(out.flags.c_contiguous)
+        why = temporary(pl, converts=storage(o) != final, out_direct=direct)
         refuse_temporary_in_capture(name, why)
         if op.kernel_op == OP_VAR:
             if divisor <= 0:
@@ -517,7 +516,7 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
         if kind not in KERNEL_KINDS:
             dst = cp.empty(shape, final) if out is None else out
             if kind == "fill":
-                dst.fill(_empty_value(op))
+                dst.fill(_empty_value(op, divisor))
             elif kind == "none":
                 _elementwise(op, x, axes, dst, keepdims, divisor)
             return dst
@@ -529,9 +528,6 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
                 return call(x)
             call.run(out, x)
             return out
-        if not aligned:
-            x = x.copy()
-            pl = _plan_of(x, axes, o, knobs, sm, name)
         if pl.copy:
             order = [i for i in range(x.ndim) if i not in axes] + list(axes)
             x = cp.ascontiguousarray(x.transpose(order))
@@ -626,6 +622,8 @@ def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, co
                 # Every reduced axis has size 1: each result is its element, converted once into the result
                 # dtype, as where the kernels answer (through their dtype it would round twice: float64 ->
                 # float32 -> float16).
+                if name in VAR_OPS and ddof >= 1:
+                    warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=4)
                 r = cp.empty(result_shape(x.shape, axes, keepdims), final)
                 _elementwise(OPS[name], xl, axes, r, keepdims, float(max(1 - ddof, 0)))
             elif rt.op == "count_nonzero" and name != "count_nonzero":
@@ -639,10 +637,18 @@ def _lowered(name: str, x, axes, final, keepdims: bool, out, knobs, sm, ddof, co
                     r.fill(True)  # NumPy: the empty "or" (False) divided by 0 is NaN, which is True
             else:
                 inner_dtype = None if rt.op in COUNT_OPS else rt.kernel
-                r = _reduce(rt.op, xl, inner_axes, inner_dtype, keepdims, None, knobs, sm, ddof, korder=False)
+                # complex var with ddof >= n: NumPy's (M2_re + M2_im) / 0, inf unless both are 0, so the parts'
+                # M2 (over a divisor of 1), added, then divided by 0
+                no_freedom = rt.how == "complex" and name in VAR_OPS and 0 < count <= ddof
+                if no_freedom:
+                    warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=4)
+                r = _reduce(rt.op, xl, inner_axes, inner_dtype, keepdims, None, knobs, sm,
+                            count - 1 if no_freedom else ddof, korder=False)
                 if rt.how == "complex" and name in VAR_OPS:
                     r = _convert.astype(r, np.float64)
                     r = r[..., 0] + r[..., 1]  # var(z) = var(z.real) + var(z.imag)
+                    if no_freedom:
+                        r = r / 0.0
                     if name == "std":
                         r = cp.sqrt(r)
                 elif rt.how == "complex" and name != "norm":
@@ -817,21 +823,22 @@ def _nan_minmax(name: str, x, axis, dtype, keepdims, out):
     check_input(name, x.dtype)
     _refuse_capture(name, "it checks its result for all-NaN slices on the host; use amax / amin, or nanmax outside")
     r = _reduce(name, x, axis, dtype, keepdims, out)
-    cp = _cupy()
-    if x.dtype in COMPLEX:
-        # The gathered element of an all-NaN slice is its first NaN, as NumPy's; NumPy warns on any NaN result.
-        if bool(cp.any(cp.isnan(r))):
-            warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=3)
+    with on_device(x.data.device_id):  # the check's CuPy steps on x's device, whichever is current
+        cp = _cupy()
+        if x.dtype in COMPLEX:
+            # The gathered element of an all-NaN slice is its first NaN, as NumPy's; NumPy warns on any NaN result.
+            if bool(cp.any(cp.isnan(r))):
+                warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=3)
+            return r
+        if (r.dtype not in FLOATS and r.dtype not in COMPLEX) or x.dtype not in FLOATS:
+            return r  # a result that cannot hold a NaN (an integer dtype= or out)
+        identity = -np.inf if name == "nanmax" else np.inf
+        if bool(cp.any((r == identity) | cp.isnan(r))):
+            empty = _reduce("count_not_nan", x, axis, None, keepdims, None) == 0
+            if bool(cp.any(empty)):
+                cp.copyto(r, np.nan, where=empty)
+                warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=3)
         return r
-    if (r.dtype not in FLOATS and r.dtype not in COMPLEX) or x.dtype not in FLOATS:
-        return r  # a result that cannot hold a NaN (an integer dtype= or out)
-    identity = -np.inf if name == "nanmax" else np.inf
-    if bool(cp.any((r == identity) | cp.isnan(r))):
-        empty = _reduce("count_not_nan", x, axis, None, keepdims, None) == 0
-        if bool(cp.any(empty)):
-            cp.copyto(r, np.nan, where=empty)
-            warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=3)
-    return r
 
 
 def nanmax(x, axis=None, *, dtype=None, keepdims=False, out=None):
@@ -891,28 +898,29 @@ def _nanmean(x, axis, dtype, keepdims: bool, out, korder: bool = True):
     if perm is not None:  # the quotient below is an element-wise CuPy result, in C order: divide in x's order
         return _keep_order(lambda v, a: _nanmean(v, a, dtype, keepdims, None, korder=False), x, axes, perm,
                            keepdims)
-    acc = acc_dtype(final)
-    total = _reduce("nansum", x, axis, acc, keepdims, None)
-    if x.dtype in COMPLEX:
-        # Each part of the sum over the count of elements with no NaN part, in float64, rounded to the part's
-        # dtype: NumPy's complex quotient by a real count, which divides each part.
-        count = _reduce("count_nonzero", cp.logical_not(cp.isnan(x)), axis, None, keepdims, None)
-        part = real_of(final)
-        sums = cp.ndarray(total.shape + (2,), part, memptr=total.data, strides=total.strides + (part.itemsize,))
-        q = cp.empty(total.shape, final)
-        parts = cp.ndarray(q.shape + (2,), part, memptr=q.data, strides=q.strides + (part.itemsize,))
-        _convert.copyto(parts, _convert.astype(sums, np.float64) / count[..., None].astype(np.float64))
-    else:
-        count = _reduce("count_not_nan", x, axis, None, keepdims, None)
-        q = _convert.astype(total, np.float64) / count
-    if final.itemsize == 2:
-        q = _convert.astype(q, np.float32)  # as the mean kernels round a double result: to float, then to half
-    if bool(cp.any(count == 0)):
-        warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
-    if out is None:
-        return _convert.astype(q, final)
-    _convert.copyto(out, q)
-    return out
+    with on_device(x.data.device_id):  # the quotient's CuPy steps and arrays on x's device, whichever is current
+        acc = acc_dtype(final)
+        total = _reduce("nansum", x, axis, acc, keepdims, None)
+        if x.dtype in COMPLEX:
+            # Each part of the sum over the count of elements with no NaN part, in float64, rounded to the part's
+            # dtype: NumPy's complex quotient by a real count, which divides each part.
+            count = _reduce("count_nonzero", cp.logical_not(cp.isnan(x)), axis, None, keepdims, None)
+            part = real_of(final)
+            sums = cp.ndarray(total.shape + (2,), part, memptr=total.data, strides=total.strides + (part.itemsize,))
+            q = cp.empty(total.shape, final)
+            parts = cp.ndarray(q.shape + (2,), part, memptr=q.data, strides=q.strides + (part.itemsize,))
+            _convert.copyto(parts, _convert.astype(sums, np.float64) / count[..., None].astype(np.float64))
+        else:
+            count = _reduce("count_not_nan", x, axis, None, keepdims, None)
+            q = _convert.astype(total, np.float64) / count
+        if final.itemsize == 2:
+            q = _convert.astype(q, np.float32)  # as the mean kernels round a double result: to float, then to half
+        if bool(cp.any(count == 0)):
+            warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
+        if out is None:
+            return _convert.astype(q, final)
+        _convert.copyto(out, q)
+        return out
 
 
 def count_nonzero(x, axis=None, *, keepdims=False):
@@ -979,5 +987,6 @@ def logsumexp(x, axis=None, *, keepdims=False, out=None):
     if x.dtype.kind in "biu":
         x, _, out = _result_of(x, axis, keepdims, np.float64, out)
         _refuse_capture("logsumexp", "an integer x is converted to a temporary float64 copy; convert it first")
-        x = x.astype(np.float64)
+        with on_device(x.data.device_id):
+            x = x.astype(np.float64)
     return _reduce("logsumexp", x, axis, None, keepdims, out)

@@ -998,21 +998,18 @@ def plan_instantiations(pl: Plan, t, o, op: int) -> list:
     return []
 
 
-def temporary(pl: Plan, *, aligned: bool, converts: bool, out_direct: bool | None) -> str | None:
+def temporary(pl: Plan, *, converts: bool, out_direct: bool | None) -> str | None:
     """Why a call with plan ``pl`` would go through a temporary array (a copy of x, or a result written
     before it is converted or copied into ``out``), with the way around it; None when it writes its result
     straight into its destination. A CUDA-graph capture must not record such a call: the temporary returns
     to the memory pool when the call ends while the graph keeps writing it.
 
-    ``aligned``: x's address is a multiple of its item size. ``converts``: the kernels write another dtype
-    than the result's (amax or amin with ``dtype=``; count_nonzero). ``out_direct``: None without ``out``,
-    else whether ``out`` is C-contiguous and aligned to its item size. Zero-size and size-1 reductions write
-    any destination elementwise."""
+    ``converts``: the kernels write another dtype than the result's (amax or amin with ``dtype=``;
+    count_nonzero). ``out_direct``: None without ``out``, else whether ``out`` is C-contiguous. Zero-size and
+    size-1 reductions write any destination elementwise."""
     kind = pl.layout.kind
     if kind in ("empty", "fill"):
         return None
-    if not aligned:
-        return "x's address is not a multiple of its item size, so x is copied first; pass an aligned x"
     if kind == "none":
         return None
     if pl.copy:
@@ -1022,7 +1019,7 @@ def temporary(pl: Plan, *, aligned: bool, converts: bool, out_direct: bool | Non
         return ("the result is converted from the kernels' dtype afterwards (amax / amin with dtype=, counts of "
                 "count_nonzero); leave dtype=None, pass an out of the kernels' dtype, or convert outside the graph")
     if out_direct is False:
-        return "out is not C-contiguous (or not aligned to its item size); pass a C-contiguous out"
+        return "out is not C-contiguous; pass a C-contiguous out"
     return None
 
 

@@ -980,17 +980,22 @@ def _var_emulated(name: str, x, axis, dtype, ddof, keepdims: bool):
     shape = P.result_shape(x.shape, axes, keepdims)
     rt = P.route(name, x.dtype, final)
     if rt.how == "complex":
-        # the parts' variances, each its own tree, added in float64 (then the square root), rounded once
-        r = _var_emulated("var", np.ascontiguousarray(x.real), axis, rt.kernel, ddof, keepdims).astype(np.float64)
-        r = r + _var_emulated("var", np.ascontiguousarray(x.imag), axis, rt.kernel, ddof, keepdims)
-        with np.errstate(invalid="ignore"):
+        # the parts' variances, each its own tree, added in float64 (then the square root), rounded once; with
+        # ddof >= n > 0 the parts' M2 (over 1), added, over 0 (NumPy's (M2_re + M2_im) / 0)
+        n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+        no_freedom = 0 < n <= ddof
+        parts = [np.ascontiguousarray(p).reshape(x.shape) for p in (x.real, x.imag)]
+        r = sum(_var_emulated("var", p, axis, rt.kernel, n - 1 if no_freedom else ddof, keepdims).astype(np.float64)
+                for p in parts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = r / np.float64(0) if no_freedom else r
             return np.asarray(np.sqrt(r) if name == "std" else r).astype(final)
     if rt.how == "cast":
         x = x.astype(rt.via)  # as cukern converts x first (to a float ``dtype=``: NumPy computes in it)
     n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
     divisor = max(n - ddof, 0)
-    if n == 0:
-        return np.full(shape, np.nan, final)
+    if n == 0:  # NumPy: the empty M2, 0, over max(n - ddof, 0): NaN, or 0 for a negative ddof
+        return np.full(shape, np.nan if divisor == 0 else 0.0, final)
     kept = [i for i in range(x.ndim) if i not in axes]
     v = np.transpose(x, kept + list(axes)).reshape(-1, n)
     with np.errstate(all="ignore"):

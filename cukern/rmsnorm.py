@@ -358,10 +358,12 @@ def _aliasing(out, residual, x, weight) -> tuple:
 
 
 def _check_aliasing(pairs, arrays) -> None:
-    """:func:`_aliasing`'s pairs against this call's pointers, ``arrays`` = ``(out, residual, x, weight)``."""
+    """:func:`_aliasing`'s pairs against this call's pointers, ``arrays`` = ``(out, residual, x, weight)``;
+    where two extents meet, whether the arrays share an element is decided exactly (views of one buffer
+    interleaved, such as ``buf[:, 0]`` and ``buf[:, 1]``, share none)."""
     for i, j, lo, hi, same_ok, message in pairs:
         d = arrays[j].data.ptr - arrays[i].data.ptr
-        if lo < d < hi and not (same_ok and d == 0):
+        if lo < d < hi and not (same_ok and d == 0) and _check.shares_elements(arrays[i], arrays[j]):
             raise ValueError(message)
 
 

@@ -31,7 +31,7 @@ import cukern._tuned as _tuned
 
 from ._compile import Instantiation, get_kernel
 from ._dtypes import FLOAT_TYPES, dtype_name
-from ._interop import as_array
+from ._interop import as_array, check_item_aligned
 from ._launch import _NO_SWITCH
 from ._launch import cupy as _cupy
 from ._launch import NULL as _NULL
@@ -345,6 +345,9 @@ def _validate(positions, query, key, cache, rotary_dim) -> _Args:
                          f"build it with rope_cache(max_position, {rotary_dim})")
     arrays = {"positions": positions, "query": query, "key": key, "cos_sin_cache": cache}
     _check.check_same_device(arrays)
+    for n, a in arrays.items():  # (CuPy arrays skip as_array's check on the call's fast path)
+        if a is not None:
+            check_item_aligned(a, n)
     for n in ("query", "key", "cos_sin_cache"):
         if arrays[n] is not None and arrays[n].size:  # an empty array's strides mean nothing
             _check.check_unit_last_stride(arrays[n], n)
@@ -361,31 +364,12 @@ def _elem_strides(a):
     return tuple(s // a.itemsize for s in a.strides)
 
 
-class _Addresses:
-    """An array's addresses through NumPy's array interface, never read: what :func:`numpy.shares_memory`
-    needs to decide exactly whether two strided layouts share an element."""
-
-    def __init__(self, a):
-        self.__array_interface__ = {"version": 3, "shape": tuple(a.shape), "strides": tuple(a.strides),
-                                    "typestr": f"|V{a.itemsize}", "data": (a.data.ptr, True)}
-
-
-_SHARE_WORK = 1 << 20  # numpy.shares_memory's search bound; layouts it cannot settle within it are refused
-
-
-def _shares_elements(a, b) -> bool:
-    try:
-        return bool(np.shares_memory(np.asarray(_Addresses(a)), np.asarray(_Addresses(b)), max_work=_SHARE_WORK))
-    except np.exceptions.TooHardError:
-        return True
-
-
 def _check_key_apart(call, query, key, offset: int) -> None:
     """Refuse a key that shares an element with query (``key=query`` would be rotated twice, overlapping
     views raced). Called when their extents meet (``offset``, key's pointer minus query's, is inside
     ``call.meet``), which views of one fused qkv buffer do without sharing an element: decided exactly,
     and an offset found apart is remembered, so a hot loop over the same buffer decides it once."""
-    if _shares_elements(query, key):
+    if _check.shares_elements(query, key):
         raise ValueError("key overlaps query; they must share no element (key=query would be rotated twice): "
                          "pass separate arrays, or views of different heads")
     call.apart = offset
@@ -539,7 +523,7 @@ def _call_key(positions, query, key, cache, is_neox, rotary_dim, inverse, knobs)
     kn = None if knobs is None else (knobs.items, knobs.target_block, knobs.waves, knobs.min_blocks)
     ck = (query.shape, query.strides, query.dtype, qptr & 15, qd.device_id, kshape, kstrides, kdtype, kalign, kdevice,
           cache.shape, cache.strides, cache.dtype, cd.ptr & 15, cd.device_id, positions.shape, positions.strides,
-          positions.dtype, pd.device_id, is_neox, rotary_dim, inverse, kn, _tuned.generation)
+          positions.dtype, pd.ptr & 15, pd.device_id, is_neox, rotary_dim, inverse, kn, _tuned.generation)
     return ck, offset
 
 
@@ -585,15 +569,15 @@ def _plan_call(ck, positions, query, key, cache, is_neox, rotary_dim, inverse, k
                                 struct, k is not None, meet))
 
 
-def _arrays(positions, query, key, cache):
-    """``(positions, query, key, cache)`` as CuPy arrays (query and key writable); ``cache`` None for the op
-    that has none. Arrays that already are cost a type test each."""
+def _arrays(positions, query, key, cache, takes_cache: bool = True):
+    """``(positions, query, key, cache)`` as CuPy arrays (query and key writable); ``takes_cache`` False for
+    the op that has none (``cache`` None). Arrays that already are cost a type test each."""
     nd = _cupy().ndarray
-    if (type(positions) is nd and type(query) is nd and (cache is None or type(cache) is nd)
+    if (type(positions) is nd and type(query) is nd and (type(cache) is nd or not takes_cache)
             and (key is None or type(key) is nd)):
         return positions, query, key, cache
     positions = as_array(positions, "positions")
-    cache = None if cache is None else as_array(cache, "cos_sin_cache")
+    cache = as_array(cache, "cos_sin_cache") if takes_cache else None
     query = as_array(query, "query", writable=True)
     return positions, query, None if key is None else as_array(key, "key", writable=True), cache
 
@@ -741,7 +725,7 @@ def rotary_embedding_positions(positions, query, key, *, rotary_dim: int, base: 
     before anything is recorded).
     """
     is_neox = _check.check_flag(is_neox, "is_neox")
-    positions, query, key, _ = _arrays(positions, query, key, None)
+    positions, query, key, _ = _arrays(positions, query, key, None, takes_cache=False)
     rot = _int_arg(rotary_dim, "rotary_dim")
     ck, offset = _call_key(positions, query, key, _no_cache(rot, query.data.device_id), is_neox, rot, False, None)
     ck = (ck, base, _scaling_key(scaling), max_position)
@@ -912,6 +896,7 @@ def _plan_mrope_call(ck, positions, query, key, cache, mrope_section, interleave
         raise ValueError(f"positions has shape {tuple(positions.shape)}; it must be [3, tokens] (temporal, height, "
                          "width)")
     args = _validate(_Row(positions), query, key, cache, rotary_dim)
+    check_item_aligned(positions, "positions")  # (its row stride too, which _Row does not show)
     q, k, cache, rot = args.query, args.key, args.cache, args.rotary_dim
     section_a, section_b = mrope_sections(mrope_section, rot, interleaved)
     tokens, nh = q.shape[0], q.shape[1]

@@ -328,8 +328,8 @@ def _lines(shape, x_strides, o_strides, axis):
     return rows, shape[axis], inner, xl + (x_strides[axis],), ol + (o_strides[axis],)
 
 
-def plan(shape, axis=None, *, x_strides=None, out_strides=None, aligned: bool = True, dtypes=None,
-         vector: bool = True, sm_count: int = 132) -> Plan:
+def plan(shape, axis=None, *, x_strides=None, out_strides=None, dtypes=None, vector: bool = True,
+         sm_count: int = 132) -> Plan:
     """The launch scanning ``axis`` (None or a normalized int) of an array of ``shape``; strides in elements
     (default C-contiguous; ``out_strides``: the destination's, for ``axis=None`` those of an array of
     ``shape``, the flattened result's order); ``dtypes``: (x's, the result's), for the tile, the kernel and
@@ -339,7 +339,7 @@ def plan(shape, axis=None, *, x_strides=None, out_strides=None, aligned: bool = 
     c = _contiguous(shape)
     xs = c if x_strides is None else tuple(x_strides)
     os = c if out_strides is None else tuple(out_strides)
-    laid = _lines(shape, xs, os, axis) if aligned else None
+    laid = _lines(shape, xs, os, axis)
     copy = laid is None
     if copy:
         laid = _lines(shape, c, c, axis)
@@ -442,9 +442,7 @@ def _prepare(op: str, x, axis, dtype, out) -> _Call:
     a = normalize_axis(axis, x.ndim)
     o = result_dtype(x.dtype, dtype)
     shape = (x.size,) if a is None else x.shape
-    itemsize = x.itemsize
-    aligned = all(s % itemsize == 0 for s in x.strides) and x.data.ptr % itemsize == 0
-    x_strides = tuple(s // itemsize for s in x.strides) if aligned else None
+    x_strides = tuple(s // x.itemsize for s in x.strides)
     out_strides = None
     if out is not None and out.shape != shape:
         out = None  # refused by _validate_out before any launch; plan as for a fresh result meanwhile
@@ -452,11 +450,9 @@ def _prepare(op: str, x, axis, dtype, out) -> _Call:
         out_strides = tuple(s // out.itemsize for s in out.strides)
     elif out is not None and out.ndim == 1:
         out_strides = tuple(out.strides[0] // out.itemsize * c for c in _contiguous(x.shape))
-    if out is not None and (any(s % out.itemsize for s in out.strides) or out.data.ptr % out.itemsize):
-        aligned = False
     vector = x.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
-    pl = plan(x.shape, a, x_strides=x_strides, out_strides=out_strides, aligned=aligned, dtypes=(x.dtype, o),
-              vector=vector, sm_count=sm_count(x.data.device_id))
+    pl = plan(x.shape, a, x_strides=x_strides, out_strides=out_strides, dtypes=(x.dtype, o), vector=vector,
+              sm_count=sm_count(x.data.device_id))
     (x_s0, x_s1, x_step), (o_s0, o_s1, o_step) = pl.x, pl.o
     fields = {"inner": pl.inner, "x_s0": x_s0, "x_s1": x_s1, "x_step": x_step, "o_s0": o_s0, "o_s1": o_s1,
               "o_step": o_step, "n": pl.n, "tiles_per_row": pl.tiles_per_row, "tiles": pl.tiles}

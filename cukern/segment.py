@@ -128,16 +128,16 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def plan(shape, segments: int, *, strides=None, ptr: int = 0, itemsize: int = 4) -> Plan:
+def plan(shape, segments: int, *, strides=None) -> Plan:
     """The launch reducing ``segments`` segments of an array of ``shape`` (rows along axis 0), ``strides`` in
-    elements (default C-contiguous), at address ``ptr``: pure. No knob: the kernel and grid follow from the
+    elements (default C-contiguous): pure. No knob: the kernel and grid follow from the
     column count, and no launch changes a segment's tree."""
     shape = tuple(shape)
     contiguous = tuple(int(math.prod(shape[i + 1:])) for i in range(len(shape)))
     strides = contiguous if strides is None else tuple(strides)
     cols = math.prod(shape[1:])
     sizes, (sts,) = collapse(shape[1:], [strides[1:]])
-    copy = len(sizes) > 1 or ptr % itemsize != 0
+    copy = len(sizes) > 1
     if copy:
         strides = contiguous
         sts = (1,)
@@ -209,10 +209,7 @@ def _validate(x, offsets):
 def _prepare(op: str, x, offsets) -> _Call:
     segments = offsets.size - 1
     shape = (segments,) + x.shape[1:]
-    strides = tuple(s // x.itemsize for s in x.strides)
-    aligned = all(s % x.itemsize == 0 for s in x.strides)
-    pl = plan(x.shape, segments, strides=strides if aligned else None, ptr=x.data.ptr if aligned else 1,
-              itemsize=x.itemsize)
+    pl = plan(x.shape, segments, strides=tuple(s // x.itemsize for s in x.strides))
     rt = result_dtype(op, x.dtype)
     if pl.kernel is None:
         return _Call(None, None, None, pl.copy, shape, rt)
@@ -262,8 +259,8 @@ def _run(op: str, x, offsets, out, check: bool):
     key = None
     call = _MISSING
     if type(x) is nd and type(offsets) is nd:
-        key = (op, x.shape, x.strides, x.dtype, x.data.ptr % 16, x.data.device_id, offsets.shape, offsets.dtype,
-               offsets.data.device_id)
+        key = (op, x.shape, x.strides, x.dtype, x.data.ptr % 16, x.data.device_id, offsets.shape, offsets.strides,
+               offsets.dtype, offsets.data.ptr % 16, offsets.data.device_id)
         call = _calls.get(key)
     if call is _MISSING:
         x, offsets = _validate(x, offsets)

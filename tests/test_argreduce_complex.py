@@ -153,8 +153,7 @@ def test_plans_and_instantiations():
     insts = set(A.instantiations())
     for dt in COMPLEX:
         for shape, axis in (((1 << 20,), None), ((4096, 7), 1), ((7, 4096), 0)):
-            assert A.plan(shape, dt, axis).instantiation(dt) in insts
-        assert A.plan((64,), dt, None, ptr=8).copy == (dt == np.complex128)  # complex128 reads 16 bytes
+            assert A.plan(shape, axis).instantiation(dt) in insts
     assert A.Plan("span", False, 1, 1).instantiation(np.complex128).args == (A.KIND_COMPLEX, 16)
     assert A.PAIR_BYTES.get(np.dtype(np.complex128)) == 24
 

@@ -2,6 +2,8 @@
 must give NumPy's result, as the GPU does, by mirroring cukern.reduce_plan.route and cukern.reduce's lowering
 (CPU only)."""
 
+import warnings
+
 import numpy as np
 import pytest
 from _support import same_bits
@@ -145,3 +147,22 @@ def test_scans_refuse_what_the_public_ops_refuse(op, dtype):
 def test_segments_of_no_rows_are_the_identity(op, empty, x, offsets):
     got = getattr(R, f"segment_{op}_emulated")(x, offsets)
     _np_bits(got, np.full((len(offsets) - 1,) + x.shape[1:], empty, x.dtype))
+
+
+@pytest.mark.parametrize("name", ["var", "std"])
+@pytest.mark.parametrize("x, axis, ddof", [
+    (np.zeros(0, np.float32), None, -1),  # the empty M2 over -ddof: 0
+    (np.zeros((3, 0)), 1, -2),
+    (np.zeros((3, 0), np.int8), 1, 0),  # over 0: NaN
+    (np.array([1 + 2j, 3 + 0j], np.complex64), None, 2),  # (M2_re + M2_im) / 0: inf
+    (np.array([1 + 0j, 1 + 0j]), None, 5),  # 0 / 0: NaN
+    (np.array([[1 + 1j], [2 + 0j]], np.complex64), 1, 1),  # one element a slice, ddof 1: 0 / 0
+    (np.array(1 + 2j, np.complex64), (), 0),  # 0-d: its shape kept
+])
+def test_variances_without_freedom_are_numpys(name, x, axis, ddof):
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = getattr(np, name)(x, axis=axis, ddof=ddof)
+    got = getattr(R, f"{name}_emulated")(x, axis=axis, ddof=ddof)
+    assert np.shape(got) == np.shape(want)
+    _np_bits(got, want)

@@ -55,6 +55,26 @@ def _a(shape, dtype=F32, device=0):
         return cupy.asarray(host.astype(dtype).reshape(shape))
 
 
+def _odd(shape, dtype=F32, offset=2):
+    """:func:`_a`'s values ``offset`` bytes past the start of a uint8 allocation: no element at a multiple of
+    its item size (made through the host, since CuPy's own kernels cannot write such an array)."""
+    import cupy
+
+    good = cupy.asnumpy(_a(shape, dtype))
+    raw = np.zeros(good.nbytes + 16, np.uint8)
+    raw[offset:offset + good.nbytes] = good.reshape(-1).view(np.uint8)
+    return cupy.asarray(raw)[offset:offset + good.nbytes].view(dtype).reshape(good.shape)
+
+
+MISALIGNED = r"elements are not aligned to its item size"
+
+
+def _ints(values, dtype=I64):
+    import cupy
+
+    return cupy.asarray(np.array(values, dtype))
+
+
 def _host(shape, dtype=F32):
     return np.ones(shape, dtype)
 
@@ -98,6 +118,9 @@ def _rms_rows():
         ("out read-only", ValueError, r"out is read-only", lambda: _call(R, x(), out=ReadOnly(_a((4, 64))))),
         ("out overlaps x", ValueError, r"out partially overlaps x", lambda: _out_over_x(R)),
         ("out overlaps weight", ValueError, r"out overlaps weight", lambda: _out_over_weight(R)),
+        ("x misaligned", ValueError, rf"^x's {MISALIGNED}", lambda: _call(R, _odd((4, 64)))),
+        ("weight misaligned", ValueError, rf"^weight's {MISALIGNED}", lambda: _call(R, x(), _odd(64))),
+        ("out misaligned", ValueError, rf"^out's {MISALIGNED}", lambda: _call(R, x(), out=_odd((4, 64), offset=1))),
     ]
     for name, bad, exc in [("eps", float("nan"), ValueError), ("eps", float("inf"), ValueError),
                            ("eps", -1e-6, ValueError), ("eps", None, TypeError), ("eps", "1e-6", TypeError),
@@ -155,6 +178,7 @@ def _fused_rows():
         ("residual is x", ValueError, r"residual overlaps x", residual_is_x),
         ("weight overlaps residual", ValueError, r"weight.*residual|residual.*weight", weight_overlaps_residual),
         ("out overlaps residual", ValueError, r"out.*residual|residual.*out", out_overlaps_residual),
+        ("residual misaligned", ValueError, rf"^residual's {MISALIGNED}", lambda: _call(F, x(), _odd((4, 64)))),
         ("x int32", TypeError, r"\bx has dtype int32", lambda: _call(F, _a((4, 64), I32), _a((4, 64), I32))),
         ("eps=nan", ValueError, r"\beps\b", lambda: _call(F, x(), r(), eps=float("nan"))),
         ("eps=None", TypeError, r"\beps\b", lambda: _call(F, x(), r(), eps=None)),
@@ -230,6 +254,12 @@ def _rotary_rows():
         ("key is query", ValueError, r"key.*query|query.*key", key_is_query),
         ("query read-only", ValueError, r"query is read-only", lambda: args(query=lambda: ReadOnly(_a((T, 2, 64))))),
         ("key read-only", ValueError, r"key is read-only", lambda: args(key=lambda: ReadOnly(_a((T, 1, 64))))),
+        ("query misaligned", ValueError, rf"^query's {MISALIGNED}", lambda: args(query=lambda: _odd((T, 2, 64)))),
+        ("cache misaligned", ValueError, rf"^cos_sin_cache's {MISALIGNED}",
+         lambda: args(cos_sin_cache=lambda: _odd((16, 64)))),
+        ("positions misaligned", ValueError, rf"^positions' {MISALIGNED}",
+         lambda: args(positions=lambda: _odd((T,), I64, offset=4))),
+        ("cache None", TypeError, r"cos_sin_cache must be a cupy.ndarray", lambda: args(cos_sin_cache=None)),
         ("position past the cache", IndexError, r"positions\[2\] = 16",
          lambda: args(positions=positions([0, 1, 16, 2]))),
         ("negative position", IndexError, r"positions\[1\] = -1", lambda: args(positions=positions([0, -1, 2, 3]))),
@@ -269,6 +299,8 @@ def _reduction_rows(name):
         ("out shape", ValueError, r"out has shape", lambda: _call(fn, x(), axis=1, out=_a(5, result))),
         ("out overlaps x", ValueError, r"out overlaps x", out_overlaps_x),
         ("out read-only", ValueError, r"out is read-only", lambda: _call(fn, x(), axis=1, out=ReadOnly(_a(4, result)))),
+        ("x misaligned", ValueError, rf"^x's {MISALIGNED}", lambda: _call(fn, _odd((4, 5)), axis=1)),
+        ("out misaligned", ValueError, rf"^out's {MISALIGNED}", lambda: _call(fn, x(), axis=1, out=_odd(4, result))),
         ("out broadcast", ValueError, r"out has a zero stride",
          lambda: _call(fn, x(), axis=1, out=_bcast(_a(1, result), (4,)))),
         Row("out on device 1", ValueError, r"out on device 1",
@@ -427,3 +459,31 @@ def test_read_only_producers_are_accepted_as_inputs():
     for name in REDUCTION_NAMES:
         assert _bits(getattr(cukern, name)(ReadOnly(x), axis=1)) == _bits(getattr(cukern, name)(x, axis=1))
     cupy.cuda.Device().synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, call", [
+    ("x", lambda: cukern.argmax(_odd((4, 5)), axis=1)),
+    ("out", lambda: cukern.argmin(_a((4, 5)), axis=1, out=_odd(4, I64, offset=4))),
+    ("x", lambda: cukern.nanargmax(_odd(7))),
+    ("x", lambda: cukern.cumsum(_odd((4, 5)), axis=0)),
+    ("out", lambda: cukern.cumprod(_a(9), out=_odd(9, F32, offset=1))),
+    ("x", lambda: cukern.segment_sum(_odd((6, 3)), _ints([0, 2, 6], I32))),
+    ("offsets", lambda: cukern.segment_max(_a((6, 3)), _odd(3, I64, offset=4))),
+    ("x", lambda: cukern.var(_odd((4, 5), np.complex64, offset=4), axis=0)),
+    ("x", lambda: cukern.logsumexp(_odd((4, 5), F64, offset=4), axis=1)),
+    ("x", lambda: cukern.count_nonzero(_odd(9, np.float16, offset=1))),
+    ("q_weight", lambda: cukern.qk_norm_rope(_ints([0] * 4), _a((4, 2, 64)), None, _odd(64), None,
+                                             cukern.rope_cache(16, 64))),
+    ("query", lambda: cukern.rotary_embedding_positions(_ints([0] * 4), _odd((4, 2, 64)), None, rotary_dim=64)),
+])
+def test_misaligned_arrays_are_refused_by_every_op(name, call):
+    """Elements off their item size would be misaligned loads, which end the CUDA context: every op refuses
+    them first, in one line naming the array, and the device goes on working."""
+    import cupy
+
+    with pytest.raises(ValueError, match=rf"^{name}'s? {MISALIGNED}") as err:
+        call()
+    assert "\n" not in str(err.value)
+    cupy.cuda.Device().synchronize()
+    assert int(cukern.argmax(cupy.arange(5.0))) == 4

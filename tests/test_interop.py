@@ -192,9 +192,11 @@ def test_dlpack_is_preferred_and_goes_to_cupy(monkeypatch, device_type):
         __cuda_array_interface__ = property(lambda self: pytest.fail("DLPack should have been used"))
 
     seen = []
-    monkeypatch.setattr(cupy, "from_dlpack", lambda obj: seen.append(obj) or "array")
+    memory = cupy.cuda.UnownedMemory(1 << 32, 8, None, device_id=0)  # never read: no GPU needed
+    array = cupy.ndarray((2,), np.float32, cupy.cuda.MemoryPointer(memory, 0))
+    monkeypatch.setattr(cupy, "from_dlpack", lambda obj: seen.append(obj) or array)
     producer = Both(device_type)
-    assert _interop.as_array(producer, "x") == "array" and seen == [producer]
+    assert _interop.as_array(producer, "x") is array and seen == [producer]
 
 
 def test_attribute_errors_mean_no_interface():
@@ -453,3 +455,48 @@ def test_device_one_arrays_launch_there_and_mixing_raises(torch):
     w0 = torch.ones(128, device="cuda:0")
     with pytest.raises(ValueError, match="different devices"):
         cukern.rms_norm(x1, w0)
+
+
+# ------------------------------------------------------------------------ item alignment, every op (CPU)
+
+
+def _at(offset, shape, dtype=np.float32):
+    """A CuPy array over memory nothing reads (no GPU needed), ``offset`` bytes past a 256-byte boundary."""
+    import cupy
+
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    mem = cupy.cuda.UnownedMemory(1 << 32, n + 16, None, device_id=0)
+    return cupy.ndarray((n + 16,), np.uint8, cupy.cuda.MemoryPointer(mem, 0))[offset:offset + n].view(dtype).reshape(
+        shape)
+
+
+@pytest.mark.parametrize("name, call", [
+    ("x", lambda C: C.cumsum(_at(1, (4, 5)), axis=1)),
+    ("x", lambda C: C.segment_sum(_at(2, (4, 5)), _at(0, (3,), np.int32))),
+    ("offsets", lambda C: C.segment_sum(_at(0, (4, 5)), _at(4, (3,), np.int64))),
+    ("x", lambda C: C.rms_norm(_at(1, (4, 64)))),
+    ("out", lambda C: C.rms_norm(_at(0, (4, 64)), out=_at(2, (4, 64)))),
+    ("query", lambda C: C.rotary_embedding(_at(0, (4,), np.int64), _at(3, (4, 2, 64)), None, _at(0, (16, 64)))),
+    ("positions", lambda C: C.rotary_embedding(_at(4, (4,), np.int64), _at(0, (4, 2, 64)), None, _at(0, (16, 64)))),
+    ("q_weight", lambda C: C.qk_norm_rope(_at(0, (4,), np.int64), _at(0, (4, 2, 64)), None, _at(2, (64,)), None,
+                                          _at(0, (16, 64)))),
+    ("query", lambda C: C.rotary_embedding_positions(_at(0, (4,), np.int64), _at(2, (4, 2, 64)), None,
+                                                     rotary_dim=64)),
+])
+def test_arrays_off_their_item_size_are_refused_before_the_gpu(name, call):
+    """An element not at a multiple of its item size (bytes viewed at an odd offset) would be a misaligned
+    load, a fault that ends the CUDA context: refused first, naming the array (and no GPU is touched)."""
+    import cukern
+
+    with pytest.raises(ValueError, match=rf"^{name}'s? elements are not aligned to its item size"):
+        call(cukern)
+
+
+def test_item_alignment_is_the_address_and_every_stride_that_steps():
+    from cukern._layout import item_aligned
+
+    assert item_aligned(256, (3, 4), (16, 4), 4) and not item_aligned(258, (3, 4), (16, 4), 4)
+    assert not item_aligned(256, (3, 4), (18, 4), 4) and item_aligned(256, (1, 4), (18, 4), 4)  # a row: no step
+    assert item_aligned(257, (0, 4), (16, 4), 4)  # nothing to load
+    assert not item_aligned(264, (2,), (16,), 16)  # complex128 8 bytes off: CuPy's complex<double> is 16-aligned

@@ -102,10 +102,12 @@ def test_scalar_and_single_row_layouts():
     assert (lay.rows, lay.inner, lay.strides) == (3, 3, ((0, 9),))
 
 
-def test_overlap_uses_the_bytes_each_array_touches():
+def test_overlap_is_decided_by_the_elements_each_array_touches():
     buf = fake_array((4, 8), np.float32)
     left, right = fake_array((4, 4), np.float32, (8, 1)), fake_array((4, 4), np.float32, (8, 1), ptr=buf.ptr + 16)
-    assert _check.overlaps(buf, left) and _check.overlaps(left, right)  # interleaved rows share a range
+    assert _check.overlaps(buf, left) and not _check.overlaps(left, right)  # interleaved rows: a range, no element
+    assert _check.overlaps(left, fake_array((4, 4), np.float32, (8, 1), ptr=buf.ptr + 12))  # one column shared
+    assert _check.overlaps(fake_array((2,), np.float64, ptr=buf.ptr + 4), left)  # bytes, whatever the dtypes
     assert not _check.overlaps(fake_array((4, 8)), fake_array((4, 8), ptr=(1 << 20) + 128))
     backwards = fake_array((4, 8), np.float32, (-8, 1), ptr=buf.ptr + 96)  # row 0 last in memory
     assert _check.overlaps(backwards, buf) and not _check.overlaps(backwards, fake_array((1,), ptr=buf.ptr + 128))

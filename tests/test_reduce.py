@@ -766,27 +766,25 @@ def test_layout_classes_plan_as_named(label):
 
 
 def test_which_calls_go_through_a_temporary():
-    """The decision behind refusing a capture (pure): a temporary only for a copied layout, a misaligned x,
-    an amax/amin conversion or an out the kernels cannot write as it is; zero-size and size-1 reductions
-    write any destination elementwise."""
+    """The decision behind refusing a capture (pure): a temporary only for a copied layout, an amax/amin
+    conversion or an out the kernels cannot write as it is; zero-size and size-1 reductions write any
+    destination elementwise."""
     rows = P.plan((8, 16), np.float32, 1)
     copy = P.plan((2, 3, 4, 5, 6), np.float32, (1, 3))
     none = P.plan((8, 1), np.float32, 1)
     fill = P.plan((8, 0), np.float32, 1)
 
-    def why(pl, aligned=True, converts=False, out_direct=None):
-        return P.temporary(pl, aligned=aligned, converts=converts, out_direct=out_direct)
+    def why(pl, converts=False, out_direct=None):
+        return P.temporary(pl, converts=converts, out_direct=out_direct)
 
     assert why(rows) is None and why(rows, out_direct=True) is None
     assert "C-contiguous out" in why(rows, out_direct=False)
     assert "dtype=None" in why(rows, converts=True) and "dtype=None" in why(rows, converts=True, out_direct=True)
     assert "ascontiguousarray" in why(copy) and "ascontiguousarray" in why(copy, out_direct=True)
-    assert "aligned" in why(rows, aligned=False) and "aligned" in why(none, aligned=False)
     for pl in (none, fill):
         assert why(pl, converts=True, out_direct=False) is None
-    assert why(fill, aligned=False) is None  # x is not read
     for pl in (rows, copy, none, fill):  # one line, naming the way around it
-        for kw in ({"aligned": False}, {"converts": True}, {"out_direct": False}):
+        for kw in ({"converts": True}, {"out_direct": False}):
             text = why(pl, **kw)
             assert text is None or ("\n" not in text and "; " in text)
 
@@ -2759,3 +2757,31 @@ def test_new_ops_bad_input_raises_before_launch():
         with pytest.raises(err):
             call()
     assert float(x.sum()) == 20
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["var", "std"])
+def test_variances_without_freedom_are_numpys(name):
+    """ddof >= n: NumPy's values (an empty slice over a negative ddof is 0; complex (M2_re + M2_im) / 0 is inf
+    unless both are 0) and its "Degrees of freedom <= 0" warning, also where a size-1 slice is lowered (an
+    integer x, a float64 dtype= of float32) or the parts of complex x are reduced."""
+    import cupy
+
+    cases = [(np.zeros(0, np.float32), None, -1, {}), (np.zeros((3, 0)), 1, -2, {}),
+             (np.array([1 + 2j, 3 + 0j], np.complex64), None, 2, {}), (np.array([1 + 0j, 1 + 0j]), None, 5, {}),
+             (np.array([[1 + 1j], [2 + 0j]], np.complex64), 1, 1, {}),
+             (np.arange(-3, 4, dtype=np.int8)[:, None], 1, 1, {}),
+             (np.float32([[1.5], [2.0]]), 1, 1, {"dtype": np.float64})]
+    for x, axis, ddof, kw in cases:
+        with warnings.catch_warnings(record=True) as theirs, np.errstate(all="ignore"):
+            warnings.simplefilter("always")
+            want = getattr(np, name)(x, axis=axis, ddof=ddof, **kw)
+        with warnings.catch_warnings(record=True) as ours:
+            warnings.simplefilter("always")
+            got = getattr(R, name)(cupy.asarray(x), axis=axis, ddof=ddof, **kw)
+        label = (x.dtype, axis, ddof)
+        assert got.shape == np.shape(want) and got.dtype == np.asarray(want).dtype, label
+        assert same_bits(got, getattr(reference, f"{name}_emulated")(x, axis=axis, ddof=ddof, **kw)), label
+        np.testing.assert_array_equal(got.get(), want, err_msg=str(label))
+        freedom = [str(w.message) for w in ours if "Degrees of freedom" in str(w.message)]
+        assert len(freedom) == any("Degrees of freedom" in str(w.message) for w in theirs), (label, freedom)

@@ -135,7 +135,7 @@ def test_the_tile_follows_the_dtypes_only():
     for t, o in C.PAIRS:
         want = 2048 if (t, o) == (np.dtype(np.float32),) * 2 else 4096
         assert C.tile(t, o) == want and C.items(t, o) * C.BLOCK == want, (t, o)
-        for kw in ({}, {"vector": False}, {"sm_count": 108}, {"x_strides": (3,), "aligned": True}):
+        for kw in ({}, {"vector": False}, {"sm_count": 108}, {"x_strides": (3,)}):
             assert C.plan((100000,), None, dtypes=(t, o), **kw).tile == want, (t, o, kw)
 
 
@@ -160,7 +160,7 @@ def test_float32_lines_of_unit_step_and_16_byte_starts_go_ahead():
                   C.plan((1 << 20,), None, dtypes=(f32, f64)), C.plan((1 << 20,), None, dtypes=(f64, f64)),
                   C.plan((40, 4100), 1, dtypes=(BFLOAT16, BFLOAT16))]:  # 8200 bytes apart
         assert tiles.kernel == "tiles" and tiles.config.grid == (tiles.rows * -(-tiles.n // C.SPAN),)
-    assert C.plan((64, 1000), 1, x_strides=(1, 64), aligned=True, dtypes=(f32, f32)).kernel == "tiles"
+    assert C.plan((64, 1000), 1, x_strides=(1, 64), dtypes=(f32, f32)).kernel == "tiles"
     assert C.plan((40, 4104), 1, dtypes=(np.float16, np.float16)).kernel == "ahead"
 
 
@@ -208,7 +208,6 @@ def test_lines_and_layouts():
     assert C.plan((3, 4, 5, 6), 1, x_strides=(1000, 6, 100, 1)).copy
     p = C.plan((4, 9), 0, out_strides=(-9, 1))
     assert (p.x, p.o) == ((0, 1, 9), (0, 1, -9))
-    assert C.plan((4, 9), 1, aligned=False).copy
     assert C.plan((0, 5), 1).tiles == 0 and C.plan((5, 0), 1).tiles == 0
 
 

@@ -74,7 +74,6 @@ def test_layouts_that_are_copied():
     assert S.plan((100, 8), 3, strides=(-16, 2)).row_stride == -16
     assert S.plan((100, 4, 8), 3, strides=(64, 1, 4)).copy  # trailing axes transposed: two levels
     assert not S.plan((100, 4, 8), 3, strides=(64, 16, 2)).copy
-    assert S.plan((64,), 3, ptr=2).copy
 
 
 def test_too_many_columns():

@@ -56,7 +56,7 @@ def _run(state, knobs):
 tune.register(tune.Tunable(
     rule=argreduce.TUNING["argmax"], space=argreduce.SPACE, setup=inputs, run=_run,
     bytes=lambda shape, dtype: argreduce.bytes_moved(shape, dtype),
-    signature=lambda shape, dtype, knobs, sm: argreduce.plan(shape, dtype, None, sm_count=sm, knobs=knobs),
+    signature=lambda shape, dtype, knobs, sm: argreduce.plan(shape, None, sm_count=sm, knobs=knobs),
     from_case=lambda shape, params: (math.prod(shape),)))
 
 
@@ -68,7 +68,7 @@ def _describe(name: str):
     def describe(shape, dt, params, device, knobs):
         axis = argreduce.normalize_axis(bench.parse_axis(params.get("axis")), len(shape))
         knobs = argreduce.DEFAULT_KNOBS if knobs is None else knobs
-        pl = argreduce.plan(shape, dt, axis, sm_count=device.sm_count, knobs=knobs)
+        pl = argreduce.plan(shape, axis, sm_count=device.sm_count, knobs=knobs)
         launches = []
         if pl.kernel is not None:
             role = {"span": (f"{pl.spans} span(s) a row, {pl.ways} block(s) a span interleaved; the last block "

@@ -58,7 +58,7 @@ bench.register("segment_sum", bench.OpBench(
 def _describe(name: str):
     def describe(shape, dt, params, device, knobs):
         segments = _segments(params)
-        pl = segment.plan(shape, segments, itemsize=dt.itemsize)
+        pl = segment.plan(shape, segments)
         rt = segment.result_dtype(name, dt)
         launches = []
         if pl.kernel is not None:
