@@ -299,6 +299,17 @@ class _Args:
     sin_offset: int
 
 
+def _arg_key(value) -> tuple:
+    """A scalar argument's part of a call cache's key: its type with its value, so that 4096.0 cannot find the
+    call 4096 stored (the checks tell them apart), or its identity when it cannot be hashed (the checks
+    refuse it, so it is never stored)."""
+    try:
+        hash(value)
+    except TypeError:
+        return type(value), id(value)
+    return type(value), value
+
+
 def _int_arg(value, name: str) -> int:
     """``value`` as an int when it is one (Python or NumPy); a float is refused, never rounded."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -728,7 +739,7 @@ def rotary_embedding_positions(positions, query, key, *, rotary_dim: int, base: 
     positions, query, key, _ = _arrays(positions, query, key, None, takes_cache=False)
     rot = _int_arg(rotary_dim, "rotary_dim")
     ck, offset = _call_key(positions, query, key, _no_cache(rot, query.data.device_id), is_neox, rot, False, None)
-    ck = (ck, base, _scaling_key(scaling), max_position)
+    ck = (ck, _arg_key(base), _scaling_key(scaling), _arg_key(max_position))
     call = _positions_calls.get(ck)
     if call is _MISSING:
         call = _plan_positions_call(ck, positions, query, key, rot, base, scaling, is_neox, max_position)
@@ -750,6 +761,9 @@ def positions_bytes_moved(tokens: int, num_heads: int, num_kv_heads: int, rotary
 POSITIONS_KNOBS = dataclasses.replace(DEFAULT_KNOBS, target_block=160)
 
 
+POSITIONS_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a launch gets without opting in
+
+
 def positions_plan(tokens: int, num_heads: int, num_kv_heads: int, rotary_dim: int, vec: int, is_neox: bool = True,
                    sm_count: int = 132, knobs: Knobs = POSITIONS_KNOBS) -> tuple:
     """``(plan, shared_bytes)`` for :func:`rotary_embedding_positions`: :func:`plan`'s launch with
@@ -768,6 +782,10 @@ def _plan_positions_call(ck, positions, query, key, rot, base, scaling, is_neox,
     if not isinstance(base, numbers.Real) or isinstance(base, bool):
         raise TypeError(f"base must be a real number, got {type(base).__name__}")
     args = _validate(positions, query, key, _no_cache(rot, query.data.device_id), rot)
+    if rot * 4 > POSITIONS_SHARED_LIMIT:  # a block's table holds one token's cos and sin at least
+        raise ValueError(f"rotary_dim={rot}: a block's table of cos and sin would take {rot * 4} bytes of shared "
+                         f"memory, over the {POSITIONS_SHARED_LIMIT} a launch gets; rotary_dim <= "
+                         f"{POSITIONS_SHARED_LIMIT // 4} is supported")
     q, k, pos = args.query, args.key, args.positions
     tokens, nh = q.shape[0], q.shape[1]
     nkv = 0 if k is None else k.shape[1]
@@ -880,13 +898,16 @@ def rotary_embedding_mrope(positions, query, key, cos_sin_cache, *, mrope_sectio
     is_neox, interleaved = _check.check_flag(is_neox, "is_neox"), _check.check_flag(interleaved, "interleaved")
     check_positions = _check.check_flag(check_positions, "check_positions")
     positions, query, key, cos_sin_cache = _arrays(positions, query, key, cos_sin_cache)
-    section_key = tuple(mrope_section) if isinstance(mrope_section, (list, tuple)) else mrope_section
+    try:
+        sections = tuple(mrope_section)
+    except TypeError:
+        sections = mrope_section  # not iterable: mrope_sections refuses it
+    section_key = tuple(_arg_key(s) for s in sections) if isinstance(sections, tuple) else _arg_key(sections)
     ck, offset = _call_key(positions, query, key, cos_sin_cache, is_neox, rotary_dim, False, None)
     ck = (ck, section_key, interleaved)
     call = _mrope_calls.get(ck)
     if call is _MISSING:
-        call = _plan_mrope_call(ck, positions, query, key, cos_sin_cache, mrope_section, interleaved, is_neox,
-                                rotary_dim)
+        call = _plan_mrope_call(ck, positions, query, key, cos_sin_cache, sections, interleaved, is_neox, rotary_dim)
     if call is not None:  # None: no tokens
         _launch_call(call, offset, positions, query, key, cos_sin_cache, check_positions)
 

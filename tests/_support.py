@@ -202,6 +202,18 @@ def fake_array(shape, dtype=np.float32, strides=None, *, ptr: int = 1 << 20, dev
     return FakeArray(tuple(shape), tuple(s * dtype.itemsize for s in elems), dtype, ptr, device)
 
 
+def unread_cupy_array(shape, dtype=np.float32, offset: int = 0):
+    """A real :class:`cupy.ndarray` over memory nothing reads, ``offset`` bytes past a 256-byte boundary: for
+    the checks an op makes before it touches the GPU (no GPU needed)."""
+    import cupy
+
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    mem = cupy.cuda.UnownedMemory(1 << 32, n + 16, None, device_id=0)
+    raw = cupy.ndarray((n + 16,), np.uint8, cupy.cuda.MemoryPointer(mem, 0))
+    return raw[offset:offset + n].view(dtype).reshape(shape)
+
+
 # The one closeness rule: |got - ref| <= rtol * (|ref| + 0.1 * rms(ref)) elementwise, against a float64
 # reference, with rtol set by the dtype the result is rounded to (float32 arithmetic with one rounding to
 # the output for the low-precision types). ``terms``: how many values were summed into each result; a sum

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from _support import unread_cupy_array
+
 from cukern import _interop
 from cukern._interop import parse_cuda_array_interface as parse
 from cukern._dtypes import BFLOAT16
@@ -461,14 +463,7 @@ def test_device_one_arrays_launch_there_and_mixing_raises(torch):
 
 
 def _at(offset, shape, dtype=np.float32):
-    """A CuPy array over memory nothing reads (no GPU needed), ``offset`` bytes past a 256-byte boundary."""
-    import cupy
-
-    dtype = np.dtype(dtype)
-    n = int(np.prod(shape)) * dtype.itemsize
-    mem = cupy.cuda.UnownedMemory(1 << 32, n + 16, None, device_id=0)
-    return cupy.ndarray((n + 16,), np.uint8, cupy.cuda.MemoryPointer(mem, 0))[offset:offset + n].view(dtype).reshape(
-        shape)
+    return unread_cupy_array(shape, dtype, offset)
 
 
 @pytest.mark.parametrize("name, call", [

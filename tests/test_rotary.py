@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import ml_dtypes
 import numpy as np
 import pytest
-from _support import ARCHS, assert_close, assert_no_spills, checked_instantiations, compiled, same_bits
+from _support import (ARCHS, assert_close, assert_no_spills, checked_instantiations, compiled, same_bits,
+                      unread_cupy_array)
 
 from cukern import reference, rotary
 from cukern._dtypes import BFLOAT16, FLOAT_TYPES
@@ -1072,10 +1073,19 @@ def test_positions_bad_arguments(monkeypatch, kw, err, match):
 
 
 def test_positions_plan_table_fits_shared_memory():
-    for rot, vec in ((2, 1), (64, 8), (128, 8), (256, 8), (512, 1), (128, 1)):
+    """Every rotary_dim the op takes (the 48 KiB a launch gets hold one token's table: rotary_dim <= 12288)."""
+    assert rotary.POSITIONS_SHARED_LIMIT == 48 * 1024
+    for rot, vec in ((2, 1), (64, 8), (128, 8), (256, 8), (512, 1), (128, 1), (1030, 1), (4096, 8), (12288, 8),
+                     (12288, 1), (8190, 1)):
         for tokens in (1, 7, 16384):
             p, shared = rotary.positions_plan(tokens, 32, 8, rot, vec)
-            assert shared == p.tokens_per_block * rot * 4 <= 48 * 1024
+            assert shared == p.tokens_per_block * rot * 4 <= rotary.POSITIONS_SHARED_LIMIT, (rot, vec, tokens)
+
+
+def test_positions_past_the_shared_table_are_refused_before_the_gpu():
+    q = unread_cupy_array((2, 1, 12290))
+    with pytest.raises(ValueError, match=r"rotary_dim=12290: .* rotary_dim <= 12288 is supported"):
+        rotary.rotary_embedding_positions(unread_cupy_array((2,), np.int64), q, None, rotary_dim=12290)
 
 
 def test_positions_plan_loads_one_head_a_thread_when_one_wave_holds_the_launch():
@@ -1333,3 +1343,23 @@ def test_positions_first_call_is_refused_under_capture(rng):
         stream.synchronize()
         _, _, freed = capture(stream, call)
     assert not freed
+
+
+@pytest.mark.gpu
+def test_a_call_stored_takes_no_float_in_place_of_its_ints(rng):
+    """The call caches key a scalar by its type too: once mrope_section [16, 24, 24] or max_position 4096 has
+    a stored call, [16.0, 24, 24] and 4096.0 are refused as a first call refuses them; a NumPy array of
+    sections is planned as its ints."""
+    import cupy
+
+    pos = cupy.asarray(rng.integers(0, 64, (3, 5)))
+    q = cupy.asarray(_random(rng, 5 * 2 * 128, F32).reshape(5, 2, 128))
+    cache = cupy.asarray(rope_cache_host(64, 128).astype(np.float32))
+    rotary.rotary_embedding_mrope(pos, q, None, cache, mrope_section=[16, 24, 24])
+    with pytest.raises(TypeError, match="mrope_section"):
+        rotary.rotary_embedding_mrope(pos, q, None, cache, mrope_section=[16.0, 24, 24])
+    rotary.rotary_embedding_mrope(pos, q, None, cache, mrope_section=np.array([16, 24, 24]))
+    ids = cupy.arange(5)
+    rotary.rotary_embedding_positions(ids, q, None, rotary_dim=128, max_position=4096)
+    with pytest.raises(TypeError, match="max_position"):
+        rotary.rotary_embedding_positions(ids, q, None, rotary_dim=128, max_position=4096.0)
