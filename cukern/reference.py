@@ -122,8 +122,11 @@ def rms_norm_fp8_values_emulated(x, weight=None, eps=1e-6, offset=0.0, scale="pe
         w = one if weight is None else _numpy(weight).astype(np.float32)
         t = v * (np.float32(float(offset)) + w)
         if isinstance(scale, str):
-            tmax = np.abs(t).max(axis=-1) if t.shape[-1] else np.zeros(t.shape[:-1], np.float32)
-            s = np.maximum((tmax * inv) / np.float32(FP8_MAX), np.float32(FP8_MIN_SCALE)).astype(np.float32)
+            if t.shape[-1]:
+                tmax = np.abs(t).max(axis=-1)
+                s = np.maximum((tmax * inv) / np.float32(FP8_MAX), np.float32(FP8_MIN_SCALE)).astype(np.float32)
+            else:  # an empty row (whose inv is NaN) has no amax: the least scale, as the op writes
+                s = np.full(t.shape[:-1], FP8_MIN_SCALE, np.float32)
         else:
             s = np.float32(scale)
         r = one / np.asarray(s, np.float32)

@@ -26,9 +26,12 @@ _SCALING_KEYS = {
                  {"factor", "attention_factor", "short_mscale", "long_mscale"}),
 }
 # A model's config.json (``rope_scaling``, or transformers' ``rope_parameters``) spells two of our keys and
-# some of our types its own way: "su" is what early Phi-3 configs call longrope, "default" is plain RoPE.
+# some of our types its own way: "su" is what early Phi-3 configs call longrope, "default" is plain RoPE, and
+# "mrope" (Qwen2-VL) is plain RoPE too as far as the cache goes (its sections are the mrope op's).
 _HF_KEYS = {"rope_type": "type", "original_max_position_embeddings": "original_max_position"}
-_HF_TYPES = {"dynamic": "dynamic_ntk", "su": "longrope", "default": None}
+_HF_TYPES = {"dynamic": "dynamic_ntk", "su": "longrope", "default": None, "mrope": None}
+# Keys of the multimodal op (:func:`cukern.rotary_embedding_mrope`), which a default dict may carry.
+_MROPE_KEYS = {"mrope_section", "mrope_interleaved"}
 _TYPE_NAMES = sorted({*_SCALING_KEYS, *_HF_TYPES})
 _POSITIVE = ("factor", "original_max_position", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
              "attention_factor", "short_mscale", "long_mscale")
@@ -71,6 +74,9 @@ def _check_scaling(scaling, max_position: int, rotary_dim: int, base) -> dict:
         name = _HF_KEYS.get(key, key)
         if value is None:
             continue
+        if name == "type" and isinstance(value, str) and isinstance(given.get(name), str):
+            if _HF_TYPES.get(given[name], given[name]) == _HF_TYPES.get(value, value):
+                continue  # "type" and "rope_type" naming one kind ("su" and "longrope", as transformers writes)
         if name in given and given[name] != value:
             raise ValueError(f"scaling gives {name} twice ({given[name]!r}, then {value!r} as {key!r}); keep one")
         given[name] = value
@@ -78,6 +84,17 @@ def _check_scaling(scaling, max_position: int, rotary_dim: int, base) -> dict:
     if not isinstance(kind, str) or kind not in _TYPE_NAMES:
         raise ValueError(f"scaling's type (or rope_type) {kind!r} is not one of {_TYPE_NAMES}")
     kind = _HF_TYPES.get(kind, kind)
+    # The model's length, a config.json field beside rope_scaling that transformers reads for two types:
+    # dynamic NTK's reference length (it ignores original_max_position_embeddings there), and LongRoPE's
+    # default factor, max_position_embeddings / original_max_position.
+    model_length = given.pop("max_position_embeddings", None)
+    if model_length is not None:
+        if not (isinstance(model_length, numbers.Integral) and not isinstance(model_length, bool) and model_length > 1):
+            raise ValueError(f"scaling's max_position_embeddings must be an int above 1, got {model_length!r}")
+        if kind == "dynamic_ntk":
+            given["original_max_position"] = int(model_length)
+        elif kind == "longrope" and "factor" not in given and "original_max_position" in given:
+            given["factor"] = int(model_length) / given["original_max_position"]
     theta = given.pop("rope_theta", base)
     if theta != base:
         raise ValueError(f"scaling's rope_theta={theta!r} is not base={base!r}; pass base={theta!r}")
@@ -86,13 +103,14 @@ def _check_scaling(scaling, max_position: int, rotary_dim: int, base) -> dict:
         raise ValueError(f"scaling's partial_rotary_factor={partial!r} is not applied here: pass "
                          f"rotary_dim=int(head_dim * {partial!r}) and drop the key")
     if kind is None:
-        if given:
-            raise ValueError(f"default (unscaled) rope takes no {sorted(given)}")
+        if set(given) - _MROPE_KEYS:
+            raise ValueError(f"default (unscaled) rope takes no {sorted(set(given) - _MROPE_KEYS)}")
         return {}
     required, optional = _SCALING_KEYS[kind]
     if required - set(given):
-        hint = (" (original_max_position_embeddings in a Hugging Face config, which may keep it beside "
-                "rope_scaling rather than in it: add it)" if "original_max_position" in required - set(given) else "")
+        field = "max_position_embeddings" if kind == "dynamic_ntk" else "original_max_position_embeddings"
+        hint = (f" ({field} in a Hugging Face config, which keeps it beside rope_scaling rather than in it: add "
+                "it)" if "original_max_position" in required - set(given) else "")
         raise ValueError(f"{kind} scaling needs {sorted(required - set(given))}{hint}")
     if set(given) - required - optional:
         raise ValueError(f"{kind} scaling does not take {sorted(set(given) - required - optional)}; it takes "
@@ -148,7 +166,7 @@ def _check_longrope(given: dict, max_position: int, rotary_dim: int) -> None:
     if max_position <= given["original_max_position"] and not named:
         raise ValueError(f"longrope scaling with max_position={max_position} <= original_max_position="
                          f"{given['original_max_position']} needs factor (the model's max_position_embeddings / "
-                         f"original_max_position) or attention_factor")
+                         f"original_max_position), max_position_embeddings or attention_factor")
 
 
 def _count(value, name: str) -> int:
@@ -263,11 +281,16 @@ def rope_cache(max_position: int, rotary_dim: int, base: float = 10000.0, *, sca
         ``max_position / original_max_position`` by default; needed when the cache is no longer than the
         original) and ``attention_factor`` or vLLM's ``short_mscale``/``long_mscale``; the attention factor,
         ``sqrt(1 + ln(factor) / ln(original_max_position))`` by default, scales cos and sin.
-        A Hugging Face ``rope_scaling`` dict is taken as it stands: ``rope_type`` for ``type``, its types
-        ``default`` (no scaling), ``dynamic`` and ``su`` for ``dynamic_ntk`` and ``longrope``,
-        ``original_max_position_embeddings`` for ``original_max_position``, keys set to None read as absent,
-        and transformers' ``rope_theta`` (must equal ``base``) and ``partial_rotary_factor`` (must be 1; pass
-        ``rotary_dim = int(head_dim * partial_rotary_factor)`` instead). Any other key raises ValueError.
+        A Hugging Face ``rope_scaling`` dict is taken as it stands: ``rope_type`` for ``type`` (both may be
+        given when they name one type), its types ``default`` and ``mrope`` (no scaling; ``mrope_section``
+        and ``mrope_interleaved`` belong to :func:`cukern.rotary_embedding_mrope`), ``dynamic`` and ``su``
+        for ``dynamic_ntk`` and ``longrope``, ``original_max_position_embeddings`` for
+        ``original_max_position``, keys set to None read as absent, and transformers' ``rope_theta`` (must
+        equal ``base``) and ``partial_rotary_factor`` (must be 1; pass ``rotary_dim = int(head_dim *
+        partial_rotary_factor)`` instead). The config's ``max_position_embeddings`` may be added as
+        transformers reads it: dynamic NTK's reference length (in place of ``original_max_position``), and
+        LongRoPE's default ``factor``, ``max_position_embeddings / original_max_position`` (a cache shorter
+        than the model then keeps the model's attention factor). Any other key raises ValueError.
     dtype : float32, float16 or bfloat16
 
     Returns

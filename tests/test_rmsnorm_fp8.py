@@ -602,3 +602,11 @@ def test_a_gpu_scale_is_refused_under_capture(rng):
         eager = rmsnorm.rms_norm(x, out_dtype=FP8, scale=scale)
         assert same_bits(eager, rmsnorm.rms_norm(x, out_dtype=FP8, scale=0.5))
     refused_in_capture(stream, lambda: rmsnorm.rms_norm(x, out_dtype=FP8, scale=scale), "pass the scale as a number")
+
+
+def test_empty_rows_have_the_least_scale():
+    """Rows of no element: no bytes, and per token the scale 2^-126 (the op fills it), not the NaN an
+    empty row's inverse RMS would give."""
+    q, s = reference.rms_norm_fp8_emulated(np.zeros((3, 0), np.float32))
+    assert q.shape == (3, 0) and s.dtype == np.float32 and (s == np.float32(2.0**-126)).all()
+    assert (reference.rms_norm_fp8(np.zeros((3, 0)))[1] == 2.0**-126).all()

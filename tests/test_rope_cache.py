@@ -228,8 +228,20 @@ def test_rope_cache_host_matches_reference(scaling):
       "original_max_position_embeddings": 32768}, {"type": "yarn", "factor": 4.0, "original_max_position": 32768},
      100, 128, 1e6),
     ({"rope_type": "default", "rope_theta": 1e4}, None, 100, 64, 1e4),
+    ({"type": "mrope", "mrope_section": [16, 24, 24]}, None, 100, 128, 1e6),  # Qwen2-VL
+    ({"type": "mrope", "rope_type": "default", "mrope_section": [16, 24, 24]}, None, 100, 128, 1e6),
+    ({"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": True}, None, 100, 128, 5e6),
+    ({**PHI3, "type": "su", "rope_type": "longrope", "original_max_position_embeddings": 4096},  # Phi3Config's
+     {"type": "longrope", "short_factor": SHORT, "long_factor": LONG, "original_max_position": 4096}, 5000, 96, 1e4),
+    ({**PHI3, "original_max_position_embeddings": 4096, "max_position_embeddings": 131072},  # a shorter cache
+     {"type": "longrope", "short_factor": SHORT, "long_factor": LONG, "original_max_position": 4096, "factor": 32.0},
+     8192, 96, 1e4),
+    ({"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 2048,
+      "max_position_embeddings": 4096}, {"type": "dynamic_ntk", "factor": 2.0, "original_max_position": 4096},
+     8192, 64, 1e4),
 ], ids=["llama3.1", "llama4-scout", "deepseek-v3", "gpt-oss", "nulls", "phi3", "phi3-small-su", "dynamic",
-        "linear", "rope-parameters", "default"])
+        "linear", "rope-parameters", "default", "qwen2-vl-mrope", "mrope-written-back", "qwen3-vl-default",
+        "phi3-type-and-rope-type", "longrope-model-length", "dynamic-model-length"])
 def test_hf_dict_is_our_dict(hf, ours, rows, dim, base):
     """rope_type or type, original_max_position_embeddings, HF's type names, keys set to null, and
     transformers' rope_theta / partial_rotary_factor (when they agree) give the cache our spelling gives."""
@@ -241,7 +253,6 @@ def test_hf_dict_is_our_dict(hf, ours, rows, dim, base):
 
 PHI3_32 = {"type": "longrope", "short_factor": SHORT[:32], "long_factor": LONG[:32], "original_max_position": 16}
 BAD = [
-    ({"rope_type": "mrope", "mrope_section": [16, 24, 24]}, r"'mrope' is not one of \['default', 'dynamic'"),
     ({"factor": 2.0}, r"type \(or rope_type\) None"),
     ({**QWEN3_YARN, "llama_4_scaling_beta": 0.1}, r"yarn scaling does not take \['llama_4_scaling_beta'\]; "
                                                   r"it takes \['attention_factor', 'beta_fast'"),
@@ -264,6 +275,8 @@ BAD = [
     ({**QWEN3_YARN, "mscale": -1.0, "mscale_all_dim": 1.0}, r"mscale must be a number >= 0"),
     ({**QWEN3_YARN, "original_max_position_embeddings": 1}, r"original_max_position must be above 1"),
     ({"rope_type": "default", "factor": 2.0}, r"default \(unscaled\) rope takes no \['factor'\]"),
+    ({"rope_type": "dynamic", "factor": 2.0}, r"needs \['original_max_position'\] \(max_position_embeddings in"),
+    ({**QWEN3_YARN, "max_position_embeddings": 4096.0}, r"max_position_embeddings must be an int above 1"),
     ({"type": ["yarn"]}, r"type \(or rope_type\) \['yarn'\]"),
 ]
 
