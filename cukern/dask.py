@@ -97,22 +97,26 @@ def _first(parts):
 # ---------------------------------------------------------------------------------------------- row ops
 
 
+# The chunk functions take their other operands to x's device first (a weight or cache made on one GPU,
+# chunks of one process on several): the eager ops refuse arrays on different devices.
+
+
 def _rms_chunk(x, weight=None, *, eps, offset):
     with _on_device(x):
-        return _eager.rms_norm(x, weight, eps, offset=offset)
+        return _eager.rms_norm(x, _to_device_of(weight, x), eps, offset=offset)
 
 
 def _fused_chunk(x, residual, weight=None, *, eps, offset):
     with _on_device(x):
-        residual = residual.copy()
-        out = _eager.fused_add_rms_norm(x, residual, weight, eps, offset=offset)
+        residual = _to_device_of(residual, x).copy()
+        out = _eager.fused_add_rms_norm(x, residual, _to_device_of(weight, x), eps, offset=offset)
         return out, residual
 
 
 def _rotary_chunk(positions, x, cache, **options):
     with _on_device(x):
         x = x.copy()
-        _eager.rotary_embedding(positions, x, None, _first(cache), **options)
+        _eager.rotary_embedding(_to_device_of(positions, x), x, None, _to_device_of(_first(cache), x), **options)
         return x
 
 
@@ -183,6 +187,8 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, is_neox: bool = Tr
         a = _as_dask(a, name)
         if a.ndim != 3:
             raise ValueError(f"{name} has shape {a.shape}; it must be [tokens, heads, head_size]")
+        if math.isnan(a.shape[0]) or math.isnan(positions.shape[0]):
+            raise ValueError(f"{name} or positions has unknown chunk sizes; call compute_chunk_sizes() on it first")
         if a.shape[0] != positions.shape[0]:
             raise ValueError(f"{name} has {a.shape[0]} tokens, positions has {positions.shape[0]}; they must match")
         _one_chunk(a, -1, name, "head_size")
@@ -226,6 +232,7 @@ def _to_device_of(a, ref):
     with dev:
         out = cupy.empty(a.shape, dtype=a.dtype)
         out.data.copy_from_device_async(a.data, a.nbytes)
+        cupy.cuda.get_current_stream().synchronize()  # before ``a``, maybe a temporary, goes back to its pool
     return out
 
 
@@ -233,7 +240,31 @@ def _chunk(x, axis, keepdims, *, op, partial_dtype, computing_meta=False):
     if computing_meta:  # Dask asking for the result's array type while building the graph: launch nothing
         return x
     with _on_device(x):
+        if op in ("amax", "amin") and not math.prod(x.shape[i] for i in axis):
+            return _identity(x, axis, keepdims, op)
         return getattr(_eager, op)(x, axis=axis, keepdims=keepdims, dtype=partial_dtype)
+
+
+def _identity(x, axis, keepdims, op):
+    """The partial of a chunk empty along a reduced axis (Dask makes them: ``compute_chunk_sizes`` after a
+    mask, say), which holds no extreme: the value no element loses to (-inf for a float maximum, the
+    least integer, False), in x's dtype and array type."""
+    import numpy as np
+
+    shape = tuple(1 if i in axis else n for i, n in enumerate(x.shape) if keepdims or i not in axis)
+    dt = np.dtype(x.dtype)
+    if dt.kind == "b":
+        value = op == "amin"
+    elif dt.kind in "iu":
+        value = np.iinfo(dt).min if op == "amax" else np.iinfo(dt).max
+    else:
+        value = -np.inf if op == "amax" else np.inf
+    host = np.full(shape, value, dt)
+    if isinstance(x, np.ndarray):
+        return host
+    import cupy
+
+    return cupy.asarray(host)  # on x's device, the caller's
 
 
 def _combine(parts, axis, keepdims, *, op):
@@ -273,7 +304,7 @@ def _reduction(name: str, x, axis, dtype, keepdims: bool, split_every):
         raise TypeError(f"dtype={dtype_name(final)} is not supported by cukern.dask's {name} of "
                         f"{dtype_name(x.dtype)}; use one of {names} (or convert the result with .astype)")
     count = math.prod(x.shape[i] for i in axes)
-    if math.isnan(count):
+    if math.isnan(count) and (name == "mean" or op.minmax):  # the count divides; an empty extreme raises
         raise ValueError(f"x has unknown chunk sizes along axes {axes}; call x.compute_chunk_sizes() first")
     if count == 0 and op.minmax:
         raise ValueError(f"zero-size array to reduction operation {name} which has no identity")

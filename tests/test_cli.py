@@ -139,6 +139,13 @@ MISTAKES = [
     (["tune", "--op", "rms_norm", "--shape", "4096", "--dtype", "bf16"], ["'bf16'"]),
     (["tune", "--op", "rms_norm", "--shape", "16xq"], ["--shape"]),
     (["tune", "--op", "bogus"], ["invalid choice: 'bogus'"]),
+    (["tune", "--op", "rotary_embedding", "--shape", "4x4x4"], ["rotary_embedding tunes shapes of 4 dimensions"]),
+    (["tune", "--repeat", "0"], ["--repeat 0 must be at least 1"]),
+    (["explain", "rotary_embedding", "--shape", "4x4"], ["rotary_embedding takes a shape of 3 dimensions"]),
+    (["explain", "qk_norm_rope", "--shape", "4096"], ["qk_norm_rope takes a shape of 3 dimensions"]),
+    (["bench", "--repeat", "0"], ["--repeat 0 must be at least 1"]),
+    (["ladder", "--n", "0"], ["--n 0 must be at least 1"]),
+    (["bench", "--results", "{tmp}/partial.json"], ["record 0 lacks impl, shape, dtype, median_us"]),
 ]
 
 
@@ -146,6 +153,7 @@ MISTAKES = [
 def tmp(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps({"records": []}))
     (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "partial.json").write_text(json.dumps({"records": [{"op": "sum"}]}))
     return tmp_path
 
 

@@ -170,6 +170,29 @@ def test_reduction_errors_match_eager():
         ckd.sum(da.zeros(3, dtype=np.float32), dtype=np.float16)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+def test_extremes_skip_chunks_empty_along_a_reduced_axis(stub, dtype):
+    """Chunks of no rows (compute_chunk_sizes after a mask makes them) hold no extreme: Dask's own max skips
+    them, and so do these, with any axis form and keepdims."""
+    x = (np.arange(24).reshape(4, 6) % 7 - 3).astype(dtype)
+    dx = da.from_array(x, chunks=((0, 3, 0, 1), (2, 0, 4)))
+    for name, fn in (("amax", np.max), ("amin", np.min)):
+        for axis in (None, 0, 1, (0, 1)):
+            for keepdims in (False, True):
+                got = getattr(ckd, name)(dx, axis=axis, keepdims=keepdims, split_every=2).compute()
+                want = fn(x, axis=axis, keepdims=keepdims)
+                assert got.dtype == want.dtype and np.array_equal(got, want), (name, axis, keepdims)
+
+
+def test_sums_take_unknown_chunk_sizes(stub):
+    x = np.arange(10.0)
+    masked = da.from_array(x, chunks=4)
+    masked = masked[masked > 2.5]  # chunk sizes unknown until computed
+    assert float(ckd.sum(masked).compute()) == x[x > 2.5].sum()
+    with pytest.raises(ValueError, match="unknown chunk sizes"):
+        ckd.mean(masked)
+
+
 def test_empty_mean_is_nan(stub):
     assert np.isnan(ckd.mean(da.zeros((0,), chunks=1)).compute())
 
@@ -247,6 +270,19 @@ def test_dask_reductions_match_eager_on_one_gpu(gpu_data, name):
                 assert same(got, ref)
             else:
                 cupy.testing.assert_allclose(got, ref, rtol=2e-5, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_dask_extremes_skip_empty_chunks_on_the_gpu(gpu_data):
+    import cupy
+
+    x = gpu_data.f[:7]
+    dx = da.from_array(x, chunks=((0, 4, 0, 3), (300, 0, 400)), asarray=False)
+    with dask.config.set(scheduler="synchronous"):
+        for name in ("amax", "amin"):
+            for axis in (None, 0, 1):
+                got = getattr(ckd, name)(dx, axis=axis, split_every=2).compute()
+                assert isinstance(got, cupy.ndarray) and same(got, getattr(cukern, name)(x, axis=axis)), (name, axis)
 
 
 @pytest.mark.gpu

@@ -65,7 +65,8 @@ class Described:
 class CardSpec:
     """An op's card: default shape and dtype, the params it takes (name -> default) and ``describe(shape,
     dtype, params, device, knobs)`` -> :class:`Described` (``knobs`` None means the heuristic's). ``dtypes``:
-    the input dtypes the op takes (the op module's own list), checked before ``describe`` runs."""
+    the input dtypes the op takes (the op module's own list), checked before ``describe`` runs; ``ndim``: the
+    one rank its shapes have (None: any)."""
 
     op: str
     default_shape: tuple
@@ -75,6 +76,7 @@ class CardSpec:
     family: str = ""
     tuning_op: str | None = None  # the tunable whose cache entries this launch uses (default: op)
     dtypes: tuple = FLOAT_TYPES
+    ndim: int | None = None
 
 
 CARDS: dict = {}
@@ -205,6 +207,9 @@ def resolve(op: str, shape=None, dtype=None, device: Device | None = None, **par
     if unknown:
         raise ValueError(f"{op} takes params {sorted(spec.params) or 'none'}, not {sorted(unknown)}")
     shape = parse_shape(spec.default_shape if shape is None else shape)
+    if spec.ndim is not None and len(shape) != spec.ndim:
+        raise ValueError(f"{op} takes a shape of {spec.ndim} dimensions, like {'x'.join(map(str, spec.default_shape))}; "
+                         f"got {'x'.join(map(str, shape))}")
     dt = _card_dtype(spec, spec.default_dtype if dtype is None else dtype)
     params = {**spec.params, **params}
     device = device or current_device()

@@ -57,6 +57,9 @@ def _check_plot(path) -> None:
                                "in a checkout (or pip install matplotlib)") from None
 
 
+RECORD_KEYS = ("op", "impl", "shape", "dtype", "median_us")  # what a results file's every record carries
+
+
 def _results_file(path) -> dict:
     try:
         with open(path) as f:
@@ -67,11 +70,21 @@ def _results_file(path) -> dict:
         raise CommandError(f"--results {path}: not readable as JSON ({err})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
         raise CommandError(f"--results {path}: not a results file (it has no list of records)")
+    for i, r in enumerate(doc["records"]):
+        missing = [k for k in RECORD_KEYS if not isinstance(r, dict) or k not in r]
+        if missing:
+            raise CommandError(f"--results {path}: record {i} lacks {', '.join(missing)}")
     return doc
+
+
+def _at_least_one(value: int, flag: str) -> None:
+    if value < 1:
+        raise CommandError(f"{flag} {value} must be at least 1")
 
 
 def _bench(args) -> int:
     _check_plot(args.plot)
+    _at_least_one(args.repeat, "--repeat")
     if args.results:
         doc = _results_file(args.results)
         print(bench.format_table(doc["records"]))
@@ -131,12 +144,15 @@ def _check_dtype(name) -> None:
 
 
 def _tune(args) -> int:
+    _at_least_one(args.repeat, "--repeat")
     if args.shape and (not args.op or len(args.op) != 1):
         raise CommandError("--shape needs exactly one --op")
     if args.dtype:
         _check_dtype(args.dtype)
     try:
         shape = card.parse_shape(args.shape) if args.shape else None
+        if shape:
+            tune.check_shape(args.op[0], shape)
     except ValueError as err:
         raise CommandError(f"--shape: {err}") from None
     if not device.gpu_present():
@@ -193,6 +209,7 @@ def _roofline(args) -> int:
 
 def _ladder(args) -> int:
     _check_plot(args.plot)
+    _at_least_one(args.n, "--n")
     if not device.gpu_present():
         return _no_gpu("ladder")
     with Progress(len(ladder.RUNGS) + 2, "ladder") as bar:  # the rungs, then cukern.sum and CUB

@@ -92,6 +92,7 @@ class CudaBenchmark:
             raise ValueError(f"bytes_moved is {bytes_moved!r}; pass the bytes one call reads and writes, or None")
         bench = self._benchmark
         if bench._mode:
+            bench.has_error = True  # as pytest-benchmark does: the test's numbers stay out of the results
             raise RuntimeError(f"this test's benchmark was already used ({bench._mode}); time one callable per test")
         bench._mode = "cuda_benchmark(...)"
         try:
@@ -129,7 +130,8 @@ class Fixtures:
         return EventTimer()
 
     @pytest.fixture
-    def cuda_benchmark(self, benchmark, cuda_benchmark_timer):
+    def cuda_benchmark(self, cuda_benchmark_timer, benchmark):  # the timer first: without a GPU it skips
+        # before pytest-benchmark's fixture exists (which would warn that it was never used)
         """Time a callable with CUDA events; pytest-benchmark's statistics become GPU time (:class:`CudaBenchmark`)."""
         check_benchmark_fixture(benchmark)
         return CudaBenchmark(benchmark, cuda_benchmark_timer)

@@ -101,7 +101,7 @@ def _signature(shape, dtype, knobs, sm):
 tune.register(tune.Tunable(
     rule=op.TUNING, space=SPACE, setup=lambda shape, dtype: inputs(*shape, dtype), run=_run,
     bytes=lambda shape, dtype: op.bytes_moved(*shape, dtype), signature=_signature,
-    from_case=lambda shape, params: (shape[0], shape[1], params.get("kv_heads", 8), shape[2])))
+    from_case=lambda shape, params: (shape[0], shape[1], params.get("kv_heads", 8), shape[2]), ndim=4))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -164,4 +164,4 @@ def _describe(shape, dt, params, device, knobs):
 
 
 _PARAMS = {"kv_heads": 8, "neox": 1, "rotary_dim": None, "check_positions": 0, "qkv_view": 0}
-card.register(card.CardSpec("qk_norm_rope", (16384, 32, 128), "bfloat16", _describe, _PARAMS, "qk_norm_rope"))
+card.register(card.CardSpec("qk_norm_rope", (16384, 32, 128), "bfloat16", _describe, _PARAMS, "qk_norm_rope", ndim=3))

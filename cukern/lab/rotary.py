@@ -110,7 +110,7 @@ def _tunable(neox: bool) -> tune.Tunable:
     return tune.Tunable(
         rule=rotary.TUNING[neox], space=SPACE, setup=lambda shape, dtype: inputs(*shape, dtype), run=run,
         bytes=lambda shape, dtype: rotary.bytes_moved(*shape, dtype), signature=signature,
-        from_case=lambda shape, params: (shape[0], shape[1], params.get("kv_heads", 8), shape[2]))
+        from_case=lambda shape, params: (shape[0], shape[1], params.get("kv_heads", 8), shape[2]), ndim=4)
 
 
 tune.register(_tunable(True))
@@ -209,11 +209,11 @@ def _describe(shape, dt, params, device, knobs):
 
 
 _PARAMS = {"kv_heads": 8, "neox": 1, "rotary_dim": None, "check_positions": 1, "qkv_view": 0}
-card.register(card.CardSpec("rotary_embedding", (16384, 32, 128), "bfloat16", _describe, _PARAMS, "rotary"))
+card.register(card.CardSpec("rotary_embedding", (16384, 32, 128), "bfloat16", _describe, _PARAMS, "rotary", ndim=3))
 card.register(card.CardSpec("rotary_embedding_gptj", (16384, 32, 128), "bfloat16", _describe, {**_PARAMS, "neox": 0},
-                            "rotary"))
+                            "rotary", ndim=3))
 card.register(card.CardSpec("rotary_embedding_qkv_view", (16384, 32, 128), "bfloat16", _describe,
-                            {**_PARAMS, "qkv_view": 1}, "rotary", tuning_op="rotary_embedding"))
+                            {**_PARAMS, "qkv_view": 1}, "rotary", tuning_op="rotary_embedding", ndim=3))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -297,4 +297,4 @@ def _positions_measure(shape, dtype: str, kv_heads: int):
 
 
 card.register(card.CardSpec("rotary_embedding_positions", (16384, 32, 128), "bfloat16", _positions_describe,
-                            {"kv_heads": 8, "neox": 1, "rotary_dim": None}, "rotary"))
+                            {"kv_heads": 8, "neox": 1, "rotary_dim": None}, "rotary", ndim=3))

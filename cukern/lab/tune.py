@@ -44,7 +44,8 @@ class Tunable:
     zero-argument callable launching with those knobs. ``bytes(shape, dtype)``: the bytes the benchmark
     counts. ``signature(shape, dtype, knobs, sm_count)``: candidates with equal signatures make the same
     launch and are timed once. ``from_case``: the benchmark case's shape and params in this tunable's shape
-    convention (identity when None), which is also the shape the op passes to its lookup.
+    convention (identity when None), which is also the shape the op passes to its lookup. ``ndim``: the one
+    rank of this tunable's shapes (None: any).
     """
 
     rule: Rule
@@ -54,6 +55,7 @@ class Tunable:
     bytes: Callable
     signature: Callable | None = None
     from_case: Callable | None = None  # (benchmark case shape, params dict) -> this tunable's shape
+    ndim: int | None = None
 
     @property
     def op(self) -> str:
@@ -140,6 +142,13 @@ def pinned_knobs(rule: Rule, cache: TuningCache, device: str, dtype, shape) -> d
     return {}
 
 
+def check_shape(op: str, shape) -> None:
+    """ValueError for a shape of another rank than ``op``'s tunable takes."""
+    t = TUNABLES.get(op)
+    if t is not None and t.ndim is not None and len(shape) != t.ndim:
+        raise ValueError(f"{op} tunes shapes of {t.ndim} dimensions, got {'x'.join(map(str, shape))}")
+
+
 def tune(op: str, shape, dtype="bfloat16", *, repeat: int = 50, warmup: int = 5, save: bool = True,
          margin: float = MARGIN, progress: bool = True, cache: TuningCache | None = None) -> TuneResult:
     """Time every candidate plan of ``op`` for ``shape`` and ``dtype`` on the current device, store the
@@ -150,6 +159,7 @@ def tune(op: str, shape, dtype="bfloat16", *, repeat: int = 50, warmup: int = 5,
     if t is None:
         raise ValueError(f"{op} has no tuning space; tunable ops: {', '.join(sorted(TUNABLES))}")
     shape, dt = tuple(int(n) for n in shape), parse_dtype(dtype)
+    check_shape(op, shape)
     _launch.require_gpu()
     dev = cupy.cuda.Device()
     device = device_name(dev.id)
