@@ -3,8 +3,8 @@
 // CuPy compiles its element-wise kernels with -ftz=true (cupy.cuda.compiler), so there a float32 result or
 // operand below 2^-126 becomes 0, where NumPy and cukern's own kernels keep it (cukern/_compile.py). These
 // are the steps cukern takes on its results that would meet it: a float64 value rounded to float32 and a
-// float32 value widened to float64 (each part of a complex value likewise), a float32 value rounded to
-// bfloat16 and a bfloat16 value widened, and, where a reduction has one element, that element's square (sum_of_squares), absolute value
+// float32 value widened to float64 (each part of a complex value likewise), a float32 or float64 value rounded
+// to bfloat16 and a bfloat16 value widened, and, where a reduction has one element, that element's square (sum_of_squares), absolute value
 // (norm) and test against zero (count_nonzero), of float32 or bfloat16 values. Each is correctly rounded, as
 // NumPy's (a bfloat16 square: the float32 product, rounded to bfloat16).
 //
@@ -31,6 +31,14 @@ __device__ __forceinline__ void store_value(double* o, float v) { *o = static_ca
 __device__ __forceinline__ void store_value(bf16* o, float v) { *o = from_float<bf16>(v); }
 __device__ __forceinline__ void store_value(float* o, bf16 v) { *o = to_float(v); }
 __device__ __forceinline__ void store_value(double* o, bf16 v) { *o = static_cast<double>(to_float(v)); }
+// double to bfloat16 rounded once, as NumPy's: to float toward zero with an inexact result's last bit set
+// (round to odd: float's 24 bits hold bfloat16's 8 and two more, so the second rounding is the only one), then
+// to nearest even. Past float's range toward zero gives FLT_MAX, odd, which rounds to infinity as it should.
+__device__ __forceinline__ void store_value(bf16* o, double v) {
+  float f = __double2float_rz(v);
+  if (static_cast<double>(f) != v && v == v) f = __int_as_float(__float_as_int(f) | 1);
+  *o = from_float<bf16>(f);
+}
 
 template <typename T, typename O, int MODE>
 __global__ void convert_values(O* out, const T* x, const __grid_constant__ ConvertParams p) {

@@ -4,11 +4,12 @@ CuPy compiles its element-wise kernels with ``-ftz=true``, so ``astype``, ``copy
 ufuncs turn a float32 result or operand below 2^-126 into 0 on the GPU, where NumPy keeps it. The op modules
 call these functions instead where that can meet one of their results: a float64 value rounded to float32
 or a float32 value widened to float64 (complex, part by part, and a real value into a complex one), float32
-to and from bfloat16, bfloat16 to float64, float32, complex64 and bfloat16 to bool (a test against zero), and the
+to and from bfloat16, float64 and integers to bfloat16 (rounded once, where CuPy's conversion rounds twice),
+bfloat16 to float64, float32, complex64 and bfloat16 to bool (a test against zero), and the
 one-element forms of the reductions on float32 and bfloat16 values (a square, an absolute value). Every
 other conversion goes to CuPy unchanged. Any view in, any view out: the kernel reads and writes through the
 arrays' strides, so these make no temporary of their own (:func:`astype` returns a new array, as CuPy's
-does). Up to four axes (after merging the contiguous ones) take one launch; each index of any axes before
+does; an integer into bfloat16 is widened to a float64 temporary first). Up to four axes (after merging the contiguous ones) take one launch; each index of any axes before
 them takes one more.
 """
 
@@ -33,7 +34,7 @@ _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _C64, _C128 = np.dtype(np.complex64), np.dtype(np.complex128)
 _PART = {_C64: _F32, _C128: _F64}
 # (x's dtype, out's dtype, mode) -> the kernel's template arguments
-_PAIRS = ((_F64, _F32), (_F32, _F64), (_F32, BFLOAT16), (BFLOAT16, _F32), (BFLOAT16, _F64))
+_PAIRS = ((_F64, _F32), (_F32, _F64), (_F32, BFLOAT16), (BFLOAT16, _F32), (BFLOAT16, _F64), (_F64, BFLOAT16))
 KERNELS = {(t, o, VALUE): (t, o, VALUE) for t, o in _PAIRS}
 for _t in (_F32, BFLOAT16):
     KERNELS.update({(_t, _t, m): (_t, _t, m) for m in (SQUARE, ABS)})
@@ -96,11 +97,20 @@ def _key(src_dtype, dst_dtype):
     return key if key in KERNELS else None
 
 
+def _through_float64(src_dtype, dst_dtype) -> bool:
+    """An integer into bfloat16: widened to float64 by CuPy first (exact below 2^53), then rounded once here
+    (CuPy's own conversion goes through float32: two roundings)."""
+    return np.dtype(dst_dtype) == BFLOAT16 and np.dtype(src_dtype).kind in "iu"
+
+
 def copyto(dst, src) -> None:
     """``cupy.copyto(dst, src, casting="unsafe")`` (``src`` broadcast to ``dst``), but float64 <-> float32,
-    complex128 <-> complex64, a real float into complex, bfloat16 <-> float32, bfloat16 -> float64 and float32,
-    complex64 or bfloat16 -> bool converted here, subnormals kept (a subnormal value is not zero)."""
+    complex128 <-> complex64, a real float into complex, bfloat16 <-> float32, float64 or an integer ->
+    bfloat16 (rounded once), bfloat16 -> float64 and float32, complex64 or bfloat16 -> bool converted here,
+    subnormals kept (a subnormal value is not zero)."""
     cp = _cupy()
+    if _through_float64(src.dtype, dst.dtype) and src.size:
+        src = src.astype(_F64)
     key = _key(src.dtype, dst.dtype)
     if key is None or not src.size:
         cp.copyto(dst, src, casting="unsafe")
@@ -118,7 +128,7 @@ def copyto(dst, src) -> None:
 def astype(a, dtype):
     """``a.astype(dtype)`` (a C-ordered result), with :func:`copyto`'s rounding."""
     dtype = np.dtype(dtype)
-    if _key(a.dtype, dtype) is None:
+    if _key(a.dtype, dtype) is None and not _through_float64(a.dtype, dtype):
         return a.astype(dtype)
     with on_device(a.data.device_id):  # the result on a's device, whichever is current
         out = _cupy().empty(a.shape, dtype)

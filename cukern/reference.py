@@ -1499,9 +1499,15 @@ def _accumulate(f, v):
 def _scan_emulated(op: str, x, axis, dtype):
     from ._check import check_dtype
     from ._dtypes import BFLOAT16
-    from .scan import BLOCK, DTYPES, GROUP, items, result_dtype, route
+    from .scan import BLOCK, DTYPES, GROUP, items, normalize_axis, result_dtype, route
 
     x = _numpy(x)
+    if x.ndim == 0:
+        x = x.reshape(1)  # NumPy scans a 0-d array as one of shape (1,), as the op does
+    axis = normalize_axis(axis, x.ndim)  # the op's TypeError or AxisError
+    if x.dtype.kind == "c" and dtype is not None and np.dtype(dtype).kind != "c":
+        raise TypeError(f"dtype={np.dtype(dtype).name} is not supported for {op} of {x.dtype.name}: NumPy does "
+                        "not cast complex to real")
     if op == "cumsum" and (x.dtype.kind == "c" or (dtype is not None and np.dtype(dtype).kind == "c")):
         # the real and imaginary parts scanned apart, x converted to the complex result dtype first
         z = x.astype(x.dtype if dtype is None else np.dtype(dtype))
@@ -1514,8 +1520,13 @@ def _scan_emulated(op: str, x, axis, dtype):
         how = route(x.dtype, dtype)  # the public op's TypeError for a dtype it does not scan
         if how is not None:  # scan.route's conversions: x to via (uint64 viewed), its scan, then to the result
             via, final = how
-            wide_u = x.dtype.kind == "u" and x.itemsize == 8 and via == np.int64
-            r = _scan_emulated(op, x.view(np.int64) if wide_u else x.astype(via), axis, None)
+            if x.dtype.kind == "u" and x.itemsize == 8 and via == np.int64:
+                v = x.view(np.int64)
+            elif final == np.uint64 and via == np.int64 and (x.dtype.kind == "f" or x.dtype == BFLOAT16):
+                v = x.astype(final).view(np.int64)  # a float through uint64's values (past int64's range)
+            else:
+                v = x.astype(via)
+            r = _scan_emulated(op, v, axis, None)
             return r.view(final) if final.kind == "u" and final.itemsize == 8 else r.astype(final)
     check_dtype(x, "x", DTYPES)  # the public op's TypeError
     o = result_dtype(x.dtype, dtype)

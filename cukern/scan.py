@@ -128,7 +128,8 @@ def route(dtype, requested=None):
     """How x of ``dtype`` is scanned into NumPy's result dtype for ``requested`` (None: NumPy's default, int64
     for bool and signed integers, uint64 for unsigned ones, a float's own): None where a pair of :data:`PAIRS`
     does it, else ``(via, result)``: x converted to ``via`` (NumPy's element conversion; uint64 only viewed
-    as int64), scanned into ``via`` (int64 for integer results), and that converted to ``result``. Integer
+    as int64, and a float into a uint64 result converted as NumPy converts it, since its values may pass
+    int64's range), scanned into ``via`` (int64 for integer results), and that converted to ``result``. Integer
     sums and products wrap, so their low bits are those of the narrower integer arithmetic NumPy would do.
     A bool result goes through bool: NumPy adds bools as "or" and multiplies them as "and", and an int64
     count of the nonzero elements so far (a product of zeros and ones) is nonzero exactly where that is
@@ -471,8 +472,8 @@ def _prepare(op: str, x, axis, dtype, out) -> _Call:
 
 def _validate_out(out, call: _Call, x):
     out = _check.check_out(out, call.shape, call.out_dtype, x)
-    same = out.data.ptr == x.data.ptr and out.dtype == x.dtype and (
-        out.strides == x.strides or (out.ndim == 1 and x.flags.c_contiguous))
+    same = out.data.ptr == x.data.ptr and out.dtype == x.dtype and (  # in place: x itself, or its flat run
+        out.strides == x.strides or (out.ndim == 1 and out.flags.c_contiguous and x.flags.c_contiguous))
     if not same:
         _check.check_no_overlap(out, "out", x, "x", identical_ok=False)
     return out
@@ -499,6 +500,14 @@ def _routed(op: str, x, axis, via, final, out):
             src = x
         elif x.dtype.kind == "u" and x.itemsize == 8 and via == _I64:
             src = x.view(_I64)
+        elif final == np.uint64 and via == _I64 and (x.dtype.kind == "f" or x.dtype == BFLOAT16):
+            # NumPy's float -> uint64: values past int64's range by uint64's conversion, negative ones wrapped
+            # by int64's (CUDA's conversions saturate, so each takes its own); ml_dtypes' bfloat16 makes a
+            # negative value 0, as CUDA's uint64 conversion does
+            f = _convert.astype(x, _F32) if x.dtype == BFLOAT16 else x
+            src = f.astype(final).view(_I64)
+            if x.dtype != BFLOAT16:
+                src = _cupy().where(f < 0, f.astype(_I64), src)
         else:
             src = _convert.astype(x, via)
         scanned = DEFAULT_DTYPE[via]

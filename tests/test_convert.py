@@ -22,7 +22,8 @@ def test_params_match_the_struct():
 def test_kernels_compile_without_flush_or_local_memory(arch):
     c = compile_program(C.SOURCE, C.instantiations(), arch)
     assert ".ftz" not in c.ptx and ".local" not in c.ptx
-    assert all(op in c.ptx for op in ("cvt.rn.f32.f64", "cvt.f64.f32", "cvt.rn.bf16.f32", "mul.rn.f32", "abs.f32"))
+    assert all(op in c.ptx for op in ("cvt.rn.f32.f64", "cvt.f64.f32", "cvt.rn.bf16.f32", "mul.rn.f32", "abs.f32",
+                                      "cvt.rz.f32.f64"))
 
 
 def test_plan_collapses_axes_and_keeps_views():
@@ -50,7 +51,8 @@ def test_plan_takes_leading_axes_one_index_at_a_time():
 
 def test_only_the_flushing_pairs_have_kernels():
     f32, f64, c64, c128 = (np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
-    for a, b in ((c128, c64), (f64, f32), (c64, c128), (f32, f64), (f32, BFLOAT16), (BFLOAT16, f32), (BFLOAT16, f64)):
+    for a, b in ((c128, c64), (f64, f32), (c64, c128), (f32, f64), (f32, BFLOAT16), (BFLOAT16, f32), (BFLOAT16, f64),
+                 (f64, BFLOAT16)):
         assert C._key(a, b) == (C._PART.get(a, a), C._PART.get(b, b), C.VALUE)
     # a real value into complex: into the real parts (float32 into complex128 through cvt.f64.f32)
     assert C._key(f32, c128) == (f32, f64, C.VALUE) and C._key(BFLOAT16, c64) == (BFLOAT16, f32, C.VALUE)
@@ -59,6 +61,34 @@ def test_only_the_flushing_pairs_have_kernels():
     assert C._key(c64, np.bool_) == (f32, np.dtype(np.bool_), C.NONZERO) and C._key(c128, np.bool_) is None
     f16 = np.dtype(np.float16)  # no float32 value that rounds to float16 or comes from it can be subnormal
     assert C._key(f64, f16) is None and C._key(f32, f16) is None and C._key(c64, f32) is None
+
+
+def _bfloat16_of_double(v):
+    """convert.cu's float64 -> bfloat16 on the host: toward zero to float32, the last bit set when that was
+    inexact (round to odd), then to nearest even."""
+    v = np.asarray(v, np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = v.astype(np.float32)  # nearest; stepped back toward zero where that rounded away from it
+        away = np.isfinite(v) & (np.abs(f.astype(np.float64)) > np.abs(v))
+        f = np.where(away, np.nextafter(f, np.float32(0)), f).astype(np.float32)
+        inexact = (f.astype(np.float64) != v) & ~np.isnan(v)
+    bits = f.view(np.uint32) | inexact.astype(np.uint32)
+    return bits.view(np.float32).astype(BFLOAT16)
+
+
+def test_float64_to_bfloat16_rounds_once():
+    """Round to odd through float32, then to nearest even, is one rounding (NumPy's, ml_dtypes'), where
+    CuPy's conversion (to float32, then to bfloat16) rounds a value just past a midpoint down to it."""
+    rng = np.random.default_rng(7)
+    ones = 1.0 + np.arange(1, 128) / 128  # bfloat16 numbers in [1, 2); midpoints between them, then nudged
+    mid = ones + 2.0**-8
+    v = np.concatenate([mid, mid + 2.0**-30, mid - 2.0**-30, np.ldexp(mid + 2.0**-30, rng.integers(-140, 120, 127)),
+                        rng.standard_normal(20000) * 10.0 ** rng.integers(-45, 39, 20000),
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 3.4e38, 3.5e38, 1e39, 1e-39, 1e-45, 5e-46]])
+    with np.errstate(over="ignore"):
+        want = v.astype(BFLOAT16)
+        assert not same_bits(v.astype(np.float32).astype(BFLOAT16), want)  # the two roundings differ here
+    assert same_bits(_bfloat16_of_double(v), want)
 
 
 def _tiny(rng, shape):
@@ -105,6 +135,31 @@ def test_real_into_complex_keeps_subnormals():
     for src in (np.float32, BFLOAT16):
         host = t.astype(np.float32).astype(src)
         assert np.array_equal(C.astype(cupy.asarray(host), np.bool_).get(), host.astype(np.float64) != 0), src
+
+
+@pytest.mark.gpu
+def test_float64_and_integers_into_bfloat16_round_once():
+    """float64 and integer values into bfloat16 as NumPy converts them: one rounding, subnormals kept (CuPy's
+    own conversion goes through float32, rounding twice, and flushes)."""
+    import cupy
+
+    import cukern
+    from cukern import reference
+
+    rng = np.random.default_rng(8)
+    mid = 1.0 + np.arange(1, 128) / 128 + 2.0**-8  # halfway between bfloat16 neighbours, then nudged up
+    v = np.concatenate([mid + 2.0**-30, _tiny(rng, (500,)), rng.standard_normal(500) * 1e30])
+    for host in (v, v[::-3]):
+        assert same_bits(C.astype(cupy.asarray(host), BFLOAT16), host.astype(BFLOAT16))
+    out = cupy.zeros((2, v.size), BFLOAT16)
+    C.copyto(out[1], cupy.asarray(v))
+    assert same_bits(out[1], v.astype(BFLOAT16)) and same_bits(out[0], np.zeros(v.size, BFLOAT16))
+    ints = np.array([2**24 + 2**16 + 1, -(2**30 + 2**22 + 3), 7, 0, 2**40 + 2**32 + 1], np.int64)
+    for t in (np.int64, np.int32, np.uint8):
+        host = ints.astype(t)
+        assert same_bits(C.astype(cupy.asarray(host), BFLOAT16), host.astype(BFLOAT16)), t
+    x = ints[:3].repeat(700)
+    assert same_bits(cukern.cumsum(cupy.asarray(x), dtype=BFLOAT16), reference.cumsum_emulated(x, None, BFLOAT16))
 
 
 @pytest.mark.gpu

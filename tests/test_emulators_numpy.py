@@ -166,3 +166,28 @@ def test_variances_without_freedom_are_numpys(name, x, axis, ddof):
     got = getattr(R, f"{name}_emulated")(x, axis=axis, ddof=ddof)
     assert np.shape(got) == np.shape(want)
     _np_bits(got, want)
+
+
+@pytest.mark.parametrize("op", ["cumsum", "cumprod"])
+def test_scan_emulators_take_numpys_axes_and_0d_arrays(op):
+    for x in (np.float32(3), np.complex64(3 + 1j), np.int8(5)):
+        for axis in (None, 0, -1):
+            got, want = getattr(R, f"{op}_emulated")(np.asarray(x), axis), getattr(np, op)(np.asarray(x), axis=axis)
+            assert got.shape == want.shape == (1,) and got.dtype == want.dtype, (x, axis)
+    for axis in (2, -3):
+        with pytest.raises(np.exceptions.AxisError):
+            getattr(R, f"{op}_emulated")(np.zeros((2, 3), np.float32), axis)
+    with pytest.raises(TypeError, match="does not cast complex to real"):
+        getattr(R, f"{op}_emulated")(np.ones(3, np.complex64), None, np.bool_)
+
+
+def test_floats_into_uint64_scan_numpys_conversion():
+    """A float into a uint64 result: NumPy's conversion (values past int64's range kept, negative ones
+    wrapped), then wrapping sums."""
+    x = np.array([1e19, 5.0, -2.0, 2.0**63], np.float64)
+    with np.errstate(invalid="ignore"):
+        want = np.cumsum(x, dtype=np.uint64)
+        for t in (np.float64, np.float32):
+            assert np.array_equal(R.cumsum_emulated(x.astype(t), None, np.uint64), np.cumsum(x.astype(t),
+                                                                                               dtype=np.uint64))
+    assert want[0] == 10**19

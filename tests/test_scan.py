@@ -914,3 +914,32 @@ def test_capture_refuses_a_temporary_or_a_missing_workspace(rng, monkeypatch):
             refused_in_capture(stream, call, match=match)
         assert same_bits(C.cumsum(x, axis=3, out=cast), R.cumsum_emulated(x.get(), 3).astype(np.float64))
         assert same_bits(C.cumsum(deep, axis=2), R.cumsum_emulated(deep.get(), 2))
+
+
+@pytest.mark.gpu
+def test_an_out_starting_at_x_but_stepping_over_it_is_refused():
+    """``out`` is x itself (in place) only as x's own view, or its flat run for axis=None: an out at x's
+    address with another stride overlaps x and is refused before anything is written."""
+    import cupy
+
+    b = cupy.arange(2 * 5000, dtype=cupy.float32)
+    before = b.get()
+    for call in (lambda: C.cumsum(b[:5000], out=b[::2]), lambda: C.cumsum(b[:5000].reshape(50, 100), out=b[::2])):
+        with pytest.raises(ValueError, match="out overlaps x"):
+            call()
+    assert np.array_equal(b.get(), before)
+    x = cupy.asarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    C.cumsum(x, out=x.reshape(-1))  # the flat run of a C-contiguous x: in place
+    assert np.array_equal(x.get().reshape(-1), np.cumsum(np.arange(12, dtype=np.float32)))
+
+
+@pytest.mark.gpu
+def test_floats_into_uint64_scan_numpys_conversion():
+    import cupy
+
+    for t in (np.float64, np.float32, BFLOAT16):
+        xh = np.array([1e19, 5.0, -2.0, 2.0**63, 3.5] * 300).astype(t)
+        with np.errstate(invalid="ignore"):
+            want = R.cumsum_emulated(xh, None, np.uint64)
+        got = C.cumsum(cupy.asarray(xh), dtype=np.uint64)
+        assert got.dtype == np.uint64 and np.array_equal(got.get(), want), t
