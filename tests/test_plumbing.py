@@ -165,3 +165,15 @@ def test_benchmark_times_gpu_work_not_the_launch():
     held = timing.benchmark(cupy.negative, x, repeat=50, flush_l2=False)
     bare = timing.benchmark(cupy.negative, x, repeat=50, flush_l2=False, hold=False)
     assert held.median_us < bare.median_us
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">i8", np.longdouble, np.clongdouble])
+def test_dtypes_no_cupy_array_holds_are_refused_by_name(dtype):
+    from cukern import reduce_plan
+    from cukern._dtypes import parse_dtype
+
+    with pytest.raises(TypeError, match=r"is not one a CuPy array can hold"):
+        parse_dtype(dtype)
+    with pytest.raises(TypeError, match=r"is not one a CuPy array can hold"):
+        reduce_plan.result_dtype("sum", np.dtype(np.float32), dtype)
+    assert parse_dtype("<f4") == np.float32 and parse_dtype("bfloat16").name == "bfloat16"
