@@ -55,6 +55,7 @@ from ._launch import (
     on_device,
     refuse_temporary_in_capture,
     sm_count,
+    stream_key,
     struct_argument,
 )
 from ._launch import cupy as _cupy
@@ -290,7 +291,7 @@ def workspace(words: int) -> Workspace:
     RuntimeError, before anything is recorded."""
     cp = _cupy()
     stream = cp.cuda.get_current_stream()
-    key = (cp.cuda.runtime.getDevice(), stream.ptr)
+    key = (cp.cuda.runtime.getDevice(), *stream_key(stream, per_thread=True))  # the host reads its all-NaN flag
     ws = _workspaces.get(key)
     if ws is not None and ws.partials.size >= words:
         return ws
@@ -402,7 +403,7 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
     if type(x) is nd and sm is None and (axis is None or type(axis) is int) and type(keepdims) is bool:
         mem = x.data
         key = (op, x.shape, x.strides, x.dtype, mem.ptr % 16, axis, keepdims, mem.device_id, knobs,
-               _tuned.generation, cp.cuda.get_current_stream().ptr)
+               _tuned.generation, *stream_key(cp.cuda.get_current_stream(), per_thread=True))
         call = _calls.get(key)
     if call is _MISSING:
         if not isinstance(keepdims, (bool, np.bool_)):

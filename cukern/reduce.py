@@ -106,7 +106,7 @@ import cukern._tuned as _tuned
 
 from ._compile import get_kernel
 from ._dtypes import BFLOAT16, dtype_name, storage
-from ._launch import CallCache, Signature, launch, on_device, refuse_temporary_in_capture, sm_count
+from ._launch import CallCache, Signature, launch, on_device, refuse_temporary_in_capture, sm_count, stream_key
 from ._launch import cupy as _cupy
 from ._layout import k_order
 from .argreduce import extreme_index
@@ -205,7 +205,7 @@ def workspace(scratch: int = 0) -> Workspace:
     capture a workspace that is missing or too small is a RuntimeError, raised before anything is recorded."""
     cp = _cupy()
     stream = cp.cuda.get_current_stream()
-    key = (cp.cuda.runtime.getDevice(), stream.ptr)
+    key = (cp.cuda.runtime.getDevice(), *stream_key(stream))
     ws = _workspaces.get(key)
     if ws is not None and ws.scratch.nbytes >= scratch:
         return ws
@@ -335,7 +335,7 @@ def _fast_key(name: str, x, axis, dtype, keepdims):
     if dev != _cupy().cuda.runtime.getDevice():
         return None
     return (name, x.shape, x.strides, x.dtype, mem.ptr % 16, axis, dtype, keepdims, dev,
-            _cupy().cuda.get_current_stream().ptr)
+            *stream_key(_cupy().cuda.get_current_stream()))  # a call holds its stream's workspace
 
 
 def _out_key(out) -> tuple:

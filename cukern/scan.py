@@ -51,7 +51,7 @@ import cukern._convert as _convert
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, dtype_name, parse_dtype
 from ._launch import NULL, X_COPIED, CallCache, LaunchConfig, Params, launch, on_device, refuse_temporary_in_capture
-from ._launch import sm_count, struct_argument
+from ._launch import sm_count, stream_key, struct_argument
 from ._launch import cupy as _cupy
 from ._layout import collapse, k_order
 
@@ -390,7 +390,7 @@ def workspace(tiles: int):
     clearing of the words the launch uses and gets :data:`CAPTURED_EPOCH`."""
     cp = _cupy()
     stream = cp.cuda.get_current_stream()
-    key = (cp.cuda.runtime.getDevice(), stream.ptr)
+    key = (cp.cuda.runtime.getDevice(), *stream_key(stream))
     if stream.is_capturing():
         ws = _workspaces.get(key)
         if ws is None or ws.tiles < tiles:

@@ -178,3 +178,67 @@ def test_soak_keeps_memory_flat():
     gc.collect()
     print(f"100,000 calls in {elapsed:.1f} s")
     assert pool.used_bytes() == used, f"{pool.used_bytes() - used} bytes more in use after the soak"
+
+
+_PER_THREAD_SCRIPT = r"""
+import threading, numpy as np, cupy, cukern
+assert cupy.cuda.get_current_stream().ptr == 2  # the per-thread default stream's one handle
+rng = np.random.default_rng(5)
+xs = [cupy.asarray(rng.standard_normal(1 << 22).astype(np.float32)) for _ in range(8)]
+ops = (lambda x: cukern.sum(x), lambda x: cukern.cumsum(x), lambda x: cukern.argmax(x), lambda x: cukern.var(x))
+want = [[op(x).get().tobytes() for op in ops] for x in xs]
+bad = []
+def work(i):
+    for _ in range(20):
+        got = [op(xs[i]) for op in ops]
+        cupy.cuda.get_current_stream().synchronize()
+        if [g.get().tobytes() for g in got] != want[i]:
+            bad.append(i)
+threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("BAD", sorted(set(bad)))
+"""
+
+
+@pytest.mark.gpu
+def test_threads_on_the_per_thread_default_stream_keep_their_workspaces_apart():
+    """With CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 every thread's current stream has one handle, though the
+    streams run at once: the reductions' and scans' workspaces are kept per thread there."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": "1"}
+    done = subprocess.run([sys.executable, "-c", _PER_THREAD_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=JOIN_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("BAD []"), done.stdout[-2000:]
+
+
+@pytest.mark.gpu
+def test_nanargmax_on_one_stream_from_many_threads_reads_its_own_all_nan_flag():
+    """Threads sharing the legacy null stream: one's all-NaN slice raises in that thread only."""
+    import cupy
+
+    nan = cupy.full(1000, cupy.nan, F32)
+    ok = cupy.arange(1000, dtype=F32)
+    raised, wrong = [0] * THREADS, [0] * THREADS  # each thread its own counters
+    start = threading.Barrier(THREADS)
+
+    def worker(i):
+        start.wait()
+        for _ in range(50):
+            try:
+                got = cukern.nanargmax(nan if i % 2 else ok)
+                wrong[i] += bool(i % 2) or int(got) != 999
+            except ValueError:
+                raised[i] += 1
+                wrong[i] += not i % 2
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+    assert sum(raised) == THREADS // 2 * 50 and sum(wrong) == 0, (raised, wrong)

@@ -177,3 +177,25 @@ def test_dtypes_no_cupy_array_holds_are_refused_by_name(dtype):
     with pytest.raises(TypeError, match=r"is not one a CuPy array can hold"):
         reduce_plan.result_dtype("sum", np.dtype(np.float32), dtype)
     assert parse_dtype("<f4") == np.float32 and parse_dtype("bfloat16").name == "bfloat16"
+
+
+def test_stream_keys_tell_threads_apart_on_the_per_thread_stream():
+    import threading
+    from types import SimpleNamespace
+
+    from cukern._launch import PER_THREAD_STREAM, stream_key
+
+    keys = {}
+
+    def key(name, stream, **kw):
+        keys[name] = stream_key(stream, **kw)
+
+    legacy, own, ptds = SimpleNamespace(ptr=0), SimpleNamespace(ptr=0x7F00), SimpleNamespace(ptr=PER_THREAD_STREAM)
+    for name, stream, kw in (("legacy", legacy, {}), ("own", own, {}), ("ptds", ptds, {}),
+                             ("flag", legacy, {"per_thread": True})):
+        key(name, stream, **kw)
+        t = threading.Thread(target=key, args=(name + "'", stream), kwargs=kw)
+        t.start()
+        t.join()
+    assert keys["legacy"] == keys["legacy'"] == (0,) and keys["own"] == keys["own'"] == (0x7F00,)
+    assert keys["ptds"] != keys["ptds'"] and keys["flag"] != keys["flag'"]
