@@ -3,10 +3,11 @@
 // CuPy compiles its element-wise kernels with -ftz=true (cupy.cuda.compiler), so there a float32 result or
 // operand below 2^-126 becomes 0, where NumPy and cukern's own kernels keep it (cukern/_compile.py). These
 // are the steps cukern takes on its results that would meet it: a float64 value rounded to float32 and a
-// float32 value widened to float64 (each part of a complex value likewise), a float32 or float64 value rounded
-// to bfloat16 and a bfloat16 value widened, and, where a reduction has one element, that element's square (sum_of_squares), absolute value
-// (norm) and test against zero (count_nonzero), of float32 or bfloat16 values. Each is correctly rounded, as
-// NumPy's (a bfloat16 square: the float32 product, rounded to bfloat16).
+// float32 value widened to float64 (each part of a complex value likewise), a float32, float64 or integer
+// value rounded to bfloat16 and a bfloat16 value widened, and, where a reduction has one element, that
+// element's square (sum_of_squares), absolute value (norm) and test against zero (count_nonzero), of float32
+// or bfloat16 values. Each is correctly rounded, as NumPy's (a bfloat16 square: the float32 product, rounded
+// to bfloat16).
 //
 // Layout: element i of the launch is the C-order index (i0, i1, i2, i3) over up to four axes (collapsed by
 // cukern/_convert.py: most calls have one), read through x's strides and written through out's (elements,
@@ -38,6 +39,10 @@ __device__ __forceinline__ void store_value(bf16* o, double v) {
   float f = __double2float_rz(v);
   if (static_cast<double>(f) != v && v == v) f = __int_as_float(__float_as_int(f) | 1);
   *o = from_float<bf16>(f);
+}
+// An integer to bfloat16: through double (exact below 2^53), then as above.
+template <typename I> __device__ __forceinline__ void store_value(bf16* o, I v) {
+  store_value(o, static_cast<double>(v));
 }
 
 template <typename T, typename O, int MODE>

@@ -9,7 +9,7 @@ bfloat16 to float64, float32, complex64 and bfloat16 to bool (a test against zer
 one-element forms of the reductions on float32 and bfloat16 values (a square, an absolute value). Every
 other conversion goes to CuPy unchanged. Any view in, any view out: the kernel reads and writes through the
 arrays' strides, so these make no temporary of their own (:func:`astype` returns a new array, as CuPy's
-does; an integer into bfloat16 is widened to a float64 temporary first). Up to four axes (after merging the contiguous ones) take one launch; each index of any axes before
+does). Up to four axes (after merging the contiguous ones) take one launch; each index of any axes before
 them takes one more.
 """
 
@@ -34,7 +34,9 @@ _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _C64, _C128 = np.dtype(np.complex64), np.dtype(np.complex128)
 _PART = {_C64: _F32, _C128: _F64}
 # (x's dtype, out's dtype, mode) -> the kernel's template arguments
-_PAIRS = ((_F64, _F32), (_F32, _F64), (_F32, BFLOAT16), (BFLOAT16, _F32), (BFLOAT16, _F64), (_F64, BFLOAT16))
+_INTS = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64))
+_PAIRS = ((_F64, _F32), (_F32, _F64), (_F32, BFLOAT16), (BFLOAT16, _F32), (BFLOAT16, _F64), (_F64, BFLOAT16),
+          *((t, BFLOAT16) for t in _INTS))
 KERNELS = {(t, o, VALUE): (t, o, VALUE) for t, o in _PAIRS}
 for _t in (_F32, BFLOAT16):
     KERNELS.update({(_t, _t, m): (_t, _t, m) for m in (SQUARE, ABS)})
@@ -97,38 +99,31 @@ def _key(src_dtype, dst_dtype):
     return key if key in KERNELS else None
 
 
-def _through_float64(src_dtype, dst_dtype) -> bool:
-    """An integer into bfloat16: widened to float64 by CuPy first (exact below 2^53), then rounded once here
-    (CuPy's own conversion goes through float32: two roundings)."""
-    return np.dtype(dst_dtype) == BFLOAT16 and np.dtype(src_dtype).kind in "iu"
-
-
 def copyto(dst, src) -> None:
     """``cupy.copyto(dst, src, casting="unsafe")`` (``src`` broadcast to ``dst``), but float64 <-> float32,
     complex128 <-> complex64, a real float into complex, bfloat16 <-> float32, float64 or an integer ->
     bfloat16 (rounded once), bfloat16 -> float64 and float32, complex64 or bfloat16 -> bool converted here,
     subnormals kept (a subnormal value is not zero)."""
     cp = _cupy()
-    if _through_float64(src.dtype, dst.dtype) and src.size:
-        src = src.astype(_F64)
     key = _key(src.dtype, dst.dtype)
     if key is None or not src.size:
         cp.copyto(dst, src, casting="unsafe")
         return
     src = cp.broadcast_to(src, dst.shape)
-    if key[2] == NONZERO:
-        nonzero(src, dst)
-    elif dst.dtype.kind == "c" and src.dtype.kind != "c":  # a real value is a complex one with no imaginary part
-        _run(src, dst.real, VALUE)
-        dst.imag.fill(0)
-    else:
-        _run(src, dst, key[2])
+    with on_device(dst.data.device_id):  # CuPy's steps (the zeros, nonzero's parts) on dst's device
+        if key[2] == NONZERO:
+            nonzero(src, dst)
+        elif dst.dtype.kind == "c" and src.dtype.kind != "c":  # a real value: a complex one with no imaginary part
+            _run(src, dst.real, VALUE)
+            dst.imag.fill(0)
+        else:
+            _run(src, dst, key[2])
 
 
 def astype(a, dtype):
     """``a.astype(dtype)`` (a C-ordered result), with :func:`copyto`'s rounding."""
     dtype = np.dtype(dtype)
-    if _key(a.dtype, dtype) is None and not _through_float64(a.dtype, dtype):
+    if _key(a.dtype, dtype) is None:
         return a.astype(dtype)
     with on_device(a.data.device_id):  # the result on a's device, whichever is current
         out = _cupy().empty(a.shape, dtype)

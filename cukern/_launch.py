@@ -173,12 +173,11 @@ class CallCache:
 PER_THREAD_STREAM = 2  # cudaStreamPerThread: one handle that names each thread's own default stream
 
 
-def stream_key(stream, *, per_thread: bool = False) -> tuple:
+def stream_key(stream) -> tuple:
     """What tells ``stream`` apart for the per-stream workspaces: its handle, and the thread where the handle
     is the per-thread default stream's (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``: every thread's stream has
-    that one handle, but launches on it from two threads may run at once). ``per_thread``: the thread always,
-    for a workspace the host reads after its launch (two threads on one stream would read each other's)."""
-    if per_thread or stream.ptr == PER_THREAD_STREAM:
+    that one handle, but launches on it from two threads may run at once)."""
+    if stream.ptr == PER_THREAD_STREAM:
         return stream.ptr, threading.get_ident()
     return (stream.ptr,)
 

@@ -266,23 +266,35 @@ def bytes_moved(shape, dtype, axis=None, *, keepdims: bool = False) -> int:
 
 # ---------------------------------------------------------------------------------------------------------
 # Workspaces: per (device, stream), a counter per split row (zero between launches: the last block of a row
-# resets it), the blocks' partials (PAIR_BYTES each: 16, or 24 for complex128; grown as needed) and the
-# all-NaN flag in pinned mapped host memory (the host reads it after waiting for the stream; the call that
-# finds it set clears it).
+# resets it) and the blocks' partials (PAIR_BYTES each: 16, or 24 for complex128; grown as needed). The
+# all-NaN flag is per thread, in pinned mapped host memory: the host reads it after waiting for the stream
+# (the call that finds it set clears it), so two threads launching on one stream must not share it.
 
 
 @dataclass
 class Workspace:
     counters: object
     partials: object
-    flag: np.ndarray  # int32[1], host view of the pinned flag
-    flag_ptr: int  # its device address
-    flag_memory: object  # the pinned allocation, alive as long as the workspace
     outgrown: list = field(default_factory=list)  # earlier partials, kept for graphs that may still use them
 
 
 _workspaces: dict = {}
 _work_lock = threading.Lock()
+_flags = threading.local()
+
+
+def _flag():
+    """This thread's all-NaN flag: ``(int32[1] host view, device address)`` of pinned mapped memory (unified
+    addressing: the host address is the device address on every GPU), made on first use."""
+    pair = getattr(_flags, "pair", None)
+    if pair is None:
+        cuda = _cupy().cuda
+        flags = cuda.runtime.hostAllocPortable | cuda.runtime.hostAllocMapped
+        mem = cuda.PinnedMemoryPointer(cuda.PinnedMemory(16, flags), 0)
+        host = np.frombuffer(mem, np.int32, 1)
+        host[0] = 0
+        pair = _flags.pair = (host, np.uint64(mem.ptr))
+    return pair
 
 
 def workspace(words: int) -> Workspace:
@@ -291,7 +303,7 @@ def workspace(words: int) -> Workspace:
     RuntimeError, before anything is recorded."""
     cp = _cupy()
     stream = cp.cuda.get_current_stream()
-    key = (cp.cuda.runtime.getDevice(), *stream_key(stream, per_thread=True))  # the host reads its all-NaN flag
+    key = (cp.cuda.runtime.getDevice(), *stream_key(stream))
     ws = _workspaces.get(key)
     if ws is not None and ws.partials.size >= words:
         return ws
@@ -301,12 +313,7 @@ def workspace(words: int) -> Workspace:
     with _work_lock:
         ws = _workspaces.get(key)
         if ws is None:
-            flags = cp.cuda.runtime.hostAllocPortable | cp.cuda.runtime.hostAllocMapped
-            mem = cp.cuda.PinnedMemoryPointer(cp.cuda.PinnedMemory(16, flags), 0)
-            host = np.frombuffer(mem, np.int32, 1)
-            host[0] = 0
-            ws = Workspace(cp.zeros(MAX_SPLIT_ROWS, np.uint32), cp.empty(0, np.uint64), host, mem.ptr, mem)
-            _workspaces[key] = ws
+            ws = _workspaces[key] = Workspace(cp.zeros(MAX_SPLIT_ROWS, np.uint32), cp.empty(0, np.uint64))
         if ws.partials.size < words:
             ws.outgrown.append(ws.partials)
             ws.partials = cp.empty(max(words, 2 * ws.partials.size), np.uint64)
@@ -387,11 +394,10 @@ def _validate_out(out, shape, x):
     return out
 
 
-def _check_all_nan(ws: Workspace, op: str) -> None:
-    stream = _cupy().cuda.get_current_stream()
-    stream.synchronize()
-    if ws.flag[0]:
-        ws.flag[0] = 0
+def _check_all_nan(flag: np.ndarray) -> None:
+    _cupy().cuda.get_current_stream().synchronize()
+    if flag[0]:
+        flag[0] = 0
         raise ValueError("All-NaN slice encountered")
 
 
@@ -403,7 +409,7 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
     if type(x) is nd and sm is None and (axis is None or type(axis) is int) and type(keepdims) is bool:
         mem = x.data
         key = (op, x.shape, x.strides, x.dtype, mem.ptr % 16, axis, keepdims, mem.device_id, knobs,
-               _tuned.generation, *stream_key(cp.cuda.get_current_stream(), per_thread=True))
+               _tuned.generation, *stream_key(cp.cuda.get_current_stream()))
         call = _calls.get(key)
     if call is _MISSING:
         if not isinstance(keepdims, (bool, np.bool_)):
@@ -425,13 +431,13 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
         if call.kernel is not None:
             src = cp.ascontiguousarray(x) if call.copy else x
             ws = call.workspace
+            flag, flag_ptr = _flag()
             if call.span:
-                launch(call.kernel, call.config, (dst, ws.partials, ws.counters, np.uint64(ws.flag_ptr), src,
-                                                  call.params))
+                launch(call.kernel, call.config, (dst, ws.partials, ws.counters, flag_ptr, src, call.params))
             else:
-                launch(call.kernel, call.config, (dst, np.uint64(ws.flag_ptr), src, call.params))
+                launch(call.kernel, call.config, (dst, flag_ptr, src, call.params))
             if call.check_nan:
-                _check_all_nan(ws, op)
+                _check_all_nan(flag)
         if out is None:
             return dst
         if not direct:

@@ -307,6 +307,33 @@ def _numpy(a):
     return a.get() if type(a).__module__.split(".")[0] == "cupy" else np.asarray(a)
 
 
+def to_bfloat16(a):
+    """float64 or integer values as bfloat16, rounded once as cuda_src/convert.cu rounds them (and NumPy with
+    ml_dtypes 0.7; earlier ml_dtypes went through float32, two roundings): toward zero to float32 with an
+    inexact result's last bit set (round to odd), then to nearest even. Integers go through float64 first
+    (exact below 2^53), as the GPU's do."""
+    from ._dtypes import BFLOAT16
+
+    v = np.asarray(a).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = v.astype(np.float32)
+        away = np.isfinite(v) & (np.abs(f.astype(np.float64)) > np.abs(v))  # nearest went past v: step back
+        f = np.where(away, np.nextafter(f, np.float32(0)), f).astype(np.float32)
+        odd = (f.astype(np.float64) != v) & ~np.isnan(v)
+    return (f.view(np.uint32) | odd.astype(np.uint32)).view(np.float32).astype(BFLOAT16)
+
+
+def _astype(a, dtype):
+    """``a.astype(dtype)`` as cukern's own conversions make it on the GPU (cukern._convert): a float64 or
+    integer value into bfloat16 by :func:`to_bfloat16`, everything else as NumPy converts."""
+    from ._dtypes import BFLOAT16
+
+    a, dtype = np.asarray(a), np.dtype(dtype)
+    if dtype == BFLOAT16 and (a.dtype == np.float64 or a.dtype.kind in "iu"):
+        return to_bfloat16(a)
+    return a.astype(dtype)
+
+
 def rotary_embedding_emulated(positions, query, key, cos_sin_cache, is_neox=True, rotary_dim=None, inverse=False):
     """The bits :func:`cukern.rotary_embedding` writes, as NumPy copies in query's dtype (key None stays
     None): the pairs of :func:`rotary_embedding` widened to float32, ``x c - y s`` and ``y c + x s`` with
@@ -624,7 +651,7 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
         if op.lift in (P.LIFT_NONZERO, P.LIFT_NOT_NAN):
             hit = v[:, 0] != 0 if op.lift == P.LIFT_NONZERO else ~np.isnan(v[:, 0].astype(np.float64))
             return hit.astype(final).reshape(shape)
-        r = v[:, 0].astype(final)
+        r = _astype(v[:, 0], final)
         if op.lift == P.LIFT_SKIP_NAN and op.kernel_op == P.OP_SUM and r.dtype in P.FLOATS:
             r = np.where(np.isnan(r), np.zeros_like(r), r)
         if op.finalize == P.FINISH_SQRT:
@@ -665,7 +692,7 @@ def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
         acc = d / np.float64(n) if op.finalize == P.FINISH_DIVIDE else np.sqrt(d)
     if o.itemsize == 2 and acc.dtype == np.float64:
         acc = acc.astype(np.float32)  # the kernels round a double result to float, then to the half type
-    return acc.astype(storage(o)).astype(final).reshape(shape)
+    return _astype(acc.astype(storage(o)), final).reshape(shape)
 
 
 def _lowered_emulated(name: str, x, axes, final, keepdims: bool, rt):
@@ -688,7 +715,7 @@ def _lowered_emulated(name: str, x, axes, final, keepdims: bool, rt):
     elif rt.how == "view":
         x = x.view(rt.via)
     elif rt.how == "cast":
-        x = x.astype(rt.via)
+        x = _astype(x, rt.via)
     if rt.op == "count_nonzero":
         c = _reduce_emulated("count_nonzero", x, inner_axes, None, keepdims)
         # NumPy's "and" (prod) or "or"; an empty mean's "or" (False) over 0 is NaN, which is True
@@ -702,7 +729,7 @@ def _lowered_emulated(name: str, x, axes, final, keepdims: bool, rt):
         if rt.mean_int:
             with np.errstate(invalid="ignore", divide="ignore"):
                 r = (r.astype(final).astype(np.float64) / np.float64(n)).astype(final)
-    return np.asarray(r).astype(final)
+    return _astype(r, final)
 
 
 def sum_emulated(x, axis=None, dtype=None, keepdims=False):
@@ -1113,7 +1140,7 @@ def extreme_emulated(name: str, x, axis=None, dtype=None, keepdims=False):
     r = np.take_along_axis(merged, at, axis=-1).reshape(P.result_shape(x.shape, axes, keepdims))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
-        return np.asarray(r.astype(final))
+        return np.asarray(_astype(r, final))
 
 
 def _nan_minmax_emulated(name, x, axis, dtype, keepdims):
@@ -1523,11 +1550,16 @@ def _scan_emulated(op: str, x, axis, dtype):
             if x.dtype.kind == "u" and x.itemsize == 8 and via == np.int64:
                 v = x.view(np.int64)
             elif final == np.uint64 and via == np.int64 and (x.dtype.kind == "f" or x.dtype == BFLOAT16):
-                v = x.astype(final).view(np.int64)  # a float through uint64's values (past int64's range)
+                # a float as NumPy (x86) converts it to uint64: past int64's range by value, a negative one
+                # wrapped (bfloat16's, as ml_dtypes 0.7 and the GPU do it, 0)
+                f = x.astype(np.float32) if x.dtype == BFLOAT16 else x
+                with np.errstate(invalid="ignore"):
+                    big = np.where(f < 0, 0, f).astype(np.uint64).view(np.int64)
+                    v = big if x.dtype == BFLOAT16 else np.where(f < 0, f.astype(np.int64), big)
             else:
-                v = x.astype(via)
+                v = _astype(x, via)
             r = _scan_emulated(op, v, axis, None)
-            return r.view(final) if final.kind == "u" and final.itemsize == 8 else r.astype(final)
+            return r.view(final) if final.kind == "u" and final.itemsize == 8 else _astype(r, final)
     check_dtype(x, "x", DTYPES)  # the public op's TypeError
     o = result_dtype(x.dtype, dtype)
     if x.size == 0:

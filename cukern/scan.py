@@ -50,6 +50,7 @@ import cukern._convert as _convert
 
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, dtype_name, parse_dtype
+from ._interop import check_item_aligned
 from ._launch import NULL, X_COPIED, CallCache, LaunchConfig, Params, launch, on_device, refuse_temporary_in_capture
 from ._launch import sm_count, stream_key, struct_argument
 from ._launch import cupy as _cupy
@@ -566,7 +567,8 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
     """The scans' body; ``korder``: a result without ``out`` in NumPy's K order (False: C order, the inner
     call of that step)."""
     cp = _cupy()
-    x = _check.as_array(x, "x")
+    if type(x) is not cp.ndarray:
+        x = _check.as_array(x, "x")
     if x.ndim == 0:
         x = x.reshape(1)  # NumPy scans a 0-d array as one of shape (1,): axis 0, -1 or None
     if korder and out is None and axis is not None and x.ndim > 1 and not x.flags.c_contiguous:
@@ -582,6 +584,7 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
         key = (op, x.shape, x.strides, x.dtype, x.data.ptr % 16, x.data.device_id, axis, str(dtype), okey)
         call = _calls.get(key)  # only pairs a kernel scans are ever stored
     if call is _MISSING:
+        check_item_aligned(x, "x")  # (a stored call's key holds x's alignment: none was stored off it)
         if x.dtype.kind == "c" or (dtype is not None and parse_dtype(dtype).kind == "c"):
             final = x.dtype if dtype is None else parse_dtype(dtype)
             if op == "cumsum" or x.dtype != final:

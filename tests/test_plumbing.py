@@ -187,15 +187,14 @@ def test_stream_keys_tell_threads_apart_on_the_per_thread_stream():
 
     keys = {}
 
-    def key(name, stream, **kw):
-        keys[name] = stream_key(stream, **kw)
+    def key(name, stream):
+        keys[name] = stream_key(stream)
 
     legacy, own, ptds = SimpleNamespace(ptr=0), SimpleNamespace(ptr=0x7F00), SimpleNamespace(ptr=PER_THREAD_STREAM)
-    for name, stream, kw in (("legacy", legacy, {}), ("own", own, {}), ("ptds", ptds, {}),
-                             ("flag", legacy, {"per_thread": True})):
-        key(name, stream, **kw)
-        t = threading.Thread(target=key, args=(name + "'", stream), kwargs=kw)
+    for name, stream in (("legacy", legacy), ("own", own), ("ptds", ptds)):
+        key(name, stream)
+        t = threading.Thread(target=key, args=(name + "'", stream))
         t.start()
         t.join()
     assert keys["legacy"] == keys["legacy'"] == (0,) and keys["own"] == keys["own'"] == (0x7F00,)
-    assert keys["ptds"] != keys["ptds'"] and keys["flag"] != keys["flag'"]
+    assert keys["ptds"] != keys["ptds'"]

@@ -208,8 +208,8 @@ def resolve(op: str, shape=None, dtype=None, device: Device | None = None, **par
         raise ValueError(f"{op} takes params {sorted(spec.params) or 'none'}, not {sorted(unknown)}")
     shape = parse_shape(spec.default_shape if shape is None else shape)
     if spec.ndim is not None and len(shape) != spec.ndim:
-        raise ValueError(f"{op} takes a shape of {spec.ndim} dimensions, like {'x'.join(map(str, spec.default_shape))}; "
-                         f"got {'x'.join(map(str, shape))}")
+        like = "x".join(map(str, spec.default_shape))
+        raise ValueError(f"{op} takes a shape of {spec.ndim} dimensions, like {like}; got {'x'.join(map(str, shape))}")
     dt = _card_dtype(spec, spec.default_dtype if dtype is None else dtype)
     params = {**spec.params, **params}
     device = device or current_device()
