@@ -171,6 +171,10 @@ class CallCache:
 
 
 PER_THREAD_STREAM = 2  # cudaStreamPerThread: one handle that names each thread's own default stream
+# Held while a call enqueues launches that hand each other data through its stream's workspace (a two-pass
+# reduction, a scan's column tiles): two threads on one stream must not interleave theirs (enqueueing takes
+# microseconds; the launches run after).
+SEQUENCE_LOCK = threading.Lock()
 
 
 def stream_key(stream) -> tuple:

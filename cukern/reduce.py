@@ -106,7 +106,8 @@ import cukern._tuned as _tuned
 
 from ._compile import get_kernel
 from ._dtypes import BFLOAT16, dtype_name, storage
-from ._launch import CallCache, Signature, launch, on_device, refuse_temporary_in_capture, sm_count, stream_key
+from ._launch import SEQUENCE_LOCK, CallCache, Signature, launch, on_device, refuse_temporary_in_capture, sm_count
+from ._launch import stream_key
 from ._launch import cupy as _cupy
 from ._layout import k_order
 from .argreduce import extreme_index
@@ -270,8 +271,9 @@ class _TwoPass:
         self.shape, self.dtype = shape, storage(dtype)
 
     def run(self, out, x) -> None:
-        self.first.run(self.partials, x)
-        self.second.run(out, self.partials)
+        with SEQUENCE_LOCK:
+            self.first.run(self.partials, x)
+            self.second.run(out, self.partials)
 
     def __call__(self, x):
         out = _cupy().ndarray(self.shape, self.dtype)

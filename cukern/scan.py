@@ -52,7 +52,7 @@ from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, dtype_name, parse_dtype
 from ._interop import check_item_aligned
 from ._launch import NULL, X_COPIED, CallCache, LaunchConfig, Params, launch, on_device, refuse_temporary_in_capture
-from ._launch import sm_count, stream_key, struct_argument
+from ._launch import SEQUENCE_LOCK, sm_count, stream_key, struct_argument
 from ._launch import cupy as _cupy
 from ._layout import collapse, k_order
 
@@ -622,9 +622,10 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
                 launch(call.kernel, pl.config, (dst, src, NULL, call.params))
             elif spread:
                 values = np.uint64(ws.values.data.ptr)
-                launch(call.kernel[0], pl.config, (dst, src, values, call.params))
-                launch(call.kernel[1], pl.prefix_config, (values, call.params))
-                launch(call.kernel[2], pl.config, (dst, src, values, call.params))
+                with SEQUENCE_LOCK:
+                    launch(call.kernel[0], pl.config, (dst, src, values, call.params))
+                    launch(call.kernel[1], pl.prefix_config, (values, call.params))
+                    launch(call.kernel[2], pl.config, (dst, src, values, call.params))
             else:
                 params = struct_argument(PARAMS.struct(**call.fields, epoch=epoch))
                 status, values, size = ws.status.data.ptr, ws.values.data.ptr, ws.tiles

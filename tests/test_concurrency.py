@@ -242,3 +242,30 @@ def test_nanargmax_on_one_stream_from_many_threads_reads_its_own_all_nan_flag():
     for t in threads:
         t.join(JOIN_S)
     assert sum(raised) == THREADS // 2 * 50 and sum(wrong) == 0, (raised, wrong)
+
+
+@pytest.mark.gpu
+def test_threads_on_one_stream_keep_their_launch_sequences_whole():
+    """Threads on the legacy null stream share its workspace: a two-pass column sum and a scan's column
+    tiles hand data between their launches through it, so each call enqueues its launches together."""
+    import cupy
+
+    rng = np.random.default_rng(21)
+    xs = [cupy.asarray(rng.standard_normal((65536, 16)).astype(F32)) for _ in range(THREADS)]
+    cs = [cupy.asarray(rng.standard_normal((4096, 64)).astype(F32)) for _ in range(THREADS)]
+    want = [(cukern.sum(x, axis=0).get(), cukern.cumsum(c, axis=0).get()) for x, c in zip(xs, cs)]
+    bad = [0] * THREADS
+    start = threading.Barrier(THREADS)
+
+    def worker(i):
+        start.wait()
+        for _ in range(40):
+            s, c = cukern.sum(xs[i], axis=0), cukern.cumsum(cs[i], axis=0)
+            bad[i] += not (np.array_equal(s.get(), want[i][0]) and np.array_equal(c.get(), want[i][1]))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+    assert bad == [0] * THREADS
