@@ -281,6 +281,7 @@ class Workspace:
 _workspaces: dict = {}
 _work_lock = threading.Lock()
 _flags = threading.local()
+_NO_FLAG = np.uint64(0)  # the flag pointer of a call that never checks for all-NaN slices
 
 
 def _flag():
@@ -431,7 +432,7 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
         if call.kernel is not None:
             src = cp.ascontiguousarray(x) if call.copy else x
             ws = call.workspace
-            flag, flag_ptr = _flag()
+            flag, flag_ptr = _flag() if call.check_nan else (None, _NO_FLAG)  # (only nanarg's kernels write it)
             if call.span:
                 launch(call.kernel, call.config, (dst, ws.partials, ws.counters, flag_ptr, src, call.params))
             else:

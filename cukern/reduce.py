@@ -400,6 +400,10 @@ def _elementwise(op: Op, x, axes, dst, keepdims: bool, divisor: float) -> None:
     once) or made absolute (norm); var and std: 0 for a finite element (|x * 0|), NaN otherwise, over
     ``divisor`` (0 / 0 is NaN)."""
     cp = _cupy()
+    nan_mask = op.lift == LIFT_SKIP_NAN and op.kernel_op == OP_SUM and dst.dtype == BFLOAT16
+    if nan_mask:  # before anything is recorded
+        refuse_temporary_in_capture(op.name, "a bfloat16 nansum over axes of one element zeroes its NaNs "
+                                    "through a mask temporary; reduce outside the graph or in float32")
     x, dst = _drop(x, axes), _drop(dst, axes) if keepdims else dst
     if op.lift == LIFT_NONZERO:
         _convert.nonzero(x, dst)
@@ -411,7 +415,7 @@ def _elementwise(op: Op, x, axes, dst, keepdims: bool, divisor: float) -> None:
     if op.lift == LIFT_SKIP_NAN and op.kernel_op == OP_SUM:
         if dst.dtype.kind == "f":
             cp.nan_to_num(dst, copy=False, nan=0.0, posinf=np.inf, neginf=-np.inf)
-        elif dst.dtype == BFLOAT16:
+        elif nan_mask:
             cp.copyto(dst, 0, where=cp.isnan(dst))
     if op.kernel_op == OP_VAR:
         cp.multiply(dst, 0, out=dst)

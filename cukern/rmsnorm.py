@@ -511,7 +511,7 @@ def _fp8_scale(scale):
             raise ValueError(f"scale has shape {tuple(scale.shape)}; a static scale has one element")
         if np.dtype(scale.dtype).kind not in "fiu":
             raise TypeError(f"scale has dtype {scale.dtype}; it must be a real number type (float32)")
-        if hasattr(scale, "get") and _cupy().cuda.get_current_stream().is_capturing():
+        if not isinstance(scale, np.ndarray) and _cupy().cuda.get_current_stream().is_capturing():
             raise RuntimeError("a scale in a GPU array is read to the host, which waits for the GPU and a CUDA "
                                "graph capture cannot; pass the scale as a number (float(scale) before capturing)")
         scale = (scale.get() if hasattr(scale, "get") else np.asarray(scale)).reshape(())[()]

@@ -178,6 +178,15 @@ def _count(value, name: str) -> int:
     return int(value)
 
 
+def reads_length(scaling) -> bool:
+    """Whether a scaling's frequencies depend on the cache's length (dynamic NTK's base, LongRoPE's choice of
+    factors and attention factor); the others' do not."""
+    if not isinstance(scaling, dict):
+        return False
+    kind = scaling.get("type", scaling.get("rope_type"))
+    return isinstance(kind, str) and _HF_TYPES.get(kind, kind) in ("dynamic_ntk", "longrope")
+
+
 def _check_sizes(max_position, rotary_dim, base) -> tuple:
     max_position, rotary_dim = _count(max_position, "max_position"), _count(rotary_dim, "rotary_dim")
     if rotary_dim < 2 or rotary_dim % 2:
@@ -304,6 +313,9 @@ def rope_cache(max_position: int, rotary_dim: int, base: float = 10000.0, *, sca
     require_gpu()
     import cupy
 
+    if cupy.cuda.get_current_stream().is_capturing():
+        raise RuntimeError("rope_cache uploads a table from the host, which a CUDA graph capture cannot record; "
+                           "build the cache before capturing")
     return cupy.asarray(host)
 
 

@@ -648,7 +648,10 @@ def _no_cache(rot: int, device: int) -> _NoCache:
     return _NoCache(rot, device)
 
 
-_tables = CallCache(limit=256)
+# Frequency tables, never dropped: a captured graph reads its table on every replay, and each is rot / 2 pairs
+# of doubles (made once per device, rotary_dim, base, scaling and, for the scalings that read it, length).
+_tables: dict = {}
+_tables_lock = threading.Lock()
 
 
 def _scaling_key(scaling):
@@ -678,9 +681,11 @@ def _frequency_table(device: int, rot: int, base, scaling, max_position):
     rotary_dim, base, scaling, max_position)."""
     from .rope_cache import rope_frequencies
 
-    key = (device, rot, base, _scaling_key(scaling), max_position)
+    from .rope_cache import reads_length
+
+    key = (device, rot, base, _scaling_key(scaling), max_position if reads_length(scaling) else None)
     found = _tables.get(key)
-    if found is _tables.MISSING:
+    if found is None:
         w, attention = rope_frequencies(1 if max_position is None else max_position, rot, base, scaling)
         hi = top_bits(w)
         if _cupy().cuda.get_current_stream().is_capturing():
@@ -689,7 +694,8 @@ def _frequency_table(device: int, rot: int, base, scaling, max_position):
                                "cannot record; make that call once before capturing")
         with on_device(device):
             table = _cupy().asarray(np.stack([hi, w - hi], axis=1).ravel())
-        found = _tables.put(key, (table, float(attention)))
+        with _tables_lock:
+            found = _tables.setdefault(key, (table, float(attention)))
     return found
 
 

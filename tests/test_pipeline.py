@@ -716,7 +716,7 @@ def test_positions_refuse_to_upload_frequencies_while_capturing(fake_gpu, monkey
     still a ValueError first."""
     from cukern._launch import CallCache
 
-    monkeypatch.setattr(rotary, "_tables", CallCache(limit=256))
+    monkeypatch.setattr(rotary, "_tables", {})
     monkeypatch.setattr(rotary, "_positions_calls", CallCache())
     fake_gpu.stream.capturing = True
     pos, q, k, _ = _rotary_inputs([0, 1])
@@ -748,3 +748,33 @@ def test_flags_are_bools_on_every_call(fake_gpu):
     with pytest.raises(TypeError, match="^check_positions must be"):
         qknorm.qk_norm_rope(pos, q, k, None, None, cache, check_positions="no")
     assert fake_gpu.events == []
+
+
+def test_capture_refuses_host_steps_before_recording(monkeypatch):
+    """rope_cache's upload, a float8 scale read from any GPU array (not only CuPy's), and a bfloat16 nansum
+    over axes of one element (a mask temporary) are refused under capture, before anything is recorded."""
+    import importlib
+
+    import cupy
+
+    from cukern import reduce as R
+
+    RC = importlib.import_module("cukern.rope_cache")  # (cukern.rope_cache is also the function's name)
+    capturing = SimpleNamespace(ptr=7, is_capturing=lambda: True)
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: capturing)
+    monkeypatch.setattr(RC, "require_gpu", lambda: None)
+    monkeypatch.setattr(cupy, "asarray", lambda *a, **k: pytest.fail("uploaded under capture"))
+    with pytest.raises(RuntimeError, match="build the cache before capturing"):
+        RC.rope_cache(16, 8)
+
+    class DeviceScalar:  # a one-element GPU array of another framework: no .get, only __array__
+        shape, dtype = (1,), np.dtype(np.float32)
+
+        def __array__(self, *args, **kwargs):
+            pytest.fail("read to the host under capture")
+
+    monkeypatch.setattr(rmsnorm, "_cupy", lambda: SimpleNamespace(cuda=cupy.cuda))
+    with pytest.raises(RuntimeError, match="float\\(scale\\) before capturing"):
+        rmsnorm._fp8_scale(DeviceScalar())
+    with pytest.raises(RuntimeError, match="bfloat16 nansum over axes of one element"):
+        R._elementwise(R.OPS["nansum"], None, (1,), SimpleNamespace(dtype=BFLOAT16), False, 1.0)

@@ -290,3 +290,13 @@ def test_bad_dicts_name_the_key(bad, message):
             build(64, 64, 10000.0, scaling=bad)
         assert "\n" not in str(info.value)
     assert bad == before
+
+
+def test_only_dynamic_ntk_and_longrope_read_the_length():
+    """rotary_embedding_positions keys its frequency table by the length only for these two."""
+    from cukern.rope_cache import reads_length
+
+    assert reads_length({"type": "dynamic_ntk", "factor": 2.0}) and reads_length({"rope_type": "dynamic"})
+    assert reads_length(PHI3) and reads_length(PHI3_SMALL)
+    assert not any(reads_length(s) for s in (None, LLAMA31, DEEPSEEK_V3, {"type": "linear", "factor": 2.0},
+                                             {"rope_type": "default"}, {"type": ["yarn"]}))
