@@ -84,16 +84,16 @@ def _check_scaling(scaling, max_position: int, rotary_dim: int, base) -> dict:
     if not isinstance(kind, str) or kind not in _TYPE_NAMES:
         raise ValueError(f"scaling's type (or rope_type) {kind!r} is not one of {_TYPE_NAMES}")
     kind = _HF_TYPES.get(kind, kind)
-    # The model's length, a config.json field beside rope_scaling that transformers reads for two types:
-    # dynamic NTK's reference length (it ignores original_max_position_embeddings there), and LongRoPE's
-    # default factor, max_position_embeddings / original_max_position.
+    # The model's length, a config.json field beside rope_scaling that transformers reads for three types:
+    # dynamic NTK's reference length (it ignores original_max_position_embeddings there), and LongRoPE's and
+    # YaRN's default factor, max_position_embeddings / original_max_position.
     model_length = given.pop("max_position_embeddings", None)
     if model_length is not None:
         if not (isinstance(model_length, numbers.Integral) and not isinstance(model_length, bool) and model_length > 1):
             raise ValueError(f"scaling's max_position_embeddings must be an int above 1, got {model_length!r}")
         if kind == "dynamic_ntk":
             given["original_max_position"] = int(model_length)
-        elif kind == "longrope" and "factor" not in given and "original_max_position" in given:
+        elif kind in ("longrope", "yarn") and "factor" not in given and "original_max_position" in given:
             given["factor"] = int(model_length) / given["original_max_position"]
     theta = given.pop("rope_theta", base)
     if theta != base:
@@ -298,8 +298,9 @@ def rope_cache(max_position: int, rotary_dim: int, base: float = 10000.0, *, sca
         equal ``base``) and ``partial_rotary_factor`` (must be 1; pass ``rotary_dim = int(head_dim *
         partial_rotary_factor)`` instead). The config's ``max_position_embeddings`` may be added as
         transformers reads it: dynamic NTK's reference length (in place of ``original_max_position``), and
-        LongRoPE's default ``factor``, ``max_position_embeddings / original_max_position`` (a cache shorter
-        than the model then keeps the model's attention factor). Any other key raises ValueError.
+        LongRoPE's and YaRN's default ``factor``, ``max_position_embeddings / original_max_position`` (a
+        LongRoPE cache shorter than the model then keeps the model's attention factor). Any other key raises
+        ValueError.
     dtype : float32, float16 or bfloat16
 
     Returns

@@ -239,9 +239,11 @@ def test_rope_cache_host_matches_reference(scaling):
     ({"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 2048,
       "max_position_embeddings": 4096}, {"type": "dynamic_ntk", "factor": 2.0, "original_max_position": 4096},
      8192, 64, 1e4),
+    ({**QWEN3_YARN, "factor": None, "max_position_embeddings": 131072},  # transformers' fallback for a null
+     {"type": "yarn", "factor": 4.0, "original_max_position": 32768}, 100, 128, 1e6),
 ], ids=["llama3.1", "llama4-scout", "deepseek-v3", "gpt-oss", "nulls", "phi3", "phi3-small-su", "dynamic",
         "linear", "rope-parameters", "default", "qwen2-vl-mrope", "mrope-written-back", "qwen3-vl-default",
-        "phi3-type-and-rope-type", "longrope-model-length", "dynamic-model-length"])
+        "phi3-type-and-rope-type", "longrope-model-length", "dynamic-model-length", "yarn-null-factor"])
 def test_hf_dict_is_our_dict(hf, ours, rows, dim, base):
     """rope_type or type, original_max_position_embeddings, HF's type names, keys set to null, and
     transformers' rope_theta / partial_rotary_factor (when they agree) give the cache our spelling gives."""
