@@ -273,7 +273,7 @@ def instantiations(knobs: Knobs = DEFAULT_KNOBS):
                         out.add(plan(tokens, 32, 8, 2 * 16 * vec, vec, neox, knobs=knobs).instantiation(t, c))
                     for items in POSITIONS_ITEMS:
                         out.add(positions_instantiation(t, vec, neox, items))
-                    out.add(mrope_instantiation(t, _F32, vec, neox, knobs.items))
+                    out.add(mrope_instantiation(t, c, vec, neox, knobs.items))
     for p in POSITION_TYPES:
         out.add(check_instantiation(p))
     return sorted(out, key=lambda i: (i.name, i.expression))
