@@ -80,7 +80,7 @@ constexpr int COL_BLOCK = 256;
 constexpr int COL_LOADS = 4;  // rows in flight per column thread
 constexpr int COL_STACK_DEPTH = 20;
 constexpr int FOLD_BLOCK = 128;
-constexpr int FOLD_DEPTH = 8;  // up to 128 column spans
+constexpr int FOLD_DEPTH = 12;  // up to 2048 column spans (cukern/reduce_plan.py COL_FOLD_SPANS)
 
 // ---------------------------------------------------------------------------------------------------------
 // Element types, accumulators and the four reduction operators.

@@ -152,8 +152,9 @@ ROW_SMALL_BLOCK = 128
 ROW_INDEX32_LIMIT = 2**30  # rows shorter than this index within the row in 32 bits (fewer registers)
 COL_BLOCK = 256
 COL_WAVES = 2  # target blocks for the column pass, in waves of resident blocks
-COL_MAX_SPANS = 128  # spans a column is split into at most (reduce_cols_fold's stack)
+COL_MAX_SPANS = 128  # spans a column is split into for the grid's sake at most
 COL_STACK_DEPTH = 20  # reduce_cols' span stack: spans of up to 2^19 leaves
+COL_FOLD_SPANS = 2048  # spans reduce_cols_fold's stack holds (reduce.cu FOLD_DEPTH): columns of 2^38 rows
 FOLD_BLOCK = 128
 STRIDED_BLOCK = 128
 STRIDED_WAVES = 8
@@ -757,17 +758,20 @@ def col_chains(cols: int, vec: int) -> int:
     return 4 if cols >= 32 * vec else 1
 
 
-def plan_cols(outer: int, rows: int, cols: int, vec: int, vector: bool, q: int, sm_count: int = 132) -> ColsPlan:
+def plan_cols(outer: int, rows: int, cols: int, vec: int, vector: bool, q: int,
+              sm_count: int = 132) -> ColsPlan | None:
     """Spans: enough that the grid makes ``COL_WAVES`` waves of resident blocks, at most one per leaf and
-    ``COL_MAX_SPANS``; each span a power of two of leaves, so that every split is the same tree."""
+    ``COL_MAX_SPANS``, but more where a span would pass the span stack (columns past 2^34 rows); each span a
+    power of two of leaves, so that every split is the same tree. None when the spans pass the fold's stack or
+    the grid passes 2^31 - 1 blocks (2^31 matrices of a strip, say)."""
     strips = _cdiv(cols, COL_BLOCK * q // TREE_CHAINS * vec)
     leaves = _cdiv(rows, TREE_LEAF)
     target = COL_WAVES * sm_count * (2048 // COL_BLOCK)
     want = max(1, min(_cdiv(target, strips * outer), leaves, COL_MAX_SPANS))
-    span = _pow2_ceil(_cdiv(leaves, want))
+    span = min(_pow2_ceil(_cdiv(leaves, want)), 2 ** (COL_STACK_DEPTH - 1))
     spans = _cdiv(leaves, span)
-    if span > 2 ** (COL_STACK_DEPTH - 1) or strips * spans * outer >= 2**31:
-        raise ValueError(f"column reduction of {outer} x {rows} x {cols} is too large for one launch")
+    if spans > COL_FOLD_SPANS or strips * spans * outer >= 2**31:
+        return None
     return ColsPlan(vec, vector, q, span, spans, strips, outer)
 
 
@@ -974,6 +978,8 @@ def plan(shape, dtype, axis=None, *, strides=None, ptr: int = 0, op: str = "sum"
     vec = col_vector_width(t.itemsize, state)
     q = col_chains(cols, vec)
     first = plan_cols(outer, rows, cols, vec, _cols_aligned(ptr, vec, t.itemsize, (s_row, s_outer)), q, sm_count)
+    if first is None:  # past one launch: the strided kernel (a warp an output, the same tree)
+        return Plan(dataclasses.replace(layout, kind="strided"), copy, plan_strided(layout.outputs, sm_count))
     if first.spans == 1:
         return Plan(layout, copy, first)
     return Plan(layout, copy, first, plan_fold(outer, cols), outer * first.spans * cols * state)

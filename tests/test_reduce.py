@@ -642,6 +642,24 @@ def test_knobs_give_consistent_plans(knobs):
     assert pl.kernel == P.plan_rows(16384, 32768, 4, 132, knobs)
 
 
+def test_cols_plans_past_2_31_blocks_or_2_34_rows():
+    """Columns past 2^34 rows split into more spans than COL_MAX_SPANS (a span holds 2^19 leaves at most), as
+    many as reduce_cols_fold's stack holds; a column grid past 2^31 - 1 blocks (2^31 matrices of a strip)
+    takes the strided kernel, the same tree."""
+    from cukern._compile import read_source
+
+    depth = int(re.search(r"FOLD_DEPTH = (\d+);", read_source("reduce")).group(1))
+    assert P.COL_FOLD_SPANS.bit_length() == depth
+    p = P.plan((2**35, 2), np.bool_, 0)
+    assert p.layout.kind == "cols" and (p.kernel.span, p.kernel.spans) == (2**19, 256) and p.fold is not None
+    assert P.plan_cols(1, 2**19 * P.TREE_LEAF * P.COL_FOLD_SPANS, 2, 2, True, 1).spans == P.COL_FOLD_SPANS
+    assert P.plan_cols(1, 2**19 * P.TREE_LEAF * P.COL_FOLD_SPANS + 1, 2, 2, True, 1) is None
+    assert P.plan((2**31 - 1, 2, 2), np.float32, 1).kernel.grid == 2**31 - 1
+    for shape in ((2**31, 2, 2), (2**31 - 1, 4, 64)):
+        p = P.plan(shape, np.float32, 1)
+        assert p.layout.kind == "strided" and p.layout.outputs == shape[0] * shape[2] and p.kernel.grid < 2**31
+
+
 def test_make_knobs_ignores_unknown_names():
     assert P.make_knobs({"row_waves": 4, "not_a_knob": 1}) == P.Knobs(row_waves=4)
 
@@ -1545,6 +1563,35 @@ def test_more_than_2_31_elements():
         assert float(got[0]) == float(got[1]) == 0.5 * 2**30
         del two
         del x, rows, got
+
+
+@pytest.mark.gpu
+def test_columns_past_one_launch():
+    """2^31 matrices of 2 x 2 (a column grid past 2^31 - 1 blocks: the strided kernel) and columns of 2^35
+    rows (spans past COL_MAX_SPANS, folded by reduce_cols_fold)."""
+    import cupy
+
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    if free < 26 * 2**30:
+        pytest.skip("needs 26 GiB of free GPU memory")
+    x = cupy.empty((2**31, 2, 2), np.float16)
+    x.view(np.uint16).fill(int(np.array(0.5, np.float16).view(np.uint16)))
+    x[-1, :, 1] = 3
+    assert P.plan(x.shape, x.dtype, 1).layout.kind == "strided"
+    got = R.sum(x, axis=1)
+    assert float(got[-1, 1]) == 6.0 and float(got[-1, 0]) == float(got[0, 0]) == 1.0
+    assert int(cupy.count_nonzero(got == 1)) == 2**32 - 1
+    del x, got
+    cupy.get_default_memory_pool().free_all_blocks()
+    if free < 70 * 2**30:
+        pytest.skip("columns of 2^35 rows need 70 GiB of free GPU memory")
+    b = cupy.zeros((2**35, 2), np.bool_)
+    b[::2**20, 0] = True
+    b[-1, 1] = True
+    assert P.plan(b.shape, b.dtype, 0).kernel.spans > P.COL_MAX_SPANS
+    assert R.sum(b, axis=0).tolist() == [2**15, 1]
+    del b
+    cupy.get_default_memory_pool().free_all_blocks()
 
 
 # ---------------------------------------------------------------------------------------------------------
