@@ -124,14 +124,15 @@ template <typename C, int VEC, bool NEOX> struct CosSin {
   }
 };
 
-// ITEMS heads h0, h0 + groups, ... (q's first, then k's) of one token: pointers and loads.
+// ITEMS heads h0, h0 + groups, ... (q's first, then k's) of one token: pointers and loads. Head indices are
+// unsigned, as are the loops that step h0: heads reach 2^31 - 1, and a step past the last passes int's range.
 template <typename Unit, int ITEMS, typename T>
-__device__ __forceinline__ void load_batch(Unit (&w)[ITEMS], T* (&at)[ITEMS], int h0, int groups, int q_heads,
-                                           int heads, T* qt, T* kt, long long q_hs, long long k_hs, int first,
-                                           int dy) {
+__device__ __forceinline__ void load_batch(Unit (&w)[ITEMS], T* (&at)[ITEMS], unsigned h0, unsigned groups,
+                                           unsigned q_heads, unsigned heads, T* qt, T* kt, long long q_hs,
+                                           long long k_hs, int first, int dy) {
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
-    const int h = h0 + i * groups;
+    const unsigned h = h0 + i * groups;
     at[i] = nullptr;
     if (h < heads) {
       at[i] = (h < q_heads ? qt + h * q_hs : kt + (h - q_heads) * k_hs) + first;
@@ -205,7 +206,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, arch_min_blocks(MIN_BLOCKS))
       CosSin<C, VEC, NEOX> cs;
       cs.load(row, u, sin_offset, quarter);
       store_batch<Unit, ITEMS>(w, at, dy, cs, sin_mask);
-      for (int h0 = group + groups * ITEMS; h0 < heads; h0 += groups * ITEMS) {
+      for (unsigned h0 = group + groups * ITEMS; h0 < static_cast<unsigned>(heads); h0 += groups * ITEMS) {
         load_batch<Unit, ITEMS>(w, at, h0, groups, q_heads, heads, qt, kt, q_hs, k_hs, first, dy);
         store_batch<Unit, ITEMS>(w, at, dy, cs, sin_mask);
       }
@@ -294,7 +295,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1)
       const int first = (NEOX || VEC > 1) ? u * VEC : 2 * u;
       MropeCosSin<VEC, NEOX> cs;
       cs.load(rows, u, p.sin_offset, quarter, p);
-      for (int h0 = group; h0 < heads; h0 += groups * ITEMS) {
+      for (unsigned h0 = group; h0 < static_cast<unsigned>(heads); h0 += groups * ITEMS) {
         Unit w[ITEMS];
         T* at[ITEMS];
         load_batch<Unit, ITEMS>(w, at, h0, groups, p.q_heads, heads, qt, kt, p.q_hs, p.k_hs, first, dy);
@@ -411,7 +412,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1)
       cs.load(row, u, half, quarter);
       if (u != lane) load_batch<Unit, ITEMS>(w, ptr, group, groups, p.q_heads, p.heads, qt, kt, p.q_hs, p.k_hs, at, dy);
       store_batch<Unit, ITEMS>(w, ptr, dy, cs, 0u);
-      for (int h0 = group + groups * ITEMS; h0 < p.heads; h0 += groups * ITEMS) {
+      for (unsigned h0 = group + groups * ITEMS; h0 < static_cast<unsigned>(p.heads); h0 += groups * ITEMS) {
         load_batch<Unit, ITEMS>(w, ptr, h0, groups, p.q_heads, p.heads, qt, kt, p.q_hs, p.k_hs, at, dy);
         store_batch<Unit, ITEMS>(w, ptr, dy, cs, 0u);
       }

@@ -365,9 +365,9 @@ def _validate(positions, query, key, cache, rotary_dim) -> _Args:
     for n in ("query", "key"):
         if arrays[n] is not None and arrays[n].size:
             _check.check_writable(arrays[n], n)
-    for n, a in (("query", query), ("key", key)):
-        if a is not None and a.shape[1] > 2**31 - 1:
-            raise ValueError(f"{n} has {a.shape[1]} heads; at most 2^31 - 1 are supported")
+    heads = query.shape[1] + (0 if key is None else key.shape[1])
+    if heads > 2**31 - 1:  # the kernels' head count is an int
+        raise ValueError(f"query and key have {heads} heads together; at most 2^31 - 1 are supported")
     return _Args(positions, query, key, cache, rotary_dim, width // 2)
 
 

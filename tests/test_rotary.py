@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import ml_dtypes
 import numpy as np
 import pytest
-from _support import (ARCHS, assert_close, assert_no_spills, checked_instantiations, compiled, same_bits,
-                      unread_cupy_array)
+from _support import (ARCHS, assert_close, assert_no_spills, checked_instantiations, compiled, fake_array,
+                      same_bits, unread_cupy_array)
 
 from cukern import reference, rotary
 from cukern._dtypes import BFLOAT16, FLOAT_TYPES
@@ -809,6 +809,49 @@ def test_gpu_validation_errors():
         rotary.rotary_embedding(pos, q[:, :, ::2], None, cache[:, :32])
     with pytest.raises(ValueError, match="too narrow"):
         rotary.rotary_embedding(pos, q, None, cache[:, :32], rotary_dim=64)
+
+
+def test_heads_of_query_and_key_together_fit_an_int():
+    """The kernels count query's and key's heads together in an int: 2^31 of them are refused before any
+    launch (a ValueError, not the struct's OverflowError), 2^31 - 1 are planned."""
+    pos, cache = fake_array((1,), np.int64), fake_array((16, 2), np.float32)
+    q = fake_array((1, 2**30, 2), np.float16)
+    with pytest.raises(ValueError, match="2147483648 heads together"):
+        rotary._validate(pos, q, fake_array((1, 2**30, 2), np.float16, ptr=1 << 40), cache, None)
+    rotary._validate(pos, q, fake_array((1, 2**30 - 1, 2), np.float16, ptr=1 << 40), cache, None)
+
+
+@pytest.mark.gpu
+def test_heads_up_to_2_31_stay_in_query():
+    """2^31 - 1 heads of one token, 2^30 + 4 of them in query and the rest in key: the head loops step past
+    the last head without wrapping (with int indices they went negative and wrote before the arrays). The
+    heads next to the last are rotated, the guards around both arrays untouched."""
+    import cupy
+
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    if free < 10 * 2**30:
+        pytest.skip("needs 10 GiB of free GPU memory")
+    nq, guard = 2**30 + 4, 4096
+    nk = 2**31 - 1 - nq
+    try:
+        buf = cupy.full(2 * (nq + nk) + 4 * guard, 7.0, np.float16)
+        q = buf[guard:guard + 2 * nq].reshape(1, nq, 2)
+        k = buf[3 * guard + 2 * nq:3 * guard + 2 * (nq + nk)].reshape(1, nk, 2)
+        q[...] = 0
+        k[...] = 0
+        q[0, -2:, 0] = 1
+        k[0, -2:, 0] = 1
+        cache = cupy.asarray(rope_cache_host(16, 2).astype(np.float32))
+        rotary.rotary_embedding(cupy.asarray([3], np.int64), q, k, cache)
+        c, s = (float(v) for v in cache[3])
+        want = np.array([[c, s], [c, s]], np.float16)
+        assert np.array_equal(q[0, -2:].get(), want) and np.array_equal(k[0, -2:].get(), want)
+        assert float(abs(q[0, :2]).max()) == 0.0 and float(abs(k[0, :2]).max()) == 0.0
+        for g in (buf[:guard], buf[guard + 2 * nq:3 * guard + 2 * nq], buf[-guard:]):
+            assert bool((g == 7.0).all())
+    finally:
+        buf = q = k = None
+        cupy.get_default_memory_pool().free_all_blocks()
 
 
 @pytest.mark.gpu
