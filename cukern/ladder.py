@@ -24,7 +24,7 @@ import cukern.reduce_plan as reduce_plan
 
 from ._compile import Instantiation, get_kernel
 from ._dtypes import FLOAT_TYPES, dtype_name, parse_dtype
-from ._launch import LaunchConfig, Signature, launch, on_device, sm_count
+from ._launch import X_COPIED, LaunchConfig, Signature, launch, on_device, refuse_temporary_in_capture, sm_count
 
 SOURCE = "reduce_ladder"
 BLOCK = 256  # v1-v9
@@ -97,7 +97,11 @@ class Rung:
 
         x = _check.as_array(x, "x")
         _check.check_dtype(x, "x", DTYPES)
+        if not self.single_launch:
+            refuse_temporary_in_capture(self.name, "its passes hand their partial sums on in temporary arrays; "
+                                        "capture a rung of one launch (9 or 10)")
         if not x.flags.c_contiguous:
+            refuse_temporary_in_capture(self.name, X_COPIED)
             x = cupy.ascontiguousarray(x)
         a = acc_dtype(x.dtype)
         with on_device(x.data.device_id):

@@ -13,6 +13,7 @@ import itertools
 import pickle
 import sys
 import traceback
+import weakref
 
 import cupy
 import numpy as np
@@ -23,24 +24,45 @@ from cukern._dtypes import BFLOAT16
 
 MODULES = (_convert, argreduce, ladder, qknorm, reduce, rmsnorm, rotary, scan, segment)
 
-allocations = []
+allocations = []  # (address, bytes) of every allocation
+freed = set()  # the addresses of those whose memory went back
+made_by_op = set()  # the addresses of those an op made (not a case's inputs)
 _next = itertools.count(1)
+_state = {"capturing": False, "inputs": False}
+
+
+class CaptureViolation(Exception):
+    """What the driver answers a capturing stream's caller who waits for it, copies from the host or pins
+    memory: an op must refuse such a call before anything is recorded."""
+
+
+class _Owner:
+    pass
 
 
 def _allocate(size):
     base = (1 << 40) + next(_next) * (1 << 38)  # 256 GiB apart: room for arrays past 2^32 bytes
     allocations.append((base, size))
-    return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(base, max(size, 1), None, device_id=0), 0)
+    if not _state["inputs"]:
+        made_by_op.add(base)
+    owner = _Owner()
+    weakref.finalize(owner, freed.add, base)
+    return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(base, max(size, 1), owner, device_id=0), 0)
+
+
+def _refused_in_capture(what):
+    if _state["capturing"]:
+        raise CaptureViolation(f"{what} while the stream captures")
 
 
 class _Stream:
     ptr = 0
 
     def is_capturing(self):
-        return False
+        return _state["capturing"]
 
     def synchronize(self):
-        pass
+        _refused_in_capture("a wait for the stream")
 
 
 class _Zeros(cupy.ndarray):
@@ -61,6 +83,7 @@ class _Pinned(bytearray):
     """What ``cupy.cuda.PinnedMemoryPointer`` makes here: host bytes with an address of their own."""
 
     def __init__(self, memory, offset):
+        _refused_in_capture("pinned memory allocated")
         super().__init__(memory[0])
         self.ptr = 0x7F0000000000 + 256 * len(pinned)
         pinned[self.ptr] = self
@@ -102,8 +125,14 @@ def _install():
     cupy.cuda.runtime.memsetAsync = lambda *args: None
     cupy.zeros = lambda shape, dtype=float, order="C": _Zeros(shape, dtype, order=order)
     asarray = cupy.asarray
-    cupy.asarray = lambda a, dtype=None: cupy.empty(np.shape(a), dtype or a.dtype) if isinstance(a, np.ndarray) \
-        else asarray(a, dtype)
+
+    def upload(a, dtype=None):
+        if isinstance(a, np.ndarray):
+            _refused_in_capture("a copy from the host")
+            return cupy.empty(a.shape, dtype or a.dtype)
+        return asarray(a, dtype)
+
+    cupy.asarray = upload
     _launch._runtime = type("Runtime", (), {"getDevice": staticmethod(lambda: 0)})
     _launch._sm_counts[0] = 132
     _tuned._device_names[0] = "NVIDIA H200"
@@ -117,7 +146,12 @@ def _install():
 
 
 def _a(shape, dtype=np.float32, order="C"):
-    return cupy.empty(shape, dtype, order=order)
+    """An input of a case."""
+    _state["inputs"] = True
+    try:
+        return cupy.empty(shape, dtype, order=order)
+    finally:
+        _state["inputs"] = False
 
 
 def cases():
@@ -197,25 +231,52 @@ def cases():
     for rung in ladder.RUNGS:
         for t in (f32, f16, bf16, f64):
             out.append((f"ladder {rung.name} {np.dtype(t).name}", lambda r=rung, t=t: r(_a((1 << 20,), t))))
+        out.append((f"ladder {rung.name} strided", lambda r=rung: r(_a((1 << 21,))[::2])))
     return out
 
 
-def main():
+def _run(call):
+    """(error, launches) of one call: error None, or its first line (and, for CUDA's own errors, the last line
+    of cukern it came through: a step of CuPy's that needs the driver)."""
+    start = len(launches)
+    try:
+        result = call()
+        error = None
+    except Exception as err:  # noqa: BLE001 - a refusal before the launch is an answer too
+        result = None
+        error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        if "CUDARuntimeError" in error or "CUDADriverError" in error:
+            frames = [f for f in traceback.extract_tb(err.__traceback__) if "cukern" in f.filename]
+            error += f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    return error, launches[start:], result
+
+
+def main(mode):
+    """``launches``: each case once. ``capture``: each case once as it is, then again while the stream
+    "captures", recording also the addresses the captured launches were given in memory the op made during
+    the call and gave back before it returned (a graph's replay would write there)."""
     _install()
     records = []
     for name, call in cases():
-        start = len(launches)
+        if mode == "launches":
+            error, done, _ = _run(call)
+            records.append((name, error, done))
+            continue
+        _run(call)
+        first = len(allocations)
+        _state["capturing"] = True
         try:
-            call()
-            error = None
-        except Exception as err:  # noqa: BLE001 - a refusal before the launch is an answer too
-            error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
-            if "CUDARuntimeError" in error or "CUDADriverError" in error:
-                frames = [f for f in traceback.extract_tb(err.__traceback__) if "cukern" in f.filename]
-                error += f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
-        records.append((name, error, launches[start:]))
+            error, done, result = _run(call)
+        finally:
+            _state["capturing"] = False
+        gone = {base for base, _ in allocations[first:] if base in freed and base in made_by_op}
+        spans = [(base, size) for base, size in allocations[first:] if base in gone]
+        hit = sorted({a[1] for *_, args in done for a in args if a[0] in ("ptr", "uint64")
+                      and any(base <= a[1] < base + max(size, 1) for base, size in spans)})
+        records.append((name, error, done, hit))
+        del result
     pickle.dump((records, allocations), sys.stdout.buffer)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "launches")

@@ -27,16 +27,16 @@ MAX_SHARED = 227 * 1024  # sm_90's most a block may take, opted in
 ARG_TYPES = {"int32": "32", "uint32": "32", "int64": "64", "uint64": "64", "float32": "f32", "float64": "f64"}
 
 
+def record(mode: str):
+    run = subprocess.run([sys.executable, str(HERE / "_record_launches.py"), mode], capture_output=True,
+                         cwd=HERE.parent, env={**os.environ, "PYTHONPATH": str(HERE.parent)}, timeout=300)
+    assert run.returncode == 0, run.stderr.decode()[-3000:]
+    return pickle.loads(run.stdout)
+
+
 @pytest.fixture(scope="module")
 def recorded():
-    # no GPU in the recorder's process, on any machine: CuPy's own steps (a cast, a copy) would run its kernels
-    # over the recorder's made-up addresses and fault, where with no GPU they fail at once
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "CUDA_VISIBLE_DEVICES": ""}
-    run = subprocess.run([sys.executable, str(HERE / "_record_launches.py")], capture_output=True, cwd=HERE.parent,
-                         env=env, timeout=300)
-    assert run.returncode == 0, run.stderr.decode()[-3000:]
-    cases, allocations = pickle.loads(run.stdout)
-    return cases, allocations
+    return record("launches")
 
 
 def launches(recorded):
@@ -164,4 +164,17 @@ def test_undeclared_instantiations_compile_clean(kernels):
     for source, c in kernels[1].items():
         assert ".local" not in c.ptx, source
         for name, r in c.resources().items():
-            assert_no_spills(r, ARCH, name)
+            assert max(r["spill_stores"], r["spill_loads"], r["stack"]) == 0, (source, name, r)
+
+
+def test_captured_calls_refuse_first_or_keep_their_memory():
+    """Each case once as it is (which makes the stream's workspaces), then again while the stream "captures"
+    a CUDA graph: it refuses with a RuntimeError before anything is recorded, or it records launches that
+    touch no memory the call made and gave back before it returned (where a replay would write once the pool
+    hands it on), and it neither waits for the stream nor copies from the host nor pins memory there."""
+    cases, _ = record("capture")
+    waits = [(name, error) for name, error, _, _ in cases if error and error.startswith("CaptureViolation")]
+    partial = [(name, error) for name, error, done, _ in cases if error and error.startswith("RuntimeError") and done]
+    freed = [(name, hit) for name, _, _, hit in cases if hit]
+    assert not waits and not partial and not freed, (waits[:3], partial[:3], freed[:3])
+    assert sum(1 for _, error, done, _ in cases if error is None and done) > 1000
