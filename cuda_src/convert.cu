@@ -40,9 +40,13 @@ __device__ __forceinline__ void store_value(bf16* o, double v) {
   if (static_cast<double>(f) != v && v == v) f = __int_as_float(__float_as_int(f) | 1);
   *o = from_float<bf16>(f);
 }
-// An integer to bfloat16: through double (exact below 2^53), then as above.
+// An integer to bfloat16 rounded once the same way, to float toward zero first (not through double, which
+// would round a 64-bit value past 2^53 once already: 2^60 + 2^52 + 1 became the midpoint 2^60 + 2^52).
 template <typename I> __device__ __forceinline__ void store_value(bf16* o, I v) {
-  store_value(o, static_cast<double>(v));
+  float f;
+  if constexpr (I(-1) < I(0)) f = __ll2float_rz(v); else f = __ull2float_rz(v);
+  if (static_cast<I>(f) != v) f = __int_as_float(__float_as_int(f) | 1);
+  *o = from_float<bf16>(f);
 }
 
 template <typename T, typename O, int MODE>

@@ -25,7 +25,8 @@ def test_kernels_compile_without_flush_or_local_memory(arch):
     c = compile_program(C.SOURCE, C.instantiations(), arch)
     assert ".ftz" not in c.ptx and ".local" not in c.ptx
     assert all(op in c.ptx for op in ("cvt.rn.f32.f64", "cvt.f64.f32", "cvt.rn.bf16.f32", "mul.rn.f32", "abs.f32",
-                                      "cvt.rz.f32.f64"))
+                                      "cvt.rz.f32.f64", "cvt.rz.f32.s64", "cvt.rz.f32.u64"))
+    assert "cvt.rn.f64.s64" not in c.ptx and "cvt.rn.f64.u64" not in c.ptx  # no integer rounds through double
 
 
 def test_plan_collapses_axes_and_keeps_views():
@@ -61,23 +62,25 @@ def test_only_the_flushing_pairs_have_kernels():
     assert C._key(f64, c64) == (f64, f32, C.VALUE) and C._key(f32, c64) is None  # a move: nothing flushes
     assert C._key(f32, np.bool_) == (f32, np.dtype(np.bool_), C.NONZERO) and C._key(f64, np.bool_) is None
     assert C._key(c64, np.bool_) == (f32, np.dtype(np.bool_), C.NONZERO) and C._key(c128, np.bool_) is None
-    for t in (np.int8, np.uint16, np.int64, np.uint64):  # integers into bfloat16 through double, no temporary
+    for t in (np.int8, np.uint16, np.int64, np.uint64):  # integers into bfloat16 in the kernel, no temporary
         assert C._key(t, BFLOAT16) == (np.dtype(t), BFLOAT16, C.VALUE)
     assert C._key(np.int64, f32) is None  # CuPy's int64 -> float32 rounds once, and nothing is subnormal
     f16 = np.dtype(np.float16)  # no float32 value that rounds to float16 or comes from it can be subnormal
     assert C._key(f64, f16) is None and C._key(f32, f16) is None and C._key(c64, f32) is None
 
 
-def _exact_bfloat16(v: float) -> float:
-    """The bfloat16 nearest ``v`` (ties to even), by exact arithmetic: 8 significant bits, exponents down
-    to -126 (then subnormal steps of 2^-133), past the largest finite value infinity."""
+def _exact_bfloat16(v) -> float:
+    """The bfloat16 nearest ``v`` (a float or an int; ties to even), by exact arithmetic: 8 significant bits,
+    exponents down to -126 (then subnormal steps of 2^-133), past the largest finite value infinity."""
     from fractions import Fraction
 
     if not math.isfinite(v) or v == 0:
         return v
-    m, e = math.frexp(abs(v))
+    a = Fraction(abs(v))
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    e += a >= Fraction(2) ** e  # frexp's exponent, 2^(e-1) <= a < 2^e, of the exact value
     step = Fraction(2) ** (max(e - 1, -126) - 7)
-    q, rest = divmod(Fraction(abs(v)), step)
+    q, rest = divmod(a, step)
     q += rest > step / 2 or (rest == step / 2 and q % 2 == 1)
     r = float(q * step)
     return math.copysign(math.inf if r >= 2.0**128 - 2.0**119 else r, v)
@@ -99,6 +102,22 @@ def test_float64_to_bfloat16_rounds_once():
     assert np.isnan(reference.to_bfloat16(np.array([np.nan])).astype(np.float32)).all()
     with np.errstate(over="ignore"):
         assert not same_bits(v.astype(np.float32).astype(BFLOAT16), want)  # the two roundings differ here
+
+
+def test_integers_to_bfloat16_round_once():
+    """64-bit integers past 2^53 too: through float64 they would round twice (2^60 + 2^52 + 1 onto the midpoint
+    2^60 + 2^52, then to even, down), where exact arithmetic and NumPy with ml_dtypes 0.7 round up."""
+    from cukern import reference
+
+    rng = np.random.default_rng(9)
+    for t in (np.int64, np.uint64, np.int32, np.uint8):
+        info = np.iinfo(t)
+        odd = [2**60 + 2**52 + 1, 2**60 + 2**52 - 1, 2**54 + 2**46 + 1] if info.bits == 64 else []
+        v = np.concatenate([rng.integers(info.min, info.max, 3000, t, endpoint=True),
+                            np.array([info.min, info.max, 0, 1, *odd], t)])
+        want = np.array([_exact_bfloat16(int(i)) for i in v]).astype(np.float32).astype(BFLOAT16)
+        assert same_bits(reference.to_bfloat16(v), want), t
+    assert float(reference.to_bfloat16(np.int64(2**60 + 2**52 + 1))) == 2.0**60 + 2.0**53
 
 
 def _tiny(rng, shape):
@@ -164,8 +183,9 @@ def test_float64_and_integers_into_bfloat16_round_once():
     out = cupy.zeros((2, v.size), BFLOAT16)
     C.copyto(out[1], cupy.asarray(v))
     assert same_bits(out[1], reference.to_bfloat16(v)) and same_bits(out[0], np.zeros(v.size, BFLOAT16))
-    ints = np.array([2**24 + 2**16 + 1, -(2**30 + 2**22 + 3), 7, 0, 2**40 + 2**32 + 1], np.int64)
-    for t in (np.int64, np.int32, np.uint8):
+    ints = np.array([2**24 + 2**16 + 1, -(2**30 + 2**22 + 3), 7, 0, 2**40 + 2**32 + 1, 2**60 + 2**52 + 1,
+                     -(2**62 + 2**54 + 1), 2**63 - 1, -(2**63)], np.int64)
+    for t in (np.int64, np.uint64, np.int32, np.uint8):
         host = ints.astype(t)
         assert same_bits(C.astype(cupy.asarray(host), BFLOAT16), reference.to_bfloat16(host)), t
     x = ints[:3].repeat(700)
