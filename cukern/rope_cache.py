@@ -183,7 +183,9 @@ def reads_length(scaling) -> bool:
     factors and attention factor); the others' do not."""
     if not isinstance(scaling, dict):
         return False
-    kind = scaling.get("type", scaling.get("rope_type"))
+    kind = scaling.get("type")
+    if kind is None:  # absent or None, which the checks read as absent: rope_type names it
+        kind = scaling.get("rope_type")
     return isinstance(kind, str) and _HF_TYPES.get(kind, kind) in ("dynamic_ntk", "longrope")
 
 

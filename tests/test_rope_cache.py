@@ -300,5 +300,6 @@ def test_only_dynamic_ntk_and_longrope_read_the_length():
 
     assert reads_length({"type": "dynamic_ntk", "factor": 2.0}) and reads_length({"rope_type": "dynamic"})
     assert reads_length(PHI3) and reads_length(PHI3_SMALL)
+    assert reads_length({"type": None, "rope_type": "dynamic"})  # a None key is absent, as the checks read it
     assert not any(reads_length(s) for s in (None, LLAMA31, DEEPSEEK_V3, {"type": "linear", "factor": 2.0},
                                              {"rope_type": "default"}, {"type": ["yarn"]}))
