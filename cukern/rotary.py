@@ -783,8 +783,10 @@ def positions_plan(tokens: int, num_heads: int, num_kv_heads: int, rotary_dim: i
 
 
 def _plan_positions_call(ck, positions, query, key, rot, base, scaling, is_neox, max_position):
-    if max_position is not None:
+    if max_position is not None:  # checked here too: a table that does not read it is found without it
         max_position = _int_arg(max_position, "max_position")
+        if max_position < 1:
+            raise ValueError(f"max_position={max_position} must be positive")
     if not isinstance(base, numbers.Real) or isinstance(base, bool):
         raise TypeError(f"base must be a real number, got {type(base).__name__}")
     args = _validate(positions, query, key, _no_cache(rot, query.data.device_id), rot)

@@ -1132,6 +1132,16 @@ def test_positions_past_the_shared_table_are_refused_before_the_gpu():
         rotary.rotary_embedding_positions(unread_cupy_array((2,), np.int64), q, None, rotary_dim=12290)
 
 
+def test_positions_refuse_a_max_position_below_one_when_the_table_is_kept(monkeypatch):
+    """A table that does not read the length is found without it, so the op checks max_position itself."""
+    monkeypatch.setattr(rotary, "_tables", {(0, 64, 10000.0, rotary._scaling_key(None), None): (None, 1.0)})
+    q = unread_cupy_array((2, 1, 64))
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match=f"max_position={bad} must be positive"):
+            rotary.rotary_embedding_positions(unread_cupy_array((2,), np.int64), q, None, rotary_dim=64,
+                                              max_position=bad)
+
+
 def test_positions_plan_loads_one_head_a_thread_when_one_wave_holds_the_launch():
     for tokens, nh, nkv in ((1, 32, 8), (64, 32, 8), (1, 1, 0), (16384, 32, 8), (4096, 8, 1), (1 << 20, 64, 0)):
         p, _ = rotary.positions_plan(tokens, nh, nkv, 128, 8)
