@@ -177,11 +177,25 @@ PER_THREAD_STREAM = 2  # cudaStreamPerThread: one handle that names each thread'
 SEQUENCE_LOCK = threading.Lock()
 
 
+_threads = threading.local()  # ``devices``: those this thread has waited for once (stream_key)
+
+
 def stream_key(stream) -> tuple:
     """What tells ``stream`` apart for the per-stream workspaces: its handle, and the thread where the handle
     is the per-thread default stream's (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``: every thread's stream has
-    that one handle, but launches on it from two threads may run at once)."""
+    that one handle, but launches on it from two threads may run at once). There a thread's first call on a
+    device waits for the device once: a thread that ended under the same id (ids are reused) may have left
+    launches on its own stream that still use the workspaces kept under that key. Not while capturing, where
+    nothing can wait: the thread's next eager call does."""
     if stream.ptr == PER_THREAD_STREAM:
+        devices = getattr(_threads, "devices", None)
+        if devices is None:
+            devices = _threads.devices = set()
+        runtime = cupy().cuda.runtime
+        device = runtime.getDevice()
+        if device not in devices and not stream.is_capturing():
+            runtime.deviceSynchronize()
+            devices.add(device)
         return stream.ptr, threading.get_ident()
     return (stream.ptr,)
 

@@ -179,18 +179,22 @@ def test_dtypes_no_cupy_array_holds_are_refused_by_name(dtype):
     assert parse_dtype("<f4") == np.float32 and parse_dtype("bfloat16").name == "bfloat16"
 
 
-def test_stream_keys_tell_threads_apart_on_the_per_thread_stream():
+def test_stream_keys_tell_threads_apart_on_the_per_thread_stream(monkeypatch):
     import threading
     from types import SimpleNamespace
 
+    from cukern import _launch
     from cukern._launch import PER_THREAD_STREAM, stream_key
 
+    runtime = SimpleNamespace(getDevice=lambda: 0, deviceSynchronize=lambda: None)
+    monkeypatch.setattr(_launch, "_cupy", SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
     keys = {}
 
     def key(name, stream):
         keys[name] = stream_key(stream)
 
-    legacy, own, ptds = SimpleNamespace(ptr=0), SimpleNamespace(ptr=0x7F00), SimpleNamespace(ptr=PER_THREAD_STREAM)
+    legacy, own = SimpleNamespace(ptr=0), SimpleNamespace(ptr=0x7F00)
+    ptds = SimpleNamespace(ptr=PER_THREAD_STREAM, is_capturing=lambda: False)
     for name, stream in (("legacy", legacy), ("own", own), ("ptds", ptds)):
         key(name, stream)
         t = threading.Thread(target=key, args=(name + "'", stream))
@@ -198,3 +202,34 @@ def test_stream_keys_tell_threads_apart_on_the_per_thread_stream():
         t.join()
     assert keys["legacy"] == keys["legacy'"] == (0,) and keys["own"] == keys["own'"] == (0x7F00,)
     assert keys["ptds"] != keys["ptds'"]
+
+
+def test_a_threads_first_call_on_the_per_thread_stream_waits_once_a_device(monkeypatch):
+    """Thread ids are reused: a new thread may find the workspaces of one that ended with launches still
+    queued on its own stream, so its first eager call on each device waits for that device."""
+    import threading
+    from types import SimpleNamespace
+
+    from cukern import _launch
+
+    waits, device = [], [0]
+    runtime = SimpleNamespace(getDevice=lambda: device[0], deviceSynchronize=lambda: waits.append(device[0]))
+    monkeypatch.setattr(_launch, "_cupy", SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
+    capturing = [False]
+    ptds = SimpleNamespace(ptr=_launch.PER_THREAD_STREAM, is_capturing=lambda: capturing[0])
+
+    def calls():
+        capturing[0] = True
+        _launch.stream_key(ptds)  # nothing can wait under a capture
+        assert waits == []
+        capturing[0] = False
+        _launch.stream_key(ptds)
+        _launch.stream_key(ptds)
+        device[0] = 1
+        _launch.stream_key(ptds)
+        _launch.stream_key(SimpleNamespace(ptr=0))  # other streams are one stream whatever the thread
+
+    t = threading.Thread(target=calls)
+    t.start()
+    t.join()
+    assert waits == [0, 1]
