@@ -24,7 +24,10 @@ def dtype_name(dtype) -> str:
 def parse_dtype(name) -> np.dtype:
     """``name`` as a dtype: TypeError for one NumPy takes but no CuPy array can hold (another byte order,
     long double), so a ``dtype=`` fails with the op's checks rather than inside CuPy after a launch."""
-    t = BFLOAT16 if str(name) == "bfloat16" else np.dtype(name)
+    try:
+        t = BFLOAT16 if str(name) == "bfloat16" else np.dtype(name)
+    except TypeError as err:
+        raise TypeError(f"dtype={name!r} is not a dtype ({err})") from None
     if not t.isnative or t.type in (np.longdouble, np.clongdouble):
         raise TypeError(f"dtype {t.str} ({t.name}) is not one a CuPy array can hold; use a native-order float, "
                         "integer, complex or bool type")

@@ -13,7 +13,7 @@ import numbers
 
 import numpy as np
 
-from ._dtypes import FLOAT_TYPES, dtype_name
+from ._dtypes import FLOAT_TYPES, dtype_name, parse_dtype
 from ._launch import require_gpu
 
 _SCALING_KEYS = {
@@ -189,22 +189,34 @@ def reads_length(scaling) -> bool:
     return isinstance(kind, str) and _HF_TYPES.get(kind, kind) in ("dynamic_ntk", "longrope")
 
 
+_MAX_ELEMENTS = 1 << 62  # past this a table's size is not one NumPy can index (and nothing could hold it)
+
+
 def _check_sizes(max_position, rotary_dim, base) -> tuple:
+    """``(max_position, rotary_dim, base)`` checked, as two ints and a float."""
     max_position, rotary_dim = _count(max_position, "max_position"), _count(rotary_dim, "rotary_dim")
     if rotary_dim < 2 or rotary_dim % 2:
         raise ValueError(f"rotary_dim={rotary_dim} must be a positive even number")
     if max_position < 1:
         raise ValueError(f"max_position={max_position} must be positive")
-    if not base > 1:
-        raise ValueError(f"base={base} must be greater than 1")
-    return max_position, rotary_dim
+    if max_position * rotary_dim > _MAX_ELEMENTS:
+        raise ValueError(f"max_position={max_position} by rotary_dim={rotary_dim} is a table past 2^62 elements")
+    if isinstance(base, bool) or not isinstance(base, numbers.Real):
+        raise TypeError(f"base must be a real number, got {type(base).__name__}")
+    try:
+        b = float(base)
+    except OverflowError:  # an int past float64
+        b = math.inf
+    if not 1 < b < math.inf:
+        raise ValueError(f"base={base} must be finite and greater than 1")
+    return max_position, rotary_dim, b
 
 
 def rope_frequencies(max_position: int, rotary_dim: int, base: float = 10000.0, scaling=None):
     """``(inv_freq, attention)``: the ``rotary_dim / 2`` angular frequencies (float64 NumPy) and the factor
     cos and sin are scaled by (YaRN's or LongRoPE's attention factor, else 1), as the models that define each
     scaling publish them (HF transformers ``_compute_*_rope_parameters``). Arguments as :func:`rope_cache`'s."""
-    max_position, rot = _check_sizes(max_position, rotary_dim, base)
+    max_position, rot, base = _check_sizes(max_position, rotary_dim, base)
     scaling = _check_scaling(scaling, max_position, rot, base)
     kind = scaling.get("type")
     exponents = np.arange(0, rot, 2, dtype=np.float64) / rot
@@ -309,7 +321,7 @@ def rope_cache(max_position: int, rotary_dim: int, base: float = 10000.0, *, sca
     -------
     cupy.ndarray ``[max_position, rotary_dim]``
     """
-    dtype = np.dtype(dtype)
+    dtype = parse_dtype(dtype)
     if dtype not in FLOAT_TYPES:
         raise TypeError(f"dtype {dtype_name(dtype)} is not supported; use float32, float16 or bfloat16")
     host = rope_cache_host(max_position, rotary_dim, base, scaling=scaling).astype(dtype)

@@ -783,13 +783,11 @@ def positions_plan(tokens: int, num_heads: int, num_kv_heads: int, rotary_dim: i
 
 
 def _plan_positions_call(ck, positions, query, key, rot, base, scaling, is_neox, max_position):
-    if max_position is not None:  # checked here too: a table that does not read it is found without it
-        max_position = _int_arg(max_position, "max_position")
-        if max_position < 1:
-            raise ValueError(f"max_position={max_position} must be positive")
-    if not isinstance(base, numbers.Real) or isinstance(base, bool):
-        raise TypeError(f"base must be a real number, got {type(base).__name__}")
+    from .rope_cache import _check_sizes
+
     args = _validate(positions, query, key, _no_cache(rot, query.data.device_id), rot)
+    # the frequency table's checks, which a table made already for another max_position or base would skip
+    _check_sizes(1 if max_position is None else max_position, rot, base)
     if rot * 4 > POSITIONS_SHARED_LIMIT:  # a block's table holds one token's cos and sin at least
         raise ValueError(f"rotary_dim={rot}: a block's table of cos and sin would take {rot * 4} bytes of shared "
                          f"memory, over the {POSITIONS_SHARED_LIMIT} a launch gets; rotary_dim <= "
