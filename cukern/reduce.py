@@ -450,8 +450,12 @@ def _own_knobs(name: str) -> Knobs | None:
 def _check_ddof(ddof):
     if isinstance(ddof, (bool, np.bool_)) or not isinstance(ddof, (int, float, np.integer, np.floating)):
         raise TypeError(f"ddof must be an int or a float, got {type(ddof).__name__}")
-    if not math.isfinite(ddof):
-        raise ValueError(f"ddof must be finite, got {ddof}")
+    try:
+        finite = math.isfinite(ddof)
+    except OverflowError:  # an int past float64
+        finite = False
+    if not finite:
+        raise ValueError(f"ddof must be finite (within float64's range), got {ddof}")
 
 
 def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None = None, sm: int | None = None,
@@ -485,6 +489,7 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
     check_input(name, x.dtype)
     if op.kernel_op == OP_VAR:
         _check_ddof(ddof)
+    keepdims = _check.check_flag(keepdims, "keepdims")
     if knobs is None:
         knobs = _own_knobs(name) or _tuned_knobs(x, axis)
     axes = normalize_axis(axis, x.ndim)
@@ -803,7 +808,7 @@ def _refuse_capture(name: str, why: str) -> None:
 def _result_of(x, axis, keepdims: bool, dtype, out):
     """(x as a checked array, the result shape, ``out`` checked against it and ``dtype``) before any launch."""
     x = _check.as_array(x, "x")
-    shape = result_shape(x.shape, normalize_axis(axis, x.ndim), keepdims)
+    shape = result_shape(x.shape, normalize_axis(axis, x.ndim), _check.check_flag(keepdims, "keepdims"))
     if out is not None:
         out = _validate_out(out, shape, np.dtype(dtype), x)
     return x, shape, out
