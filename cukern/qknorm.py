@@ -33,7 +33,8 @@ from ._launch import NULL as _NULL
 from ._launch import CallCache, LaunchConfig, Params, launch, on_device, sm_count, struct_argument
 from ._layout import extent
 from .rmsnorm import _scalars, tree_classes
-from .rotary import CHECK_PARAMS, _check_key_apart, _check_positions, _elem_strides, _validate as _validate_rotary
+from .rotary import CHECK_PARAMS, _check_key_apart, _check_positions, _check_reads_apart, _elem_strides
+from .rotary import _validate as _validate_rotary
 
 SOURCE = "qk_norm_rope"
 MAX_TPR = 32  # lanes a head: a group stays within a warp (shuffles, __syncwarp)
@@ -312,23 +313,21 @@ def _prepare(positions, query, key, q_weight, k_weight, cache, eps=1e-6, offset=
         call = _plan_call(ck, positions, query, key, q_weight, k_weight, cache, eps, offset, is_neox, rotary_dim,
                           knobs)
     if call is not None:
-        _check_addresses(call, query, key, q_weight, k_weight)
+        _check_addresses(call, positions, query, key, q_weight, k_weight, cache)
     return call
 
 
-def _check_addresses(call, query, key, q_weight, k_weight) -> None:
+def _check_addresses(call, positions, query, key, q_weight, k_weight, cache) -> None:
     """What depends on the addresses themselves, checked on every call (the call cache keys on alignment
-    only): key apart from query (rotary's exact check, decided once per offset), the weights apart from both."""
+    only): key apart from query (rotary's exact check, decided once per offset), the arrays read apart from
+    both."""
     meet = call.meet
     if meet is not None:
         koff = key.data.ptr - query.data.ptr
         if meet[0] < koff < meet[1] and koff != call.apart:
             _check_key_apart(call, query, key, koff)
-    for n, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        if w is not None:
-            for t, a in (("query", query), ("key", key)):
-                if a is not None and _check.overlaps(w, a):
-                    raise ValueError(f"{n} overlaps {t}, which this op writes; pass a separate array")
+    _check_reads_apart((("q_weight", q_weight), ("k_weight", k_weight), ("positions", positions),
+                        ("cos_sin_cache", cache)), query, key)
 
 
 def _plan_call(ck, positions, query, key, q_weight, k_weight, cache, eps, offset, is_neox, rotary_dim, knobs):
@@ -435,7 +434,7 @@ def _run(positions, query, key, q_weight, k_weight, cos_sin_cache, eps, offset, 
                           rotary_dim, knobs)
     if call is None:  # no tokens
         return
-    _check_addresses(call, query, key, q_weight, k_weight)
+    _check_addresses(call, positions, query, key, q_weight, k_weight, cos_sin_cache)
     switch = on_device(call.device)
     if switch is not _NO_SWITCH:
         with switch:

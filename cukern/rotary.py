@@ -386,6 +386,16 @@ def _check_key_apart(call, query, key, offset: int) -> None:
     call.apart = offset
 
 
+def _check_reads_apart(reads, query, key) -> None:
+    """Refuse an array the kernel reads (``reads``: (name, array or None) pairs) that shares an element with
+    query or key, which it writes: other tokens' threads would read it written or not, as they run. Checked
+    on every call (it depends on the addresses)."""
+    for n, a in reads:
+        for t, w in (("query", query), ("key", key)):
+            if a is not None and w is not None and _check.overlaps(a, w):
+                raise ValueError(f"{n} overlaps {t}, which this op writes; pass a separate array")
+
+
 _found = threading.local()
 
 
@@ -599,6 +609,7 @@ def _launch_call(call, offset, positions, query, key, table, check_positions: bo
     meet = call.meet  # what depends on the addresses themselves is checked on every call
     if meet is not None and meet[0] < offset < meet[1] and offset != call.apart:
         _check_key_apart(call, query, key, offset)
+    _check_reads_apart((("positions", positions), ("cos_sin_cache", table)), query, key)
     switch = on_device(call.device)
     if switch is not _NO_SWITCH:  # the check and the launch go to query's device
         with switch:

@@ -190,7 +190,8 @@ W_PTR = 1 << 30
 
 
 def _fakes(**over):
-    f = {"positions": Fake((7,), np.int64), "query": Fake((7, 8, 128)), "key": Fake((7, 2, 128), ptr=1 << 24),
+    f = {"positions": Fake((7,), np.int64, ptr=1 << 29), "query": Fake((7, 8, 128)),
+         "key": Fake((7, 2, 128), ptr=1 << 24),
          "q_weight": Fake((128,), ptr=W_PTR), "k_weight": Fake((128,), ptr=W_PTR + 4096),
          "cache": Fake((100, 128), F32, ptr=1 << 28), "rotary_dim": None}
     f.update(over)
