@@ -9,6 +9,7 @@ driver. It pickles to stdout a list of ``(case, error, launches)``, each launch
 allocations, ``(address, bytes)``.
 """
 
+import inspect
 import itertools
 import pickle
 import sys
@@ -135,6 +136,7 @@ def _install():
     cupy.asarray = upload
     _launch._runtime = type("Runtime", (), {"getDevice": staticmethod(lambda: 0)})
     _launch._sm_counts[0] = 132
+    _launch._gpu_seen = True
     _tuned._device_names[0] = "NVIDIA H200"
     for m in MODULES:
         if hasattr(m, "get_kernel"):
@@ -235,6 +237,282 @@ def cases():
     return out
 
 
+POOL = (np.float32, np.float16, BFLOAT16, np.float64, np.int32, np.int64, np.uint8, np.bool_, np.complex64)
+POOL_NAMES = tuple("bfloat16" if t is BFLOAT16 else np.dtype(t).name for t in POOL)
+NOT_ARRAYS = (("numpy", lambda s, t: np.zeros(s, t)), ("list", lambda s, t: np.zeros(s).tolist()),
+              ("scalar", lambda s, t: 1.0))
+
+
+def _array_values(shape, ok, *, optional=False, shapes=(), unit_last=False, written=False):
+    """(label, make) of the bad values of an array argument of ``shape`` (a good one's) taking dtypes ``ok``:
+    host arrays, lists and scalars, None unless optional, each dtype of POOL outside ``ok``, each of
+    ``shapes``, a last stride of 2 where the op needs 1, and a broadcast view where the op writes."""
+    t = ok[0]
+    out = [(label, lambda f=f: f(shape, t)) for label, f in NOT_ARRAYS]
+    if not optional:
+        out.append(("None", lambda: None))
+    out += [(n, lambda u=u: _a(shape, u)) for n, u in zip(POOL_NAMES, POOL) if np.dtype(u) not in ok]
+    out += [(f"shape {s}", lambda s=s: _a(s, t)) for s in shapes]
+    if unit_last:
+        out.append(("last stride 2", lambda: _a(shape[:-1] + (2 * shape[-1],), t)[..., ::2]))
+    if written:
+        out.append(("broadcast", lambda: cupy.broadcast_to(_a(shape[1:], t), shape)))
+    return out
+
+
+NAN, INF = float("nan"), float("inf")
+REAL_VALUES = (("nan", NAN), ("inf", INF), ("-inf", -INF), ("str", "1"), ("complex", 1j), ("None", None),
+               ("2 elements", np.ones(2, np.float32)), ("numpy nan", np.float32(NAN)), ("int past float64", 10**400))
+FLAG_VALUES = (("1", 1), ("None", None), ("str", "yes"), ("2 elements", np.ones(2, np.bool_)))
+INT_VALUES = (("True", True), ("float", 64.0), ("str", "64"), ("None", None), ("complex", 1j), ("huge", 2**64))
+AXIS_VALUES = (("2", 2), ("-3", -3), ("(0, 0)", (0, 0)), ("(1, -1)", (1, -1)), ("1.0", 1.0), ("True", True),
+               ("numpy True", np.True_), ("[0]", [0]), ("str", "0"), ("(0, 1.0)", (0, 1.0)))
+DTYPE_VALUES = (("not a dtype", "float33"), ("float", 1.5), ("big-endian", ">f4"), ("long double", np.longdouble),
+                ("object", object))
+
+
+def _sweep(op, fn, good, bad):
+    """(name, argument, call) of ``fn(**good())``, then of it with one argument at a time replaced by each of
+    its bad values: ``bad`` maps an argument to (label, value or a maker of one) pairs. The valid call's
+    argument is None."""
+    out = [(f"{op} valid", None, lambda: fn(**good()))]  # first: a valid call, which fills the call caches
+    for arg, values in bad.items():
+        for label, value in values:
+            def call(arg=arg, value=value):
+                kwargs = good()
+                kwargs[arg] = value() if callable(value) and not isinstance(value, type) else value
+                return fn(**kwargs)
+            out.append((f"{op} {arg}={label}", arg, call))
+    return out
+
+
+def _overlaps(op, fn, good, cases):
+    """(name, argument, call) of ``fn(**good())`` with some arrays replaced by views of one buffer:
+    ``cases`` are (label, argument the message names, maker of the replacements)."""
+    return [(f"{op} {label}", arg, lambda make=make: fn(**{**good(), **make()})) for label, arg, make in cases]
+
+
+def _views(shape, *offsets):
+    """Views of ``shape`` at each row offset of one buffer (rows along axis 0)."""
+    buf = _a((shape[0] + max(offsets),) + shape[1:])
+    return [buf[o:o + shape[0]] for o in offsets]
+
+
+def bad_cases():
+    """(name, argument, call): each public op with one argument at a time made bad. Each call must raise a
+    TypeError, ValueError or IndexError naming ``argument`` in one line, before anything is recorded."""
+    f32, floats = np.dtype(np.float32), tuple(np.dtype(t) for t in (np.float32, np.float16, BFLOAT16))
+    T, H = 4, 64
+    cases = []
+    eps = REAL_VALUES + (("negative", -1e-6), ("past float32", 1e39))
+    fp8_scale = REAL_VALUES[:5] + (("zero", 0.0), ("negative", -1.0), ("below 2^-126", 1e-39), ("other str", "token"),
+                                   ("2 elements", np.ones(2, np.float32)), ("nan element", np.full(1, NAN)),
+                                   ("complex element", np.ones(1, np.complex64)))
+    for fused in (False, True):
+        op = "fused_add_rms_norm" if fused else "rms_norm"
+        fn = getattr(cukern, op)
+
+        def good(fused=fused):
+            return {"x": _a((T, H)), **({"residual": _a((T, H))} if fused else {})}
+
+        bad = {"x": _array_values((T, H), floats, shapes=[()], unit_last=True),
+               "weight": _array_values((H,), (f32,), optional=True, shapes=[(H - 1,), (1, H), ()], unit_last=True),
+               "out": _array_values((T, H), (f32,), optional=True, shapes=[(T, H - 1), (H,)], unit_last=True,
+                                    written=True),
+               "eps": eps, "offset": REAL_VALUES + (("past float32", -1e39),),
+               "out_dtype": DTYPE_VALUES + (("float64", "float64"), ("int8", np.int8), ("float8 e5m2", "float8_e5m2")),
+               "scale": (("without float8", 1.0),)}
+        if fused:
+            bad["residual"] = _array_values((T, H), (f32,), shapes=[(T, H + 1), (H,)], unit_last=True, written=True)
+        cases += _sweep(op, fn, good, bad)
+
+        def fp8(fused=fused):
+            return {**good(fused), "out_dtype": "float8_e4m3fn", "scale": "per_token"}
+
+        bad = {"scale": fp8_scale, "out": _array_values((T, H), (np.dtype(np.uint8),), optional=True,
+                                                        shapes=[(T, H - 1)], unit_last=True, written=True),
+               "eps": eps[:3], "offset": REAL_VALUES[:3], "weight": _array_values((H,), (f32,), optional=True,
+                                                                                   shapes=[(H - 1,)])}
+        if fused:
+            bad["residual"] = _array_values((T, H), (f32,), shapes=[(T, H + 1)], written=True)
+        cases += _sweep(f"{op} float8", fn, fp8, bad)
+        def out_over_weight():
+            buf = _a((T, H))
+            return {"out": buf, "weight": buf[1]}
+
+        def weight_in_residual():
+            buf = _a((T, H))
+            return {"residual": buf, "weight": buf[2]}
+
+        def fp8_out_over_x():
+            buf = _a((T, 2 * H))
+            return {"x": buf[:, :H], "out": buf.view(np.uint8)[:, :H]}
+
+        rows = [("out partially overlaps x", "out", lambda: dict(zip(("x", "out"), _views((T, H), 0, 1)))),
+                ("out overlaps weight", "out", out_over_weight)]
+        if fused:
+            rows += [("residual overlaps x", "residual", lambda: dict(zip(("x", "residual"), _views((T, H), 0, 1)))),
+                     ("residual is x", "residual", lambda: dict(zip(("x", "residual"), _views((T, H), 0, 0)))),
+                     ("weight in residual", "weight", weight_in_residual),
+                     ("out overlaps residual", "out", lambda: dict(zip(("residual", "out"), _views((T, H), 0, 1)))),
+                     ("out is residual", "out", lambda: dict(zip(("residual", "out"), _views((T, H), 0, 0))))]
+        cases += _overlaps(op, fn, good, rows)
+        cases += _overlaps(f"{op} float8", fn, fp8, [("out overlaps x", "out", fp8_out_over_x)])
+    cases += _rotary_cases(T)
+    cases += _reduction_cases()
+    return cases
+
+
+def _reduction_cases():
+    """:func:`bad_cases`' of the reductions, scans, segment reductions and ladder rungs, over float32 x of
+    shape (4, 5) (the segments': 10 rows of 3, offsets [0, 4, 10])."""
+    cases = []
+    x = _array_values((4, 5), POOL)
+    keepdims = FLAG_VALUES + (("0", 0),)
+    reductions = ("sum", "mean", "amax", "amin", "prod", "any", "all", "count_nonzero", "sum_of_squares", "norm",
+                  "var", "std", "nansum", "nanmean", "nanmax", "nanmin", "logsumexp")
+    for op in reductions + ("argmax", "argmin", "nanargmax", "nanargmin"):
+        fn = getattr(cukern, op)
+        params = inspect.signature(fn).parameters
+        result = np.int64 if op.startswith(("arg", "nanarg")) else np.bool_ if op in ("any", "all") else np.float32
+        bad = {"x": x, "axis": AXIS_VALUES, "keepdims": keepdims}
+        if "out" in params:
+            bad["out"] = [v for v in _array_values((4,), (np.dtype(result),), optional=True, shapes=[(5,), (4, 1)])
+                          if v[0] not in POOL_NAMES]  # another dtype takes the result cast, as NumPy's
+            bad["out"].append(("broadcast", lambda r=result: cupy.broadcast_to(_a((1,), r), (4,))))
+        if "dtype" in params:
+            bad["dtype"] = DTYPE_VALUES
+        if "ddof" in params:
+            bad["ddof"] = (("True", True), ("nan", NAN), ("inf", INF), ("str", "1"), ("None", None), ("complex", 1j),
+                           ("2 elements", np.ones(2)), ("int past float64", 10**400))
+        if op.startswith(("arg", "nanarg")):
+            bad["axis"] = AXIS_VALUES[:2] + AXIS_VALUES[4:] + (("(1,)", (1,)),)
+            bad["out"] += [(n, lambda t=t: _a((4,), t)) for n, t in (("float32", np.float32), ("uint64", np.uint64),
+                                                                    ("complex64", np.complex64))]
+
+        def good(op=op):
+            return {"x": _a((4, 5)), "axis": 1}
+
+        cases += _sweep(op, fn, good, bad)
+        if "out" in params:
+            cases += _overlaps(op, fn, good, [("out in x", "out", lambda r=result: {
+                "x": (v := _a((4, 8), r)[:, :5] if r != np.float32 else _a((4, 5))), "out": v[:, 0]})])
+    for op in ("cumsum", "cumprod"):
+        fn = getattr(cukern, op)
+
+        def good():
+            return {"x": _a((4, 5)), "axis": 1}
+
+        cases += _sweep(op, fn, good, {
+            "x": x, "axis": AXIS_VALUES[:2] + AXIS_VALUES[4:] + (("(1,)", (1,)),), "dtype": DTYPE_VALUES,
+            "out": [v for v in _array_values((4, 5), (np.dtype(np.float32),), optional=True,
+                                             shapes=[(4, 4), (20,), (5, 4)], written=True) if v[0] not in POOL_NAMES]})
+        cases += _overlaps(op, fn, good, [("out overlaps x", "out", lambda: dict(zip(("x", "out"),
+                                                                                     _views((4, 5), 0, 1))))])
+    for op in ("segment_sum", "segment_max", "segment_min", "segment_mean"):
+        fn = getattr(cukern, op)
+
+        def good():
+            return {"x": _a((10, 3)), "offsets": _a((3,), np.int32), "check_offsets": False}
+
+        ints = (np.dtype(np.int32), np.dtype(np.int64))
+        cases += _sweep(op, fn, good, {
+            "x": _array_values((10, 3), (np.dtype(np.float32),), shapes=[()])[:4],
+            "offsets": _array_values((3,), ints, shapes=[(3, 1), (0,), ()]),
+            "out": _array_values((2, 3), (np.dtype(np.float32),), optional=True, shapes=[(3, 3), (2,)], written=True),
+            "check_offsets": FLAG_VALUES})
+        cases += _overlaps(op, fn, good, [
+            ("out in x", "out", lambda: {"x": (v := _a((10, 3))), "out": v[2:4]}),
+            ("out over offsets", "out", lambda: {"offsets": (v := _a((2, 3), np.float32))[0].view(np.int32),
+                                                 "out": v})])
+    for rung in cukern.reduce_ladder:
+        cases += _sweep(f"ladder {rung.number}", rung, lambda: {"x": _a((1 << 12,))},
+                        {"x": _array_values((1 << 12,), tuple(np.dtype(t) for t in (np.float32, np.float16, BFLOAT16,
+                                                                                     np.float64)))})
+    return cases
+
+
+def _rotary_cases(T):
+    """:func:`bad_cases`' of the rotary ops: 4 tokens, 2 query heads and 1 key head of 64 elements."""
+    floats = tuple(np.dtype(t) for t in (np.float32, np.float16, BFLOAT16))
+    ints = (np.dtype(np.int32), np.dtype(np.int64))
+    f32, D = floats[0], 64
+    cases = []
+    query = _array_values((T, 2, D), floats, shapes=[(T, 2 * D), (T, 2, D, 1)], unit_last=True, written=True)
+    key = _array_values((T, 1, D), (f32,), optional=True, shapes=[(T - 1, 1, D), (T, 1, D // 2), (T, D)],
+                        unit_last=True, written=True)
+    positions = _array_values((T,), ints, shapes=[(T + 1,), (T, 1), ()])
+    cache = _array_values((16, D), (f32,), shapes=[(16, D - 1), (D,), (16, D, 1)], unit_last=True)
+    rot = tuple(v for v in INT_VALUES if v[1] is not None) + (("odd", 3), ("0", 0), ("negative", -2))
+    over = (("over head_size", 2 * D),)
+    flags = {n: FLAG_VALUES for n in ("is_neox", "inverse", "check_positions")}
+    pair = ("key overlaps query", "key", lambda: dict(zip(("query", "key"), _views((T, 2, D), 0, 1)))), \
+        ("key is query", "key", lambda: dict(zip(("query", "key"), _views((T, 2, D), 0, 0)))), \
+        ("positions in query", "positions", lambda: {"query": (q := _a((T, 2, D))),
+                                                     "positions": q[0, 0, :2 * T].view(np.int64)}), \
+        ("cache in query", "cos_sin_cache", lambda: {"query": (q := _a((T, 2, D))), "cos_sin_cache": q.reshape(-1, D)})
+
+    def good():
+        return {"positions": _a((T,), np.int64), "query": _a((T, 2, D)), "key": _a((T, 1, D)),
+                "cos_sin_cache": _a((16, D))}
+
+    fn = cukern.rotary_embedding
+    cases += _sweep("rotary_embedding", fn, good, {"positions": positions, "query": query, "key": key,
+                                                   "cos_sin_cache": cache, "rotary_dim": rot + over, **flags})
+    cases += _overlaps("rotary_embedding", fn, good, pair + (
+        ("cache too narrow", "cos_sin_cache", lambda: {"cos_sin_cache": _a((16, D // 2)), "rotary_dim": D}),))
+
+    def mrope():
+        return {**good(), "positions": _a((3, T), np.int64), "mrope_section": (8, 12, 12)}
+
+    fn = cukern.rotary_embedding_mrope
+    sections = (("sum off", (8, 12, 13)), ("two", (16, 16)), ("negative", (-8, 20, 20)), ("floats", (8.0, 12, 12)),
+                ("bools", (True, 15, 16)), ("None", None), ("str", "8,12,12"), ("int", 32))
+    cases += _sweep("rotary_embedding_mrope", fn, mrope, {
+        "positions": _array_values((3, T), ints, shapes=[(3, T + 1), (2, T), (3, T, 1)]), "query": query,
+        "key": key, "cos_sin_cache": cache, "mrope_section": sections, "rotary_dim": rot + over,
+        **{n: FLAG_VALUES for n in ("is_neox", "interleaved", "check_positions")}})
+    cases += _overlaps("rotary_embedding_mrope", fn, mrope, pair[:2] + pair[3:] + (
+        ("positions in query", "positions", lambda: {"query": (q := _a((T, 2, D))),
+                                                     "positions": q[0, 0, :6 * T].view(np.int64).reshape(3, T)}),))
+
+    def computed():
+        return {"positions": _a((T,), np.int64), "query": _a((T, 2, D)), "key": _a((T, 1, D)), "rotary_dim": D}
+
+    fn = cukern.rotary_embedding_positions
+    cases += _sweep("rotary_embedding_positions", fn, computed, {
+        "positions": positions, "query": query, "key": key, "rotary_dim": rot + over + (("None", None),),
+        "base": REAL_VALUES + (("1", 1.0), ("0", 0), ("negative", -10000.0)), "is_neox": FLAG_VALUES,
+        "max_position": tuple(v for v in INT_VALUES if v[1] is not None) + (("0", 0), ("negative", -1)),
+        "scaling": (("str", "linear"), ("unknown type", {"type": "ntk", "factor": 2.0}),
+                    ("factor nan", {"type": "linear", "factor": NAN}))})
+    cases += _overlaps("rotary_embedding_positions", fn, computed, pair[:3])
+
+    def qk():
+        return {**good(), "q_weight": _a((D,)), "k_weight": _a((D,))}
+
+    fn = cukern.qk_norm_rope
+    weight = _array_values((D,), (f32,), optional=True, shapes=[(D - 1,), (1, D)], unit_last=True)
+    cases += _sweep("qk_norm_rope", fn, qk, {
+        "positions": positions, "query": query, "key": key, "cos_sin_cache": cache, "q_weight": weight,
+        "k_weight": weight, "rotary_dim": rot + over, "eps": REAL_VALUES + (("negative", -1e-6),),
+        "offset": REAL_VALUES, **{n: FLAG_VALUES for n in ("is_neox", "check_positions")}})
+    cases += _overlaps("qk_norm_rope", fn, qk, pair + (
+        ("q_weight in query", "q_weight", lambda: {"query": (q := _a((T, 2, D))), "q_weight": q[1, 0]}),
+        ("k_weight in key", "k_weight", lambda: {"key": (k := _a((T, 1, D))), "k_weight": k[2, 0]})))
+
+    def table():
+        return {"max_position": 16, "rotary_dim": D}
+
+    cases += _sweep("rope_cache", cukern.rope_cache, table, {
+        "max_position": INT_VALUES + (("0", 0), ("negative", -1)), "rotary_dim": rot + (("None", None),),
+        "base": REAL_VALUES + (("1", 1.0), ("0", 0), ("negative", -10000.0)),
+        "dtype": DTYPE_VALUES + (("int32", np.int32), ("float64", np.float64), ("complex64", np.complex64)),
+        "scaling": (("str", "linear"), ("a list", [2.0]), ("factor 0", {"type": "linear", "factor": 0.0}),
+                    ("factor nan", {"type": "linear", "factor": NAN}))})
+    return cases
+
+
 def _run(call):
     """(error, launches) of one call: error None, or its first line (and, for CUDA's own errors, the last line
     of cukern it came through: a step of CuPy's that needs the driver)."""
@@ -251,11 +529,26 @@ def _run(call):
     return error, launches[start:], result
 
 
+def _refusal(name, arg, call):
+    """(name, argument, exception type's names from its class up, its whole message, launches recorded)."""
+    start = len(launches)
+    try:
+        call()
+        kinds, message = (), None
+    except Exception as err:  # noqa: BLE001 - the test judges what was raised
+        kinds, message = tuple(c.__name__ for c in type(err).__mro__), str(err)
+    return name, arg, kinds, message, len(launches) - start
+
+
 def main(mode):
     """``launches``: each case once. ``capture``: each case once as it is, then again while the stream
     "captures", recording also the addresses the captured launches were given in memory the op made during
-    the call and gave back before it returned (a graph's replay would write there)."""
+    the call and gave back before it returned (a graph's replay would write there). ``bad``: each of
+    :func:`bad_cases` once, as :func:`_refusal` records it."""
     _install()
+    if mode == "bad":
+        pickle.dump([_refusal(*case) for case in bad_cases()], sys.stdout.buffer)
+        return
     records = []
     for name, call in cases():
         if mode == "launches":

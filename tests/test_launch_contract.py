@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from _support import assert_no_spills, compiled
 
+import cukern
 from cukern import families
 from cukern._compile import compile_program
 
@@ -178,3 +179,42 @@ def test_captured_calls_refuse_first_or_keep_their_memory():
     freed = [(name, hit) for name, _, _, hit in cases if hit]
     assert not waits and not partial and not freed, (waits[:3], partial[:3], freed[:3])
     assert sum(1 for _, error, done, _ in cases if error is None and done) > 1000
+
+
+
+# The exception a bad value's label (after "=" in a case's name) asks for: NumPy's where the op mirrors NumPy
+# (AxisError, a ValueError and an IndexError, for an axis out of range; TypeError for a bool or float axis).
+# A wrong shape, and an overlap (a case with no "="), is a ValueError; a wrong dtype a TypeError.
+KINDS = {"numpy": "TypeError", "list": "TypeError", "scalar": "TypeError", "None": "TypeError",
+         "2": "AxisError", "-3": "AxisError", "True": "TypeError", "1.0": "TypeError", "complex": "TypeError",
+         "last stride 2": "ValueError", "broadcast": "ValueError", "nan": "ValueError", "inf": "ValueError",
+         "-inf": "ValueError", **{t: "TypeError" for t in ("float32", "float16", "bfloat16", "float64", "int32",
+                                                           "int64", "uint8", "uint64", "bool", "complex64")}}
+
+
+def test_bad_inputs_are_refused_before_any_launch():
+    """Every public op given one bad argument at a time (tests/_record_launches.py's ``bad_cases``: host
+    arrays, lists, scalars, None, each dtype the op does not take, wrong shapes and strides, broadcast and
+    overlapping outputs, non-finite and mistyped scalars, bad axes, flags, dtypes, ddof and offsets), after a
+    valid call of the same op has filled its call caches: a TypeError, ValueError or IndexError (no case is
+    about the GPU's state, so no RuntimeError) of the kind :data:`KINDS` names, in one line naming the
+    argument, raised before anything is recorded. Each valid call launches, or ends where a step of CuPy's
+    own needs the driver (nanmax's host check of its result)."""
+    records = record("bad")
+    broken = [(name, kinds[:1], message) for name, arg, kinds, message, _ in records
+              if arg is None and kinds and not {"CUDARuntimeError", "CUDADriverError"} & set(kinds)]
+    wrong = []
+    for name, arg, kinds, message, launched in records:
+        if arg is None:
+            continue
+        label = name.partition("=")[2]
+        want = "ValueError" if not label or label.startswith("shape") else KINDS.get(label)
+        if not {"TypeError", "ValueError", "IndexError"} & set(kinds) or want is not None and want not in kinds:
+            wrong.append((name, kinds[:1], message))
+        elif "\n" in message or not re.search(rf"\b{arg}\b", message) or launched:
+            wrong.append((name, message, launched))
+    assert not broken and not wrong, (broken[:5], wrong[:10])
+    ops = {n for n in cukern.__all__ if callable(getattr(cukern, n))} - {"reduce_ladder"}
+    ops |= {f"ladder {r.number}" for r in cukern.reduce_ladder}
+    assert ops <= {name.removesuffix(" valid") for name, arg, *_ in records if arg is None}
+    assert len(records) > 1500
