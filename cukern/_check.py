@@ -12,6 +12,16 @@ from ._interop import as_array  # noqa: F401  (the ops still call _check.as_arra
 from ._layout import extent
 
 
+def check_keepdims(value) -> bool:
+    """``keepdims`` as NumPy's reductions read it: a bool, or an integer taken as its truth (``keepdims=1``);
+    None, a float, a string or an array is a TypeError, as NumPy's ``sum`` raises."""
+    if value is True or value is False:
+        return value
+    if isinstance(value, (int, np.integer, np.bool_)):
+        return bool(value)
+    raise TypeError(f"keepdims must be a bool or an integer, got {value!r}")
+
+
 def check_flag(value, name: str) -> bool:
     """``value`` as a bool: True, False or a NumPy bool; anything else (None, 0, a string) is a TypeError rather
     than a guess at what it meant. Cheap for a bool (two identity tests): the ops call it on every call, so

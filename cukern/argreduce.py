@@ -413,10 +413,8 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
                _tuned.generation, *stream_key(cp.cuda.get_current_stream()))
         call = _calls.get(key)
     if call is _MISSING:
-        if not isinstance(keepdims, (bool, np.bool_)):
-            raise TypeError(f"keepdims must be a bool, got {keepdims!r}")
         x = _check.as_array(x, "x")
-        call = _prepare(op, x, axis, bool(keepdims), knobs, sm)
+        call = _prepare(op, x, axis, _check.check_keepdims(keepdims), knobs, sm)
         if key is not None and x.data.device_id == cp.cuda.runtime.getDevice():
             _calls.put(key, call)
     if out is not None:

@@ -489,7 +489,7 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
     check_input(name, x.dtype)
     if op.kernel_op == OP_VAR:
         _check_ddof(ddof)
-    keepdims = _check.check_flag(keepdims, "keepdims")
+    keepdims = _check.check_keepdims(keepdims)
     if knobs is None:
         knobs = _own_knobs(name) or _tuned_knobs(x, axis)
     axes = normalize_axis(axis, x.ndim)
@@ -808,7 +808,7 @@ def _refuse_capture(name: str, why: str) -> None:
 def _result_of(x, axis, keepdims: bool, dtype, out):
     """(x as a checked array, the result shape, ``out`` checked against it and ``dtype``) before any launch."""
     x = _check.as_array(x, "x")
-    shape = result_shape(x.shape, normalize_axis(axis, x.ndim), _check.check_flag(keepdims, "keepdims"))
+    shape = result_shape(x.shape, normalize_axis(axis, x.ndim), _check.check_keepdims(keepdims))
     if out is not None:
         out = _validate_out(out, shape, np.dtype(dtype), x)
     return x, shape, out
