@@ -559,9 +559,12 @@ class Layout:
 
 
 def normalize_axis(axis, ndim: int) -> tuple:
-    """``axis`` (None, an int or a tuple of ints) as a sorted tuple of distinct non-negative axes."""
+    """``axis`` (None, an int or a tuple of ints) as a sorted tuple of distinct non-negative axes. An int 0 or -1
+    of a 0-d array is no axis, as NumPy's ufunc reductions read it (a tuple holding one is out of range)."""
     if axis is None:
         return tuple(range(ndim))
+    if ndim == 0 and isinstance(axis, (int, np.integer)) and not isinstance(axis, (bool, np.bool_)) and axis in (0, -1):
+        return ()
     items = axis if isinstance(axis, tuple) else (axis,)
     out = []
     for a in items:

@@ -495,8 +495,9 @@ axis_values = st.one_of(
 @_settings(200)
 @given(ndim=st.integers(0, 6), axis=axis_values)
 def test_axis_normalization_matches_numpy(ndim, axis):
-    """The reductions read ``axis`` as NumPy does (sorted, distinct), except that bools, lists and other
-    non-integers are refused with TypeError rather than read as integers or sequences."""
+    """The reductions read ``axis`` as NumPy does (sorted, distinct; an int 0 or -1 of a 0-d array as no axis),
+    except that bools, lists and other non-integers are refused with TypeError rather than read as integers or
+    sequences."""
     array_utils = pytest.importorskip("numpy.lib.array_utils")
     normalize = reduce_plan.normalize_axis
     items = axis if isinstance(axis, tuple) else (axis,)
@@ -509,6 +510,9 @@ def test_axis_normalization_matches_numpy(ndim, axis):
         return
     if axis is None:
         assert normalize(axis, ndim) == tuple(range(ndim))
+        return
+    if ndim == 0 and not isinstance(axis, tuple) and axis in (0, -1):
+        assert normalize(axis, ndim) == ()  # as NumPy's ufunc reductions read it
         return
     try:
         want = tuple(sorted(array_utils.normalize_axis_tuple(tuple(operator.index(a) for a in items), ndim)))

@@ -819,6 +819,10 @@ def test_normalize_axis():
         P.normalize_axis(1.0, 3)
     with pytest.raises(TypeError):
         P.normalize_axis(True, 3)
+    assert P.normalize_axis(0, 0) == P.normalize_axis(np.int64(-1), 0) == ()  # NumPy's ufunc reductions: no axis
+    for axis in ((0,), (-1,), 1, True):
+        with pytest.raises((np.exceptions.AxisError, TypeError)):
+            P.normalize_axis(axis, 0)
 
 
 def test_result_dtypes_follow_numpy():
