@@ -350,10 +350,8 @@ def targets(op: str, dtype) -> tuple:
         return ()
     if op in MINMAX_OPS:
         return NUMERIC
-    if op in ("sum", "mean", "sum_of_squares", "prod"):
+    if op in ("sum", "mean", "sum_of_squares", "prod", "nansum"):  # nansum's bool: an "or" of the non-NaN values
         return COMPLEX if t in COMPLEX else NUMERIC
-    if op == "nansum":
-        return COMPLEX if t in COMPLEX else (BOOL,) + EVERY_INT + FLOATS  # bool: an "or" of the non-NaN values
     if op in VAR_OPS:
         # x converted to a float target first, as NumPy computes in it; a complex target is the variance in its
         # parts' type, widened (NumPy's is complex with a zero imaginary part). NumPy's var of complex x in a

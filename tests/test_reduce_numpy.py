@@ -128,6 +128,7 @@ def test_route_choices():
     assert R_("all", np.float32, np.bool_) == P.Route("all", "direct", P.F32, P.BOOL)
     assert R_("nansum", np.complex64, np.complex128) == P.Route("nansum", "complex", P.F32, P.F64)
     assert R_("nansum", np.float32, np.bool_).op == "count_nonzero"
+    assert R_("nansum", np.float32, np.complex64) == P.Route("nansum", "direct", P.F32, P.F32)  # then widened
     assert P.kernels_answer("sum", np.float32, np.float64) and not P.kernels_answer("sum", np.int8, np.int64)
 
 
@@ -535,6 +536,17 @@ def test_nansum_into_bool_is_an_or_of_the_non_nan_values(rng):
         want = np.nansum(h, axis=axis, dtype=bool)
         got = reference.nansum_emulated(h, axis=axis, dtype=bool)
         assert got.dtype == np.bool_ and np.array_equal(got, want), axis
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int16"])
+def test_nansum_of_real_x_into_a_complex_dtype_is_numpys(dtype):
+    from cukern import reference
+
+    h = np.array([[1.0, np.nan, 2.5], [np.nan, 0.0, -3.0]] if dtype == "float32" else [[1, 2, 3], [4, 0, -6]], dtype)
+    for axis in (None, 0, 1):
+        want = np.nansum(h, axis=axis, dtype=np.complex64)
+        got = reference.nansum_emulated(h, axis=axis, dtype=np.complex64)
+        assert got.dtype == want.dtype and np.array_equal(got, want), axis
 
 
 @pytest.mark.gpu
