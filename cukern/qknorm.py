@@ -268,7 +268,7 @@ class _Call:
     (``cache_rows``, ``check_params``, ``check_kernel``, ``apart``) have their names there."""
 
     __slots__ = ("apart", "cache_rows", "check_kernel", "check_params", "config", "device", "has_key", "inst",
-                 "kernel", "meet", "params", "struct")
+                 "kernel", "meet", "params", "spans", "struct")
 
     def __init__(self, device, cache_rows, check, inst=None, config=None, struct=None, has_key=False, meet=None):
         self.device, self.cache_rows, self.inst, self.config = device, cache_rows, inst, config
@@ -277,10 +277,11 @@ class _Call:
         self.has_key = has_key
         self.meet = meet  # (lo, hi): key's pointer minus query's at which their extents meet; None: no key
         self.apart = None
-        self.kernel = self.check_kernel = None
+        self.kernel = self.check_kernel = self.spans = None
 
 
 _calls = CallCache()
+_READS = ("q_weight", "k_weight", "positions", "cos_sin_cache")  # what _check_addresses checks apart
 _MISSING = CallCache.MISSING
 
 
@@ -326,8 +327,7 @@ def _check_addresses(call, positions, query, key, q_weight, k_weight, cache) -> 
         koff = key.data.ptr - query.data.ptr
         if meet[0] < koff < meet[1] and koff != call.apart:
             _check_key_apart(call, query, key, koff)
-    _check_reads_apart((("q_weight", q_weight), ("k_weight", k_weight), ("positions", positions),
-                        ("cos_sin_cache", cache)), query, key)
+    _check_reads_apart(call, _READS, (q_weight, k_weight, positions, cache), query, key)
 
 
 def _plan_call(ck, positions, query, key, q_weight, k_weight, cache, eps, offset, is_neox, rotary_dim, knobs):

@@ -386,16 +386,37 @@ def _check_key_apart(call, query, key, offset: int) -> None:
     call.apart = offset
 
 
-def _check_reads_apart(reads, query, key) -> None:
-    """Refuse an array the kernel reads (``reads``: (name, array or None) pairs) that shares an element with
-    query or key, which it writes: other tokens' threads would read it written or not, as they run. Checked
-    on every call (it depends on the addresses)."""
-    for n, a in reads:
-        for t, w in (("query", query), ("key", key)):
-            if a is not None and w is not None and _check.overlaps(a, w):
-                raise ValueError(f"{n} overlaps {t}, which this op writes; pass a separate array")
+def read_spans(arrays) -> tuple:
+    """Each array's extent relative to its own pointer, None for a missing or empty one: fixed by the shapes
+    and strides a call's key holds, so worked out once a call."""
+    return tuple(None if a is None or not a.size else extent(0, a.shape, a.strides, a.itemsize) for a in arrays)
 
 
+def _check_reads_apart(call, names, reads, query, key) -> None:
+    """Refuse an array the kernel reads (``names``, ``reads``) that shares an element with query or key, which
+    it writes: other tokens' threads would read it written or not, as they run. It depends on the addresses,
+    so every call checks it; with each array's extent relative to its pointer kept on the call
+    (``call.spans``, made on its first use) that is a few additions and comparisons, and the exact test runs
+    only where two extents meet."""
+    spans = call.spans
+    if spans is None:
+        spans = call.spans = (read_spans(reads), read_spans((query, key)))
+    written = []
+    for name, w, span in zip(("query", "key"), (query, key), spans[1]):
+        if span is not None:
+            ptr = w.data.ptr
+            written.append((name, w, ptr + span[0], ptr + span[1]))
+    for name, a, span in zip(names, reads, spans[0]):
+        if span is None:
+            continue
+        ptr = a.data.ptr
+        lo, hi = ptr + span[0], ptr + span[1]
+        for target, w, wlo, whi in written:
+            if lo < whi and wlo < hi and _check.shares_elements(a, w):
+                raise ValueError(f"{name} overlaps {target}, which this op writes; pass a separate array")
+
+
+_READS = ("positions", "cos_sin_cache")  # what _launch_call checks apart from query and key
 _found = threading.local()
 
 
@@ -506,7 +527,7 @@ class _Call:
     tokens but no heads, so only the positions can be checked."""
 
     __slots__ = ("device", "cache_rows", "check_params", "inst", "config", "struct", "params", "has_key", "meet",
-                 "apart", "kernel", "check_kernel")
+                 "apart", "kernel", "check_kernel", "spans")
 
     def __init__(self, device, cache_rows, check, inst=None, config=None, struct=None, has_key=False, meet=None):
         self.device, self.cache_rows, self.inst, self.config = device, cache_rows, inst, config
@@ -518,6 +539,7 @@ class _Call:
         self.apart = None  # the last such offset found to share no element
         # the compiled functions, fetched on the call's device at their first launch
         self.kernel = self.check_kernel = None
+        self.spans = None  # _check_reads_apart's extents, made on the first launch
 
 
 _calls = CallCache()
@@ -609,7 +631,7 @@ def _launch_call(call, offset, positions, query, key, table, check_positions: bo
     meet = call.meet  # what depends on the addresses themselves is checked on every call
     if meet is not None and meet[0] < offset < meet[1] and offset != call.apart:
         _check_key_apart(call, query, key, offset)
-    _check_reads_apart((("positions", positions), ("cos_sin_cache", table)), query, key)
+    _check_reads_apart(call, _READS, (positions, table), query, key)
     switch = on_device(call.device)
     if switch is not _NO_SWITCH:  # the check and the launch go to query's device
         with switch:
@@ -836,13 +858,14 @@ class _PositionsCall:
     """A validated, planned :func:`rotary_embedding_positions` call: as :class:`_Call`, with the frequency
     table in place of the cache and no position check."""
 
-    __slots__ = ("apart", "config", "device", "has_key", "inst", "kernel", "meet", "params", "struct", "table")
+    __slots__ = ("apart", "config", "device", "has_key", "inst", "kernel", "meet", "params", "spans", "struct",
+                 "table")
 
     def __init__(self, device, inst, config, struct, has_key, meet, table):
         self.device, self.inst, self.config, self.has_key, self.meet, self.table = (device, inst, config, has_key,
                                                                                      meet, table)
         self.struct, self.params = struct, struct_argument(struct)
-        self.apart = self.kernel = None
+        self.apart = self.kernel = self.spans = None
 
 
 # ---------------------------------------------------------------------------------------------------------
