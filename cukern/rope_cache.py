@@ -192,7 +192,7 @@ def reads_length(scaling) -> bool:
 _MAX_ELEMENTS = 1 << 62  # past this a table's size is not one NumPy can index (and nothing could hold it)
 
 
-def _check_sizes(max_position, rotary_dim, base) -> tuple:
+def check_sizes(max_position, rotary_dim, base) -> tuple:
     """``(max_position, rotary_dim, base)`` checked, as two ints and a float."""
     max_position, rotary_dim = _count(max_position, "max_position"), _count(rotary_dim, "rotary_dim")
     if rotary_dim < 2 or rotary_dim % 2:
@@ -216,7 +216,7 @@ def rope_frequencies(max_position: int, rotary_dim: int, base: float = 10000.0, 
     """``(inv_freq, attention)``: the ``rotary_dim / 2`` angular frequencies (float64 NumPy) and the factor
     cos and sin are scaled by (YaRN's or LongRoPE's attention factor, else 1), as the models that define each
     scaling publish them (HF transformers ``_compute_*_rope_parameters``). Arguments as :func:`rope_cache`'s."""
-    max_position, rot, base = _check_sizes(max_position, rotary_dim, base)
+    max_position, rot, base = check_sizes(max_position, rotary_dim, base)
     scaling = _check_scaling(scaling, max_position, rot, base)
     kind = scaling.get("type")
     exponents = np.arange(0, rot, 2, dtype=np.float64) / rot

@@ -816,11 +816,11 @@ def positions_plan(tokens: int, num_heads: int, num_kv_heads: int, rotary_dim: i
 
 
 def _plan_positions_call(ck, positions, query, key, rot, base, scaling, is_neox, max_position):
-    from .rope_cache import _check_sizes
+    from .rope_cache import check_sizes
 
     args = _validate(positions, query, key, _no_cache(rot, query.data.device_id), rot)
     # the frequency table's checks, which a table made already for another max_position or base would skip
-    _check_sizes(1 if max_position is None else max_position, rot, base)
+    check_sizes(1 if max_position is None else max_position, rot, base)
     if rot * 4 > POSITIONS_SHARED_LIMIT:  # a block's table holds one token's cos and sin at least
         raise ValueError(f"rotary_dim={rot}: a block's table of cos and sin would take {rot * 4} bytes of shared "
                          f"memory, over the {POSITIONS_SHARED_LIMIT} a launch gets; rotary_dim <= "
