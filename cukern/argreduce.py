@@ -407,7 +407,10 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
     nd = cp.ndarray
     key = None
     call = _MISSING
-    if type(x) is nd and sm is None and (axis is None or type(axis) is int) and type(keepdims) is bool:
+    # Only for x on the current device: the key's stream (and its wait, stream_key) is the current device's, and
+    # a cached call holds the workspace of the stream it launches on.
+    if (type(x) is nd and sm is None and (axis is None or type(axis) is int) and type(keepdims) is bool
+            and x.data.device_id == cp.cuda.runtime.getDevice()):
         mem = x.data
         key = (op, x.shape, x.strides, x.dtype, mem.ptr % 16, axis, keepdims, mem.device_id, knobs,
                _tuned.generation, *stream_key(cp.cuda.get_current_stream()))
@@ -415,7 +418,7 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
     if call is _MISSING:
         x = _check.as_array(x, "x")
         call = _prepare(op, x, axis, _check.check_keepdims(keepdims), knobs, sm)
-        if key is not None and x.data.device_id == cp.cuda.runtime.getDevice():
+        if key is not None:
             _calls.put(key, call)
     if out is not None:
         out = _validate_out(out, call.shape, x)

@@ -235,6 +235,34 @@ def test_bad_input(op, shape, dtype, axis, err, match):
         A._prepare(op, fake_array(shape, dtype), axis, False, A.DEFAULT_KNOBS, 132)
 
 
+def test_the_call_cache_answers_for_x_on_the_current_device_only(monkeypatch):
+    """A cached call holds its stream's workspace on x's device; the key reads the current device's stream (and
+    waits for that device on the per-thread stream's first call), so x on another device is planned afresh
+    there, as the reductions' cache does."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from cukern._launch import CallCache
+
+    class Arr:
+        def __init__(self, shape=(4,), dtype=F32):
+            self.shape, self.strides, self.dtype = shape, (4,) * len(shape), np.dtype(dtype)
+            self.data = SimpleNamespace(ptr=0, device_id=1)
+
+    current, planned = [1], []
+    stream = SimpleNamespace(ptr=0)
+    cuda = SimpleNamespace(get_current_stream=lambda: stream, runtime=SimpleNamespace(getDevice=lambda: current[0]))
+    monkeypatch.setattr(A, "_cupy", lambda: SimpleNamespace(ndarray=Arr, cuda=cuda))
+    monkeypatch.setattr(A, "_calls", CallCache())
+    monkeypatch.setattr(A._check, "as_array", lambda x, name: x)
+    monkeypatch.setattr(A, "on_device", lambda device: nullcontext())
+    nothing = A._Call(None, False, None, None, False, (), False, None)
+    monkeypatch.setattr(A, "_prepare", lambda *args: planned.append(current[0]) or nothing)
+    for current[0] in (1, 1, 0, 0):
+        A.argmax(Arr())
+    assert planned == [1, 0, 0]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Compilation.
 
