@@ -29,8 +29,11 @@ ARG_TYPES = {"int32": "32", "uint32": "32", "int64": "64", "uint64": "64", "floa
 
 
 def record(mode: str):
+    # no GPU in the recorder's process, on any machine: CuPy's own steps (a cast, a copy) would run its kernels
+    # over the recorder's made-up addresses and fault, where with no GPU they fail at once
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "CUDA_VISIBLE_DEVICES": ""}
     run = subprocess.run([sys.executable, str(HERE / "_record_launches.py"), mode], capture_output=True,
-                         cwd=HERE.parent, env={**os.environ, "PYTHONPATH": str(HERE.parent)}, timeout=300)
+                         cwd=HERE.parent, env=env, timeout=300)
     assert run.returncode == 0, run.stderr.decode()[-3000:]
     return pickle.loads(run.stdout)
 

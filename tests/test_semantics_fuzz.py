@@ -75,9 +75,11 @@ def _documented(m):
 
 
 def _record(seed: int, draws: int):
+    # no GPU in the recorder's process, on any machine: CuPy's own kernels would run over its made-up addresses
+    # and fault (a draw answered, its repeat then a CUDA error), where with no GPU both skip
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "CUDA_VISIBLE_DEVICES": ""}
     run = subprocess.run([sys.executable, str(HERE / "_record_semantics.py"), str(seed), str(draws)],
-                         capture_output=True, cwd=HERE.parent, env={**os.environ, "PYTHONPATH": str(HERE.parent)},
-                         timeout=300)
+                         capture_output=True, cwd=HERE.parent, env=env, timeout=300)
     assert run.returncode == 0, run.stderr.decode()[-3000:]
     return pickle.loads(run.stdout)
 
