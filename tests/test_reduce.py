@@ -1576,8 +1576,8 @@ def test_columns_past_one_launch():
     import cupy
 
     free, _ = cupy.cuda.runtime.memGetInfo()
-    if free < 26 * 2**30:
-        pytest.skip("needs 26 GiB of free GPU memory")
+    if free < 30 * 2**30:  # x 16 GiB, its sums 8 GiB, their test against 1 4 GiB
+        pytest.skip("needs 30 GiB of free GPU memory")
     x = cupy.empty((2**31, 2, 2), np.float16)
     x.view(np.uint16).fill(int(np.array(0.5, np.float16).view(np.uint16)))
     x[-1, :, 1] = 3
