@@ -5,8 +5,8 @@ its current stream and device queries, and each op module's ``get_kernel`` and `
 plans, validates and packs its arguments as it would on a GPU and hands them to a recorder instead of the
 driver. It pickles to stdout a list of ``(case, error, launches)``, each launch
 ``(instantiation, grid, block, shared_mem, dynamic_shared_limit, args)`` with every argument described as
-``("ptr", address)``, ``("struct", itemsize, alignment)`` or ``(NumPy type name, value)``; and the
-allocations, ``(address, bytes)``.
+``("ptr", address)``, ``("struct", itemsize, alignment, fields)`` (``fields``: each field's value by name,
+empty for a struct of no fields) or ``(NumPy type name, value)``; and the allocations, ``(address, bytes)``.
 """
 
 import inspect
@@ -113,7 +113,8 @@ def _describe(a):
     if isinstance(a, cupy.cuda.MemoryPointer):
         return ("ptr", a.ptr)
     if isinstance(a, _Struct):
-        return ("struct", a.struct.dtype.itemsize, a.struct.dtype.alignment)
+        fields = {n: a.struct[n].item() for n in a.struct.dtype.names or ()}
+        return ("struct", a.struct.dtype.itemsize, a.struct.dtype.alignment, fields)
     if isinstance(a, np.generic):
         return (type(a).__name__, a.item())
     raise TypeError(f"an argument of type {type(a).__name__} reached the launch")

@@ -70,7 +70,7 @@ def argument_fits(arg, param) -> bool:
     if arg[0] == "ptr":
         return kind in (".u64", ".b64", ".s64")
     if arg[0] == "struct":  # a struct, or a scalar passed as its bytes (rotary's answer address)
-        return arg[1:] == (size, align) if kind == "struct" else arg[1] == size
+        return arg[1:3] == (size, align) if kind == "struct" else arg[1] == size
     want = ARG_TYPES[arg[0]]
     return kind.endswith(want) if want.startswith("f") else kind in {f".{t}{want}" for t in "usb"}
 
