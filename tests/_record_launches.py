@@ -514,6 +514,102 @@ def _rotary_cases(T):
     return cases
 
 
+def _view(rng, shape, dtype=np.float32, unit_last=False):
+    """An input of ``shape`` in a drawn layout of a buffer of its own: its axes in any order in memory, each
+    taken with a step of 1 to 3, either way, past a margin; with ``unit_last``, the last axis innermost and
+    forward with step 1."""
+    nd = len(shape)
+    order = list(rng.permutation(nd - 1 if unit_last else nd)) + ([nd - 1] if unit_last else [])
+    steps = [1 if unit_last and d == nd - 1 else int(rng.integers(1, 4)) for d in range(nd)]
+    signs = [1 if unit_last and d == nd - 1 else int(rng.choice((-1, 1))) for d in range(nd)]
+    starts = [int(rng.integers(0, 3)) for _ in range(nd)]
+    base = _a(tuple(starts[d] + max(shape[d], 1) * steps[d] + 1 for d in order), dtype)
+    v = base.transpose(tuple(np.argsort(order)))
+    cut = []
+    for n, step, sign, start in zip(shape, steps, signs, starts):
+        if sign > 0:
+            cut.append(slice(start, start + n * step, step))
+        else:
+            last = start + (n - 1) * step
+            cut.append(slice(last, start - 1 if start else None, -step) if n else slice(0, 0))
+    v = v[tuple(cut)]
+    assert v.shape == tuple(shape), (v.shape, shape)
+    return v
+
+
+def _qkv(rng, tokens, q_heads, k_heads, head_size, dtype):
+    """query and key: views of one fused qkv buffer (token axis drawn as :func:`_view` draws one), or each
+    a view of its own."""
+    if rng.random() < 0.5:
+        qkv = _view(rng, (tokens, q_heads + 2 * k_heads, head_size), dtype, unit_last=True)
+        return qkv[:, :q_heads], qkv[:, q_heads:q_heads + k_heads]
+    return (_view(rng, (tokens, q_heads, head_size), dtype, unit_last=True),
+            _view(rng, (tokens, k_heads, head_size), dtype, unit_last=True))
+
+
+def layout_cases(seed=0, draws=960):
+    """(family, name, call) of ops over drawn layouts; each call returns ``(views, result)``: the arrays the
+    kernels should address (and the numbers that say how much of them), by name, and what the op returned."""
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    out = []
+
+    def dims(k, low=0, high=4):
+        return tuple(int(n) for n in rng.integers(low, high, k))
+
+    for i in range(draws):
+        family = ("rms_norm", "fused_add_rms_norm", "rotary", "qk_norm_rope", "scan", "argmax", "reduce",
+                  "segment")[i % 8]
+        seed_i = int(rng.integers(1 << 31))
+
+        def call(family=family, r=np.random.default_rng(seed_i)):
+            if family in ("rms_norm", "fused_add_rms_norm"):
+                shape = dims(int(r.integers(1, 4)), 0, 4) + (int(r.choice((8, 64, 100, 256, 5000))),)
+                x = _view(r, shape, f32, unit_last=True)
+                o = _view(r, shape, f32, unit_last=True)
+                if family == "rms_norm":
+                    return {"x": x, "out": o}, cukern.rms_norm(x, out=o)
+                res = _view(r, shape, f32, unit_last=True)
+                return {"x": x, "out": o, "residual": res}, cukern.fused_add_rms_norm(x, res, out=o)
+            if family in ("rotary", "qk_norm_rope"):
+                tokens, q_heads, k_heads = int(r.integers(0, 6)), int(r.integers(1, 5)), int(r.integers(1, 3))
+                head_size = int(r.choice((64, 128)))
+                rot = head_size if family == "qk_norm_rope" or r.random() < 0.5 else head_size // 2
+                q, k = _qkv(r, tokens, q_heads, k_heads, head_size, f32)
+                pos = _view(r, (tokens,), np.int64)
+                cache = _a((64, rot), f32)
+                views = {"query": q, "key": k, "positions": pos, "cache": cache, "rot": rot}
+                if family == "rotary":
+                    return views, cukern.rotary_embedding(pos, q, k, cache, rotary_dim=rot,
+                                                          is_neox=bool(r.random() < 0.5))
+                return views, cukern.qk_norm_rope(pos, q, k, _a((head_size,), f32), _a((head_size,), f32), cache,
+                                                  rotary_dim=rot, is_neox=bool(r.random() < 0.5))
+            unit_last = bool(r.random() < 0.5)  # the rows and columns kernels' layouts
+            if family in ("scan", "argmax", "reduce"):
+                shape = dims(int(r.integers(1, 4)), 0, 6)
+                if r.random() < 0.5:
+                    shape = shape[:-1] + (int(r.integers(60, 3000)),)
+                x = _view(r, shape, f32, unit_last)
+                axis = int(r.integers(-len(shape), len(shape)))
+                op = {"scan": ("cumsum", "cumprod"), "argmax": ("argmax",),
+                      "reduce": ("sum", "amax", "var")}[family]
+                return {"x": x, "axis": axis}, getattr(cukern, op[int(r.integers(len(op)))])(x, axis=axis)
+            shape = (int(r.integers(0, 40)),) + dims(int(r.integers(0, 3)), 1, 5)
+            if r.random() < 0.3:
+                shape = shape[:1] + (int(r.integers(60, 600)),)
+            x = _view(r, shape, f32, unit_last and len(shape) > 1)
+            offsets = _a((4,), np.int64)
+            return {"x": x}, cukern.segment_sum(x, offsets, check_offsets=False)
+
+        out.append((family, f"{family} draw {i}", call))
+    return out
+
+
+def _array(a):
+    """An array as the layout test models it: (address, shape, strides in bytes, itemsize)."""
+    return (a.data.ptr, a.shape, a.strides, a.itemsize)
+
+
 def _run(call):
     """(error, launches) of one call: error None, or its first line (and, for CUDA's own errors, the last line
     of cukern it came through: a step of CuPy's that needs the driver)."""
@@ -545,8 +641,20 @@ def main(mode):
     """``launches``: each case once. ``capture``: each case once as it is, then again while the stream
     "captures", recording also the addresses the captured launches were given in memory the op made during
     the call and gave back before it returned (a graph's replay would write there). ``bad``: each of
-    :func:`bad_cases` once, as :func:`_refusal` records it."""
+    :func:`bad_cases` once, as :func:`_refusal` records it. ``layouts``: each of :func:`layout_cases` once,
+    recorded as ``(family, name, error, launches, views)``, ``views`` by :func:`_array` (and the result's)."""
     _install()
+    if mode == "layouts":
+        records = []
+        for family, name, call in layout_cases():
+            box = {}
+            error, done, result = _run(lambda call=call: box.setdefault("got", call()))
+            views = {n: v if isinstance(v, int) else _array(v) for n, v in box["got"][0].items()} if box else {}
+            if result is not None and result[1] is not None:
+                views["result"] = _array(result[1] if not isinstance(result[1], tuple) else result[1][0])
+            records.append((family, name, error, done, views))
+        pickle.dump(records, sys.stdout.buffer)
+        return
     if mode == "bad":
         pickle.dump([_refusal(*case) for case in bad_cases()], sys.stdout.buffer)
         return

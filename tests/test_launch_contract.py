@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _support import assert_no_spills, compiled
 
@@ -221,3 +222,131 @@ def test_bad_inputs_are_refused_before_any_launch():
     ops |= {f"ladder {r.number}" for r in cukern.reduce_ladder}
     assert ops <= {name.removesuffix(" valid") for name, arg, *_ in records if arg is None}
     assert len(records) > 1500
+
+
+# The layouts test: each kernel's address formula, from the comment or code beside its parameters in
+# cuda_src, as the byte addresses a launch reads or writes. A model takes the launch's arguments (pointers as
+# addresses, a struct as its fields by name) and yields (array name, pointer, element offsets, itemsize or None
+# for the array's own).
+
+def _rows(rows, inner, s0, s1, n, step):
+    """Offsets of the elements i < n of rows r < rows, row r at (r / inner) * s0 + (r % inner) * s1."""
+    if rows <= 0 or n <= 0:
+        return np.zeros(0, np.int64)
+    r = np.arange(rows, dtype=np.int64)
+    return ((r // inner * s0 + r % inner * s1)[:, None] + np.arange(n, dtype=np.int64) * step).ravel()
+
+
+def _heads(tokens, heads, ts, hs, width):
+    t, h, e = (np.arange(n, dtype=np.int64) for n in (tokens, heads, width))
+    return (t[:, None, None] * ts + h[None, :, None] * hs + e).ravel()
+
+
+def _model(name, args):
+    a = [x[1] if x[0] != "struct" else x[3] for x in args]
+    if name in ("rms_norm_rows", "rms_norm_wide", "fused_add_rms_norm_rows", "fused_add_rms_norm_wide"):
+        p, fused = a[-1], name.startswith("fused")
+        row = {k: _rows(p["rows"], p["inner"], p[f"{k}_s0"], p[f"{k}_s1"], p["hidden"], 1) for k in ("out", "res", "x")}
+        yield "out", a[0], row["out"], None
+        if fused:
+            yield "residual", a[1], row["res"], None
+        yield "x", a[2 if fused else 1], row["x"], None
+    elif name == "rotary_embedding":
+        p = a[4]
+        yield "query", a[0], _heads(p["tokens"], p["q_heads"], p["q_ts"], p["q_hs"], p["rot"]), None
+        yield "key", a[1], _heads(p["tokens"], p["heads"] - p["q_heads"], p["k_ts"], p["k_hs"], p["rot"]), None
+        yield "positions", a[3], np.arange(p["tokens"], dtype=np.int64) * p["pos_stride"], 8 if p["pos64"] else 4
+    elif name == "qk_norm_rope":
+        p = a[6]
+        tokens = p["slots"] // p["heads"]
+        assert tokens * p["heads"] == p["slots"], p
+        yield "query", a[0], _heads(tokens, p["q_heads"], p["q_ts"], p["q_hs"], p["head_size"]), None
+        yield "key", a[1], _heads(tokens, p["heads"] - p["q_heads"], p["k_ts"], p["k_hs"], p["head_size"]), None
+        yield "positions", a[5], np.arange(tokens, dtype=np.int64) * p["pos_stride"], 8 if p["pos64"] else 4
+    elif name == "rotary_first_bad_position":
+        yield "positions", a[1], np.arange(a[2]["tokens"], dtype=np.int64) * a[2]["pos_stride"], None
+    elif name in ("scan_tiles", "scan_ahead", "scan_columns"):
+        p = a[-1]
+        rows = p["tiles"] // p["tiles_per_row"] if p["tiles_per_row"] else 0
+        yield "result", a[0], _rows(rows, p["inner"], p["o_s0"], p["o_s1"], p["n"], p["o_step"]), None
+        yield "x", a[1], _rows(rows, p["inner"], p["x_s0"], p["x_s1"], p["n"], p["x_step"]), None
+    elif name in ("argreduce_span", "argreduce_cols"):
+        p = a[-1]
+        yield "result", a[0], np.arange(p["rows"], dtype=np.int64), 8
+        yield "x", a[-2], _rows(p["rows"], p["inner"], p["s0"], p["s1"], p["n"], p["stride"]), None
+    elif name == "reduce_full":
+        yield "result", a[0], np.zeros(1, np.int64), None
+        yield "x", a[3], np.arange(a[4], dtype=np.int64) * a[5], None
+    elif name == "reduce_rows":  # (out, x, rows, length, inner, s0, s1, ...)
+        yield "result", a[0], np.arange(a[2], dtype=np.int64), None
+        yield "x", a[1], _rows(a[2], a[4], a[5], a[6], a[3], 1), None
+    elif name == "reduce_cols":  # (out, x, outer, rows, cols, s_outer, s_row, span, spans, ...)
+        outer, rows, cols, s_outer, s_row, spans = a[2], a[3], a[4], a[5], a[6], a[8]
+        if spans == 1:
+            yield "result", a[0], np.arange(outer * cols, dtype=np.int64), None
+        yield "x", a[1], (_rows(outer, 1, s_outer, 0, rows, s_row)[:, None] + np.arange(cols)).ravel(), None
+    elif name == "reduce_cols_fold":  # (out, partials, outer, cols, spans, ...)
+        yield "result", a[0], np.arange(a[2] * a[3], dtype=np.int64), None
+    elif name == "reduce_strided":  # (out, x, outputs, o_inner, o_s0, o_s1, count, r_inner, r_s0, r_s1, ...)
+        outputs, count = a[2], a[6]
+        yield "result", a[0], np.arange(outputs, dtype=np.int64), None
+        if outputs and count:
+            o = _rows(outputs, a[3], a[4], a[5], 1, 0)
+            r = _rows(count, a[7], a[8], a[9], 1, 0)
+            yield "x", a[1], (o[:, None] + r).ravel(), None
+    elif name in ("segment_warp", "segment_cols"):
+        p = a[3]
+        yield "result", a[0], np.arange(p["segments"] * p["cols"], dtype=np.int64), None
+        yield "x", a[1], _rows(p["rows"], 1, p["row_stride"], 0, p["cols"], p["col_stride"]), None
+    else:
+        raise AssertionError(f"no address model of {name}")
+
+
+def _elements(ptr, shape, strides):
+    """The byte address of every element of a view."""
+    at = np.full((1,) * len(shape), ptr, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(shape, strides)):
+        at = at + (np.arange(n, dtype=np.int64) * s).reshape((1,) * d + (n,) + (1,) * (len(shape) - d - 1))
+    return set(at.ravel().tolist())
+
+
+def test_launches_address_exactly_the_views_elements():
+    """Seeded draws of layouts (tests/_record_launches.py ``layout_cases``: any axis order, steps either way,
+    offsets into a buffer, size-1 and zero-size axes, query and key in one fused qkv buffer): for every array
+    a kernel reads or writes, the set of element addresses its launches' arguments address (each kernel's
+    formula, :func:`_model`) is the set of the view's elements. A read from a buffer the op made (a copy of
+    x) is counted apart; so are calls that end in CuPy's own copy (no GPU here)."""
+    records = record("layouts")
+    bad, checked, copied = [], collections.Counter(), collections.Counter()
+    for family, case, error, done, views in records:
+        if error is not None:
+            copied[family] += "CUDARuntimeError" in error
+            continue
+        got = collections.defaultdict(set)
+        for inst, *_, args in done:
+            for array, ptr, offsets, size in _model(inst.name, args):
+                if array not in views:
+                    continue
+                view = views[array]
+                if ptr >> 38 != view[0] >> 38:  # another buffer: the op's own copy
+                    copied[family] += 1
+                    got[array] = None
+                    continue
+                if got[array] is not None:
+                    got[array] |= set((ptr + offsets * (size or view[3])).tolist())
+        for array, view in views.items():
+            if isinstance(view, int) or array == "cache" or array == "result" and "out" in views or got.get(
+                    array, set()) is None:
+                continue
+            ptr, shape, strides, _ = view
+            if family == "rotary" and array in ("query", "key"):  # only the rotated elements
+                shape = shape[:-1] + (views["rot"],)
+            want = _elements(ptr, shape, strides)
+            have = got.get(array, set())
+            if have != want:
+                bad.append((case, array, view, len(have - want), len(want - have), sorted(have - want)[:3],
+                            sorted(want - have)[:3], [(i.name, a) for i, *_, a in done]))
+            checked[family] += 1
+    assert not bad, bad[:3]
+    assert all(checked[f] >= 20 for f in ("rms_norm", "fused_add_rms_norm", "rotary", "qk_norm_rope", "scan",
+                                          "argmax", "reduce", "segment")), (checked, copied)
