@@ -566,11 +566,17 @@ def layout_cases(seed=0, draws=960):
             if family in ("rms_norm", "fused_add_rms_norm"):
                 shape = dims(int(r.integers(1, 4)), 0, 4) + (int(r.choice((8, 64, 100, 256, 5000))),)
                 x = _view(r, shape, f32, unit_last=True)
-                o = _view(r, shape, f32, unit_last=True)
+                fp8 = r.random() < 0.3
+                o = None if r.random() < 0.3 else _view(r, shape, np.uint8 if fp8 else f32, unit_last=True)
+                kw = {"out": o, **({"out_dtype": "float8_e4m3fn", "scale": "per_token"} if fp8 else {})}
+                views = {"x": x}
                 if family == "rms_norm":
-                    return {"x": x, "out": o}, cukern.rms_norm(x, out=o)
-                res = _view(r, shape, f32, unit_last=True)
-                return {"x": x, "out": o, "residual": res}, cukern.fused_add_rms_norm(x, res, out=o)
+                    got = cukern.rms_norm(x, **kw)
+                else:
+                    views["residual"] = _view(r, shape, f32, unit_last=True)
+                    got = cukern.fused_add_rms_norm(x, views["residual"], **kw)
+                views["out"], views["scales"] = got if fp8 else (got, None)
+                return {k: v for k, v in views.items() if v is not None}, None
             if family in ("rotary", "qk_norm_rope"):
                 tokens, q_heads, k_heads = int(r.integers(0, 6)), int(r.integers(1, 5)), int(r.integers(1, 3))
                 head_size = int(r.choice((64, 128)))

@@ -251,6 +251,14 @@ def _model(name, args):
         if fused:
             yield "residual", a[1], row["res"], None
         yield "x", a[2 if fused else 1], row["x"], None
+    elif name in ("rms_norm_fp8_rows", "rms_norm_fp8_wide", "fused_add_rms_norm_fp8_rows",
+                  "fused_add_rms_norm_fp8_wide"):  # (out, scales, [residual,] x, weight, p)
+        p, fused = a[-1], name.startswith("fused")
+        yield "out", a[0], _rows(p["rows"], p["inner"], p["out_s0"], p["out_s1"], p["hidden"], 1), None
+        yield "scales", a[1], _rows(p["rows"], p["inner"], p["sc_s0"], p["sc_s1"], 1, 0), None
+        if fused:
+            yield "residual", a[2], _rows(p["rows"], p["inner"], p["res_s0"], p["res_s1"], p["hidden"], 1), None
+        yield "x", a[-3], _rows(p["rows"], p["inner"], p["x_s0"], p["x_s1"], p["hidden"], 1), None
     elif name == "rotary_embedding":
         p = a[4]
         yield "query", a[0], _heads(p["tokens"], p["q_heads"], p["q_ts"], p["q_hs"], p["rot"]), None
