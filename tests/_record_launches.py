@@ -582,14 +582,18 @@ def layout_cases(seed=0, draws=960):
                 head_size = int(r.choice((64, 128)))
                 rot = head_size if family == "qk_norm_rope" or r.random() < 0.5 else head_size // 2
                 q, k = _qkv(r, tokens, q_heads, k_heads, head_size, f32)
-                pos = _view(r, (tokens,), np.int64)
-                cache = _a((64, rot), f32)
-                views = {"query": q, "key": k, "positions": pos, "cache": cache, "rot": rot}
+                k = None if r.random() < 0.2 else k
+                pos = _view(r, (tokens,), np.int64 if r.random() < 0.5 else np.int32)
+                cache = _view(r, (64, rot), f32, unit_last=True)
+                views = {"query": q, "positions": pos, "rot": rot, **({} if k is None else {"key": k})}
+                if tokens:  # any position in range may be read: all of the cache
+                    views["cache"] = cache
+                neox = bool(r.random() < 0.5)
                 if family == "rotary":
-                    return views, cukern.rotary_embedding(pos, q, k, cache, rotary_dim=rot,
-                                                          is_neox=bool(r.random() < 0.5))
-                return views, cukern.qk_norm_rope(pos, q, k, _a((head_size,), f32), _a((head_size,), f32), cache,
-                                                  rotary_dim=rot, is_neox=bool(r.random() < 0.5))
+                    return views, cukern.rotary_embedding(pos, q, k, cache, rotary_dim=rot, is_neox=neox)
+                kw = None if k is None else _a((head_size,), f32)
+                return views, cukern.qk_norm_rope(pos, q, k, _a((head_size,), f32), kw, cache, rotary_dim=rot,
+                                                  is_neox=neox)
             unit_last = bool(r.random() < 0.5)  # the rows and columns kernels' layouts
             if family in ("scan", "argmax", "reduce"):
                 shape = dims(int(r.integers(1, 4)), 0, 6)
