@@ -603,7 +603,9 @@ def layout_cases(seed=0, draws=960):
                 axis = int(r.integers(-len(shape), len(shape)))
                 op = {"scan": ("cumsum", "cumprod"), "argmax": ("argmax",),
                       "reduce": ("sum", "amax", "var")}[family]
-                return {"x": x, "axis": axis}, getattr(cukern, op[int(r.integers(len(op)))])(x, axis=axis)
+                kept = shape if family == "scan" else shape[:axis % len(shape)] + shape[axis % len(shape) + 1:]
+                o = _view(r, kept, np.int64 if family == "argmax" else f32) if r.random() < 0.4 else None
+                return {"x": x, "axis": axis}, getattr(cukern, op[int(r.integers(len(op)))])(x, axis=axis, out=o)
             shape = (int(r.integers(0, 40)),) + dims(int(r.integers(0, 3)), 1, 5)
             if r.random() < 0.3:
                 shape = shape[:1] + (int(r.integers(60, 600)),)
