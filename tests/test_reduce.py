@@ -1571,8 +1571,8 @@ def test_more_than_2_31_elements():
 
 @pytest.mark.gpu
 def test_columns_past_one_launch():
-    """2^31 matrices of 2 x 2 (a column grid past 2^31 - 1 blocks: the strided kernel) and columns of 2^35
-    rows (spans past COL_MAX_SPANS, folded by reduce_cols_fold)."""
+    """2^31 matrices of 2 x 2 (a column grid past 2^31 - 1 blocks: the strided kernel) and columns of
+    2^34 + 2^20 rows (129 spans of 2^19 leaves, past COL_MAX_SPANS, folded by reduce_cols_fold)."""
     import cupy
 
     free, _ = cupy.cuda.runtime.memGetInfo()
@@ -1587,13 +1587,13 @@ def test_columns_past_one_launch():
     assert int(cupy.count_nonzero(got == 1)) == 2**32 - 1
     del x, got
     cupy.get_default_memory_pool().free_all_blocks()
-    if free < 70 * 2**30:
-        pytest.skip("columns of 2^35 rows need 70 GiB of free GPU memory")
-    b = cupy.zeros((2**35, 2), np.bool_)
+    if free < 36 * 2**30:
+        pytest.skip("columns of 2^34 + 2^20 rows need 36 GiB of free GPU memory")
+    b = cupy.zeros((2**34 + 2**20, 2), np.bool_)
     b[::2**20, 0] = True
     b[-1, 1] = True
     assert P.plan(b.shape, b.dtype, 0).kernel.spans > P.COL_MAX_SPANS
-    assert R.sum(b, axis=0).tolist() == [2**15, 1]
+    assert R.sum(b, axis=0).tolist() == [2**14 + 1, 1]
     del b
     cupy.get_default_memory_pool().free_all_blocks()
 
