@@ -547,9 +547,10 @@ def _qkv(rng, tokens, q_heads, k_heads, head_size, dtype):
             _view(rng, (tokens, k_heads, head_size), dtype, unit_last=True))
 
 
-def layout_cases(seed=0, draws=960):
+def layout_cases(seed=0, draws=1200):
     """(family, name, call) of ops over drawn layouts; each call returns ``(views, result)``: the arrays the
-    kernels should address (and the numbers that say how much of them), by name, and what the op returned."""
+    kernels should address (and the numbers that say how much of them, and "op", the op a family of several
+    drew), by name, and what the op returned."""
     rng = np.random.default_rng(seed)
     f32 = np.float32
     out = []
@@ -557,9 +558,10 @@ def layout_cases(seed=0, draws=960):
     def dims(k, low=0, high=4):
         return tuple(int(n) for n in rng.integers(low, high, k))
 
+    families = ("rms_norm", "fused_add_rms_norm", "rotary", "rotary_positions", "mrope", "qk_norm_rope", "scan",
+                "argmax", "reduce", "segment")
     for i in range(draws):
-        family = ("rms_norm", "fused_add_rms_norm", "rotary", "qk_norm_rope", "scan", "argmax", "reduce",
-                  "segment")[i % 8]
+        family = families[i % len(families)]
         seed_i = int(rng.integers(1 << 31))
 
         def call(family=family, r=np.random.default_rng(seed_i)):
@@ -577,23 +579,39 @@ def layout_cases(seed=0, draws=960):
                     got = cukern.fused_add_rms_norm(x, views["residual"], **kw)
                 views["out"], views["scales"] = got if fp8 else (got, None)
                 return {k: v for k, v in views.items() if v is not None}, None
-            if family in ("rotary", "qk_norm_rope"):
+            if family in ("rotary", "rotary_positions", "mrope", "qk_norm_rope"):
                 tokens, q_heads, k_heads = int(r.integers(0, 6)), int(r.integers(1, 5)), int(r.integers(1, 3))
                 head_size = int(r.choice((64, 128)))
                 rot = head_size if family == "qk_norm_rope" or r.random() < 0.5 else head_size // 2
                 q, k = _qkv(r, tokens, q_heads, k_heads, head_size, f32)
                 k = None if r.random() < 0.2 else k
-                pos = _view(r, (tokens,), np.int64 if r.random() < 0.5 else np.int32)
+                pos = _view(r, (3, tokens) if family == "mrope" else (tokens,),
+                            np.int64 if r.random() < 0.5 else np.int32)
+                if family == "mrope" and r.random() < 0.2:  # a text-only batch: one row read as all three
+                    pos = cupy.broadcast_to(pos[0], (3, tokens))
                 cache = _view(r, (64, rot), f32, unit_last=True)
                 views = {"query": q, "positions": pos, "rot": rot, **({} if k is None else {"key": k})}
-                if tokens:  # any position in range may be read: all of the cache
+                if tokens and family != "rotary_positions":  # any position in range may be read: all of the cache
                     views["cache"] = cache
                 neox = bool(r.random() < 0.5)
+                if family == "rotary_positions":
+                    return views, cukern.rotary_embedding_positions(pos, q, k, rotary_dim=rot, is_neox=neox)
+                # without the position check at times: its kernel reads every position, and would hide a
+                # rotation's formula that misses some
+                check = bool(r.random() < 0.5)
+                if family == "mrope":  # three sections adding up to rot / 2, any of them empty
+                    a, b = sorted(int(n) for n in r.integers(0, rot // 2 + 1, 2))
+                    interleaved = bool(r.random() < 0.5)
+                    views["op"] = f"rotary_embedding_mrope interleaved={interleaved}"
+                    return views, cukern.rotary_embedding_mrope(
+                        pos, q, k, cache, mrope_section=(a, b - a, rot // 2 - b), interleaved=interleaved,
+                        is_neox=neox, rotary_dim=rot, check_positions=check)
                 if family == "rotary":
-                    return views, cukern.rotary_embedding(pos, q, k, cache, rotary_dim=rot, is_neox=neox)
+                    return views, cukern.rotary_embedding(pos, q, k, cache, rotary_dim=rot, is_neox=neox,
+                                                          check_positions=check)
                 kw = None if k is None else _a((head_size,), f32)
                 return views, cukern.qk_norm_rope(pos, q, k, _a((head_size,), f32), kw, cache, rotary_dim=rot,
-                                                  is_neox=neox)
+                                                  is_neox=neox, check_positions=check)
             unit_last = bool(r.random() < 0.5)  # the rows and columns kernels' layouts
             if family in ("scan", "argmax", "reduce"):
                 shape = dims(int(r.integers(1, 4)), 0, 6)
@@ -605,7 +623,8 @@ def layout_cases(seed=0, draws=960):
                       "reduce": ("sum", "amax", "var")}[family]
                 kept = shape if family == "scan" else shape[:axis % len(shape)] + shape[axis % len(shape) + 1:]
                 o = _view(r, kept, np.int64 if family == "argmax" else f32) if r.random() < 0.4 else None
-                return {"x": x, "axis": axis}, getattr(cukern, op[int(r.integers(len(op)))])(x, axis=axis, out=o)
+                op = op[int(r.integers(len(op)))]
+                return {"x": x, "axis": axis, "op": op}, getattr(cukern, op)(x, axis=axis, out=o)
             shape = (int(r.integers(0, 40)),) + dims(int(r.integers(0, 3)), 1, 5)
             if r.random() < 0.3:
                 shape = shape[:1] + (int(r.integers(60, 600)),)
@@ -661,7 +680,7 @@ def main(mode):
         for family, name, call in layout_cases():
             box = {}
             error, done, result = _run(lambda call=call: box.setdefault("got", call()))
-            views = {n: v if isinstance(v, int) else _array(v) for n, v in box["got"][0].items()} if box else {}
+            views = {n: v if isinstance(v, (int, str)) else _array(v) for n, v in box["got"][0].items()} if box else {}
             if result is not None and result[1] is not None:
                 views["result"] = _array(result[1] if not isinstance(result[1], tuple) else result[1][0])
             records.append((family, name, error, done, views))

@@ -271,6 +271,18 @@ def _model(name, args):
         yield "key", a[1], _heads(p["tokens"], p["heads"] - p["q_heads"], p["k_ts"], p["k_hs"], p["rot"]), None
         yield "positions", a[3], np.arange(p["tokens"], dtype=np.int64) * p["pos_stride"], 8 if p["pos64"] else 4
         yield _cache(p, a[2])
+    elif name == "rotary_embedding_positions":  # (q, k, freqs, positions, p): freqs, the op's own table, unmodelled
+        p = a[4]
+        yield "query", a[0], _heads(p["tokens"], p["q_heads"], p["q_ts"], p["q_hs"], p["rot"]), None
+        yield "key", a[1], _heads(p["tokens"], p["heads"] - p["q_heads"], p["k_ts"], p["k_hs"], p["rot"]), None
+        yield "positions", a[3], np.arange(p["tokens"], dtype=np.int64) * p["pos_stride"], 8 if p["pos64"] else 4
+    elif name == "rotary_embedding_mrope":  # positions[r][t] at r * pos_row_stride + t * pos_stride, r < 3
+        p = a[4]
+        yield "query", a[0], _heads(p["tokens"], p["q_heads"], p["q_ts"], p["q_hs"], p["rot"]), None
+        yield "key", a[1], _heads(p["tokens"], p["heads"] - p["q_heads"], p["k_ts"], p["k_hs"], p["rot"]), None
+        yield ("positions", a[3], _rows(3, 1, p["pos_row_stride"], 0, p["tokens"], p["pos_stride"]),
+               8 if p["pos64"] else 4)
+        yield _cache(p, a[2])
     elif name == "qk_norm_rope":
         p = a[6]
         tokens = p["slots"] // p["heads"]
@@ -328,16 +340,21 @@ def _elements(ptr, shape, strides):
 
 def test_launches_address_exactly_the_views_elements():
     """Seeded draws of layouts (tests/_record_launches.py ``layout_cases``: any axis order, steps either way,
-    offsets into a buffer, size-1 and zero-size axes, query and key in one fused qkv buffer): for every array
-    a kernel reads or writes, the set of element addresses its launches' arguments address (each kernel's
-    formula, :func:`_model`) is the set of the view's elements. A read from a buffer the op made (a copy of
-    x) is counted apart; so are calls that end in CuPy's own copy (no GPU here)."""
+    offsets into a buffer, size-1 and zero-size axes, query and key in one fused qkv buffer, mrope's
+    ``[3, tokens]`` positions in any row and token strides or one row broadcast): for every array a kernel
+    reads or writes, the set of element addresses its launches' arguments address (each kernel's formula,
+    :func:`_model`) is the set of the view's elements. A read from a buffer the op made (a copy of x) is
+    counted apart, as are calls that end in CuPy's own copy (no GPU here); rotary_embedding_positions' own
+    frequency table is not modelled. Every op of a family of several is drawn and checked a few times at
+    least."""
     records = record("layouts")
-    bad, checked, copied = [], collections.Counter(), collections.Counter()
+    bad, checked, copied, ops = [], collections.Counter(), collections.Counter(), collections.Counter()
     for family, case, error, done, views in records:
         if error is not None:
             copied[family] += "CUDARuntimeError" in error
             continue
+        ops[views.get("op", family)] += 1
+        ops.update({inst.name for inst, *_ in done})
         got = collections.defaultdict(set)
         for inst, *_, args in done:
             for array, ptr, offsets, size in _model(inst.name, args):
@@ -353,10 +370,10 @@ def test_launches_address_exactly_the_views_elements():
                 if got[array] is not None:
                     got[array] |= set((ptr + offsets * (size or view[3])).tolist())
         for array, view in views.items():
-            if isinstance(view, int) or array == "result" and "out" in views or got.get(array, set()) is None:
+            if isinstance(view, (int, str)) or array == "result" and "out" in views or got.get(array, set()) is None:
                 continue
             ptr, shape, strides, _ = view
-            if family == "rotary" and array in ("query", "key"):  # only the rotated elements
+            if family in ("rotary", "rotary_positions", "mrope") and array in ("query", "key"):  # the rotated ones
                 shape = shape[:-1] + (views["rot"],)
             want = _elements(ptr, shape, strides)
             have = got.get(array, set())
@@ -365,5 +382,8 @@ def test_launches_address_exactly_the_views_elements():
                             sorted(want - have)[:3], [(i.name, a) for i, *_, a in done]))
             checked[family] += 1
     assert not bad, bad[:3]
-    assert all(checked[f] >= 20 for f in ("rms_norm", "fused_add_rms_norm", "rotary", "qk_norm_rope", "scan",
-                                          "argmax", "reduce", "segment")), (checked, copied)
+    assert all(checked[f] >= 20 for f in ("rms_norm", "fused_add_rms_norm", "rotary", "rotary_positions", "mrope",
+                                          "qk_norm_rope", "scan", "argmax", "reduce", "segment")), (checked, copied)
+    drawn = ("rotary_embedding_mrope interleaved=False", "rotary_embedding_mrope interleaved=True",
+             "rotary_embedding_positions")
+    assert all(ops[op] >= 5 for op in drawn), ops
