@@ -559,7 +559,7 @@ def layout_cases(seed=0, draws=1200):
         return tuple(int(n) for n in rng.integers(low, high, k))
 
     families = ("rms_norm", "fused_add_rms_norm", "rotary", "rotary_positions", "mrope", "qk_norm_rope", "scan",
-                "argmax", "reduce", "segment")
+                "argreduce", "reduce", "segment")
     for i in range(draws):
         family = families[i % len(families)]
         seed_i = int(rng.integers(1 << 31))
@@ -613,24 +613,26 @@ def layout_cases(seed=0, draws=1200):
                 return views, cukern.qk_norm_rope(pos, q, k, _a((head_size,), f32), kw, cache, rotary_dim=rot,
                                                   is_neox=neox, check_positions=check)
             unit_last = bool(r.random() < 0.5)  # the rows and columns kernels' layouts
-            if family in ("scan", "argmax", "reduce"):
+            if family in ("scan", "argreduce", "reduce"):
                 shape = dims(int(r.integers(1, 4)), 0, 6)
                 if r.random() < 0.5:
                     shape = shape[:-1] + (int(r.integers(60, 3000)),)
                 x = _view(r, shape, f32, unit_last)
                 axis = int(r.integers(-len(shape), len(shape)))
-                op = {"scan": ("cumsum", "cumprod"), "argmax": ("argmax",),
+                op = {"scan": ("cumsum", "cumprod"), "argreduce": ("argmax", "argmin", "nanargmax", "nanargmin"),
                       "reduce": ("sum", "amax", "var")}[family]
                 kept = shape if family == "scan" else shape[:axis % len(shape)] + shape[axis % len(shape) + 1:]
-                o = _view(r, kept, np.int64 if family == "argmax" else f32) if r.random() < 0.4 else None
+                o = _view(r, kept, np.int64 if family == "argreduce" else f32) if r.random() < 0.4 else None
                 op = op[int(r.integers(len(op)))]
                 return {"x": x, "axis": axis, "op": op}, getattr(cukern, op)(x, axis=axis, out=o)
             shape = (int(r.integers(0, 40)),) + dims(int(r.integers(0, 3)), 1, 5)
             if r.random() < 0.3:
                 shape = shape[:1] + (int(r.integers(60, 600)),)
             x = _view(r, shape, f32, unit_last and len(shape) > 1)
-            offsets = _a((4,), np.int64)
-            return {"x": x}, cukern.segment_sum(x, offsets, check_offsets=False)
+            segments, skip = int(r.integers(1, 8)), int(r.integers(0, 3))  # offsets: unit stride, past a margin
+            offsets = _a((skip + segments + 1,), np.int64 if r.random() < 0.5 else np.int32)[skip:]
+            op = ("segment_sum", "segment_max", "segment_min", "segment_mean")[int(r.integers(4))]
+            return {"x": x, "offsets": offsets, "op": op}, getattr(cukern, op)(x, offsets, check_offsets=False)
 
         out.append((family, f"{family} draw {i}", call))
     return out

@@ -322,9 +322,10 @@ def _model(name, args):
             o = _rows(outputs, a[3], a[4], a[5], 1, 0)
             r = _rows(count, a[7], a[8], a[9], 1, 0)
             yield "x", a[1], (o[:, None] + r).ravel(), None
-    elif name in ("segment_warp", "segment_cols"):
+    elif name in ("segment_warp", "segment_cols"):  # (out, x, offsets, p): offsets[s] and offsets[s + 1]
         p = a[3]
         yield "result", a[0], np.arange(p["segments"] * p["cols"], dtype=np.int64), None
+        yield "offsets", a[2], np.arange(p["segments"] + 1, dtype=np.int64), None
         yield "x", a[1], _rows(p["rows"], 1, p["row_stride"], 0, p["cols"], p["col_stride"]), None
     else:
         raise AssertionError(f"no address model of {name}")
@@ -383,7 +384,8 @@ def test_launches_address_exactly_the_views_elements():
             checked[family] += 1
     assert not bad, bad[:3]
     assert all(checked[f] >= 20 for f in ("rms_norm", "fused_add_rms_norm", "rotary", "rotary_positions", "mrope",
-                                          "qk_norm_rope", "scan", "argmax", "reduce", "segment")), (checked, copied)
-    drawn = ("rotary_embedding_mrope interleaved=False", "rotary_embedding_mrope interleaved=True",
+                                          "qk_norm_rope", "scan", "argreduce", "reduce", "segment")), (checked, copied)
+    drawn = ("argmax", "argmin", "nanargmax", "nanargmin", "segment_sum", "segment_max", "segment_min",
+             "segment_mean", "rotary_embedding_mrope interleaved=False", "rotary_embedding_mrope interleaved=True",
              "rotary_embedding_positions")
     assert all(ops[op] >= 5 for op in drawn), ops
