@@ -547,7 +547,7 @@ def _qkv(rng, tokens, q_heads, k_heads, head_size, dtype):
             _view(rng, (tokens, k_heads, head_size), dtype, unit_last=True))
 
 
-def layout_cases(seed=0, draws=1200):
+def layout_cases(seed=0, draws=1600):
     """(family, name, call) of ops over drawn layouts; each call returns ``(views, result)``: the arrays the
     kernels should address (and the numbers that say how much of them, and "op", the op a family of several
     drew), by name, and what the op returned."""
@@ -566,7 +566,8 @@ def layout_cases(seed=0, draws=1200):
 
         def call(family=family, r=np.random.default_rng(seed_i)):
             if family in ("rms_norm", "fused_add_rms_norm"):
-                shape = dims(int(r.integers(1, 4)), 0, 4) + (int(r.choice((8, 64, 100, 256, 5000))),)
+                hidden = int(r.choice((8, 64, 100, 256, 5000, 16384, 20000, 16390)))
+                shape = dims(int(r.integers(1, 4)), 0, 4 if hidden < 16384 else 3) + (hidden,)
                 x = _view(r, shape, f32, unit_last=True)
                 fp8 = r.random() < 0.3
                 o = None if r.random() < 0.3 else _view(r, shape, np.uint8 if fp8 else f32, unit_last=True)

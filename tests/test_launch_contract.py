@@ -346,8 +346,8 @@ def test_launches_address_exactly_the_views_elements():
     reads or writes, the set of element addresses its launches' arguments address (each kernel's formula,
     :func:`_model`) is the set of the view's elements. A read from a buffer the op made (a copy of x) is
     counted apart, as are calls that end in CuPy's own copy (no GPU here); rotary_embedding_positions' own
-    frequency table is not modelled. Every op of a family of several is drawn and checked a few times at
-    least."""
+    frequency table is not modelled. Every op of a family of several, and each wide rms_norm kernel, is
+    drawn and checked a few times at least."""
     records = record("layouts")
     bad, checked, copied, ops = [], collections.Counter(), collections.Counter(), collections.Counter()
     for family, case, error, done, views in records:
@@ -387,5 +387,6 @@ def test_launches_address_exactly_the_views_elements():
                                           "qk_norm_rope", "scan", "argreduce", "reduce", "segment")), (checked, copied)
     drawn = ("argmax", "argmin", "nanargmax", "nanargmin", "segment_sum", "segment_max", "segment_min",
              "segment_mean", "rotary_embedding_mrope interleaved=False", "rotary_embedding_mrope interleaved=True",
+             "rms_norm_wide", "rms_norm_fp8_wide", "fused_add_rms_norm_wide", "fused_add_rms_norm_fp8_wide",
              "rotary_embedding_positions")
     assert all(ops[op] >= 5 for op in drawn), ops
