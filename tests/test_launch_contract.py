@@ -169,7 +169,7 @@ def test_undeclared_instantiations_compile_clean(kernels):
     for source, c in kernels[1].items():
         assert ".local" not in c.ptx, source
         for name, r in c.resources().items():
-            assert max(r["spill_stores"], r["spill_loads"], r["stack"]) == 0, (source, name, r)
+            assert_no_spills(r, ARCH, name)
 
 
 def test_captured_calls_refuse_first_or_keep_their_memory():
