@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU job: the GPU test suite, then compute-sanitizer over bench/sanitize.py, then the benchmark, writing
-# bench/results/h200.json, the two plots, the rms_norm card and bench/results/sanitizer_h200.json (and
-# copies of the results and logs.tar.gz under $OUT when the device tool runs it).
+# bench/results/<card>.json, the two plots, the rms_norm card and bench/results/sanitizer_<card>.json, <card>
+# being h200 or h100 as nvidia-smi names the GPU (and copies of the results and logs.tar.gz under $OUT when
+# the device tool runs it).
 # Usage: bench/run_h200.sh [all|PART[,PART...]] [pytest args...], PART one of tests, sanitize, bench
 # (default all; e.g. tests,bench for the suite and the benchmark in one call; the parts fit one
 # device call each when a call's time limit is too short for all; SANITIZE_TOOLS="memcheck racecheck"
@@ -19,6 +20,12 @@ mkdir -p "$logs"
 part=${1:-all}
 [ $# -gt 0 ] && shift
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$logs/gpu.txt"
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" in
+  *H100*) card=h100 ;;
+  *H200*) card=h200 ;;
+  *) card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | tr -cs 'A-Za-z0-9' _ | tr A-Z a-z) ;;
+esac
+echo "results file: bench/results/$card.json"
 tests=0 bench=0
 want() { [ "$part" = all ] || [[ ",$part," == *",$1,"* ]]; }
 if want tests; then
@@ -66,16 +73,16 @@ tools = old["tools"] if old.get("source_sha256") == sha else {}
 tools.update(a.split("=", 1) for a in sys.argv[2:])
 with open(path, "w") as f:
     json.dump({"source_sha256": sha, "tools": tools}, f, indent=2)
-    f.write("\n")' bench/results/sanitizer_h200.json "${outcomes[@]}" || sanitize=1
-  cp bench/results/sanitizer_h200.json "$out/" 2>/dev/null
+    f.write("\n")' bench/results/sanitizer_$card.json "${outcomes[@]}" || sanitize=1
+  cp bench/results/sanitizer_$card.json "$out/" 2>/dev/null
 fi
 if want bench; then
   r=bench/results
-  python3 -m cukern.lab bench --json $r/h200.json --plot $r/bandwidth_h200.png 2>&1 | tee "$logs/bench.log"
+  python3 -m cukern.lab bench --json $r/$card.json --plot $r/bandwidth_$card.png 2>&1 | tee "$logs/bench.log"
   bench=$?
-  python3 -m cukern.lab roofline --results $r/h200.json --plot $r/roofline_h200.png 2>&1 | tee -a "$logs/bench.log"
-  CUKERN_TUNING=off python3 -m cukern.lab explain rms_norm --shape 16384x4096 --dtype bfloat16 > $r/rms_norm_card_h200.txt
-  cp $r/h200.json $r/bandwidth_h200.png $r/roofline_h200.png $r/rms_norm_card_h200.txt "$out/" 2>/dev/null
+  python3 -m cukern.lab roofline --results $r/$card.json --plot $r/roofline_$card.png 2>&1 | tee -a "$logs/bench.log"
+  CUKERN_TUNING=off python3 -m cukern.lab explain rms_norm --shape 16384x4096 --dtype bfloat16 > $r/rms_norm_card_$card.txt
+  cp $r/$card.json $r/bandwidth_$card.png $r/roofline_$card.png $r/rms_norm_card_$card.txt "$out/" 2>/dev/null
 fi
 tar -czf "$out/logs.tar.gz" -C "$out" logs && rm -rf "$logs"
 echo "gpu tests exit $tests, sanitize exit $sanitize, bench exit $bench"
