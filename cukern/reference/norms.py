@@ -1,0 +1,158 @@
+"""RMSNorm (plain, fused add, Gemma offset, float8 outputs): float64 references and exact emulators."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._common import _f64, _numpy, _xp
+
+
+def rms_norm(x, weight=None, eps=1e-6, offset=0.0):
+    """``x / sqrt(mean(x**2, -1) + eps) * (offset + weight)`` in float64. Reads x, weight; writes out."""
+    xp = _xp(x)
+    x = _f64(x)
+    w = 1.0 if weight is None else _f64(weight)
+    return x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps) * (offset + w)
+
+
+def fused_add_rms_norm(x, residual, weight=None, eps=1e-6, offset=0.0):
+    """``(new_residual, out)``: residual + x rounded to residual's dtype (as the kernel stores it), then
+    the RMSNorm of that. Reads x, residual, weight; writes residual, out."""
+    r = (_f64(residual) + _f64(x)).astype(residual.dtype)
+    return r, rms_norm(r, weight, eps, offset)
+
+
+def rms_norm_sum_of_squares_emulated(x):
+    """The float32 sum of squares of each row of ``x`` (a float32 NumPy array, reduced over its last axis) in
+    the one tree every :func:`cukern.rms_norm` launch computes: with ``C = cukern.rmsnorm.tree_classes(hidden)``,
+    class c holds the elements ``i % C == c`` and sums their squares in index order; the C class sums are
+    then added pairwise, neighbours first, up a perfect binary tree. Every product and sum is one float32
+    rounding (NumPy never fuses a multiply-add). It depends on the values and ``hidden`` alone."""
+    from ..rmsnorm import tree_classes
+
+    hidden = x.shape[-1]
+    c = tree_classes(hidden)
+    part = np.zeros(x.shape[:-1] + (c,), np.float32)
+    for start in range(0, hidden, c):
+        chunk = x[..., start:start + c]
+        part[..., :chunk.shape[-1]] += chunk * chunk  # an empty class slot adds 0: its sum stays +0
+    while part.shape[-1] > 1:
+        part = part[..., 0::2] + part[..., 1::2]
+    return part[..., 0]
+
+
+def _rms_inv(v, eps):
+    """``inv = 1 / sqrt(ss / hidden + eps)`` of float32 rows ``v``, one correctly rounded float32 step at a
+    time, ``ss`` from :func:`rms_norm_sum_of_squares_emulated` (an empty row's is 0)."""
+    ss = rms_norm_sum_of_squares_emulated(v) if v.shape[-1] else np.zeros(v.shape[:-1], np.float32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return np.float32(1) / np.sqrt(ss / np.float32(v.shape[-1]) + np.float32(float(eps)))
+
+
+def rms_norm_emulated(x, weight=None, eps=1e-6, offset=0.0):
+    """The bits :func:`cukern.rms_norm` writes, as a NumPy array of x's dtype, from nothing but the values,
+    the dtypes, ``eps`` and ``offset`` (no launch parameter exists here to pass): ``ss`` from
+    :func:`rms_norm_sum_of_squares_emulated` on x widened to float32, ``inv = 1 / sqrt(ss / hidden + eps)``
+    one correctly rounded float32 step at a time, ``out = (x * inv) * (offset + weight)`` in float32
+    (weight None: 1), rounded once to the dtype (to nearest, ties to even). NaN inputs give NaN, whose
+    payload may differ from the GPU's. Reads x, weight; writes out."""
+    x = _numpy(x)
+    v = x.astype(np.float32)
+    inv = _rms_inv(v, eps)
+    w = np.float32(1) if weight is None else _numpy(weight).astype(np.float32)
+    return ((v * inv[..., None]) * (np.float32(float(offset)) + w)).astype(x.dtype)
+
+
+def fused_add_rms_norm_emulated(x, residual, weight=None, eps=1e-6, offset=0.0):
+    """``(new_residual, out)`` as :func:`cukern.fused_add_rms_norm` writes them: ``residual + x`` added in
+    float32 and rounded once to residual's dtype (the correctly rounded sum: float32 carries more than twice
+    the bits of a 16-bit type), then :func:`rms_norm_emulated` of that rounded residual."""
+    residual = _numpy(residual)
+    r = (residual.astype(np.float32) + _numpy(x).astype(np.float32)).astype(residual.dtype)
+    return r, rms_norm_emulated(r, weight, eps, offset)
+
+
+def float8_e4m3fn_bits(v):
+    """The float8 e4m3fn byte of each float32 of ``v`` as the kernels write it, as ``uint8`` (NumPy, or CuPy
+    for a CuPy ``v``): round to nearest even, saturate to +-448 (infinities too), every NaN 0x7f. The
+    integer and float32 steps of cuda_src/rms_norm.cu ``e4m3_arithmetic``; for every non-NaN float the
+    byte of ``ml_dtypes.float8_e4m3fn`` of ``clip(v, -448, 448)`` (tests/test_rmsnorm_fp8.py checks both)."""
+    xp = _xp(v)
+    v = xp.asarray(v, dtype=np.float32)
+    a = xp.minimum(xp.abs(v), np.float32(448))  # NaN kept
+    b = a.view(np.uint32)
+    normal = (b - np.uint32(120 << 23) + np.uint32(0x7FFFF) + ((b >> 20) & np.uint32(1))) >> 20  # wraps below 2^-6
+    with np.errstate(invalid="ignore"):  # a NaN's sum (its code comes from the normal branch)
+        subnormal = (a + np.float32(16384)).view(np.uint32) - np.float32(16384).view(np.uint32)
+    code = xp.where(a < np.float32(2.0**-6), subnormal, xp.minimum(normal, np.uint32(0x7F)))
+    sign = (v.view(np.uint32) >> 24) & np.uint32(0x80)
+    return xp.where(code == 0x7F, code, code | sign).astype(np.uint8)
+
+
+FP8_MAX = 448.0
+
+
+FP8_MIN_SCALE = 2.0**-126
+
+
+def rms_norm_fp8_values_emulated(x, weight=None, eps=1e-6, offset=0.0, scale="per_token"):
+    """``(v, s)``: the float32 values the float8 kernels convert to e4m3 and the scales, as
+    :func:`rms_norm_fp8_emulated` defines them (``v = y * (1 / s)``)."""
+    v = _numpy(x).astype(np.float32)
+    inv = _rms_inv(v, eps)
+    one = np.float32(1)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        w = one if weight is None else _numpy(weight).astype(np.float32)
+        t = v * (np.float32(float(offset)) + w)
+        if isinstance(scale, str):
+            if t.shape[-1]:
+                tmax = np.abs(t).max(axis=-1)
+                s = np.maximum((tmax * inv) / np.float32(FP8_MAX), np.float32(FP8_MIN_SCALE)).astype(np.float32)
+            else:  # an empty row (whose inv is NaN) has no amax: the least scale, as the op writes
+                s = np.full(t.shape[:-1], FP8_MIN_SCALE, np.float32)
+        else:
+            s = np.float32(scale)
+        r = one / np.asarray(s, np.float32)
+        return (t * inv[..., None]) * (r[..., None] if isinstance(scale, str) else r), s
+
+
+def rms_norm_fp8_emulated(x, weight=None, eps=1e-6, offset=0.0, scale="per_token"):
+    """The bytes (and per-token scales) :func:`cukern.rms_norm` writes with ``out_dtype=float8_e4m3fn``, each
+    step rounded to float32: ``inv`` as in :func:`rms_norm_emulated`, ``y = (x * (offset + weight)) * inv``
+    (weight None: 1); ``s`` the static ``scale`` as float32, or per row ``max(amax / 448, 2^-126)`` with
+    ``amax = max|x * (offset + weight)| * inv`` (NaN if any is NaN), which is the largest ``|y|`` (rounding
+    is monotone) wherever ``inv`` is finite; ``q = float8_e4m3fn_bits(y * (1 / s))``. Returns ``q``
+    (``uint8``), or ``(q, s)`` for ``scale="per_token"``."""
+    v, s = rms_norm_fp8_values_emulated(x, weight, eps, offset, scale)
+    with np.errstate(invalid="ignore"):
+        q = float8_e4m3fn_bits(v)
+    return (q, s) if isinstance(scale, str) else q
+
+
+def fused_add_rms_norm_fp8_emulated(x, residual, weight=None, eps=1e-6, offset=0.0, scale="per_token"):
+    """``(new_residual, q)`` or ``(new_residual, q, s)``: the residual of :func:`fused_add_rms_norm_emulated`,
+    then :func:`rms_norm_fp8_emulated` of it."""
+    residual = _numpy(residual)
+    r = (residual.astype(np.float32) + _numpy(x).astype(np.float32)).astype(residual.dtype)
+    out = rms_norm_fp8_emulated(r, weight, eps, offset, scale)
+    return (r,) + out if isinstance(out, tuple) else (r, out)
+
+
+def rms_norm_fp8(x, weight=None, eps=1e-6, offset=0.0, scale="per_token"):
+    """The float64 reference of the float8 outputs, on the host: ``y`` = :func:`rms_norm` in float64, ``s`` the
+    static scale or per row ``max(amax(|y|) / 448, 2^-126)`` in float64, and ml_dtypes' own float8_e4m3fn
+    conversion of ``clip(y / s, -448, 448)``. Returns the bytes (``uint8``), or ``(bytes, s)`` per token."""
+    import ml_dtypes
+
+    y = _numpy(rms_norm(_numpy(x), None if weight is None else _numpy(weight), eps, offset))
+    per_token = isinstance(scale, str)
+    with np.errstate(invalid="ignore"):
+        if per_token:
+            amax = np.abs(y).max(axis=-1) if y.shape[-1] else np.zeros(y.shape[:-1])
+            s = np.maximum(amax / FP8_MAX, FP8_MIN_SCALE)
+            q = np.clip(y / s[..., None], -FP8_MAX, FP8_MAX)
+        else:
+            s = float(np.float32(scale))
+            q = np.clip(y / s, -FP8_MAX, FP8_MAX)
+    q = q.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    return (q, s) if per_token else q

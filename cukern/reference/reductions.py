@@ -1,0 +1,775 @@
+"""Reductions (cukern.reduce): float64 references and the kernels' bits on the host."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+
+from ._common import _astype, _numpy
+from .argreduce import _arg_emulated
+
+
+def _wide(x):
+    x = np.asarray(x)
+    if x.dtype.kind == "c":
+        return x.astype(np.complex128)
+    return x.astype(np.int64) if x.dtype.kind in "biu" else x.astype(np.float64)
+
+
+def reduce_sum(x, axis=None, keepdims=False):
+    """``sum(x)`` over ``axis`` in int64 (integers, bool) or float64."""
+    return np.sum(_wide(x), axis=axis, keepdims=keepdims)
+
+
+def reduce_mean(x, axis=None, keepdims=False):
+    """``sum(x) / count`` in float64."""
+    return np.mean(_wide(x).astype(np.float64), axis=axis, keepdims=keepdims)
+
+
+def reduce_sum_of_squares(x, axis=None, keepdims=False):
+    """``sum(x * x)``, squares taken in int64 or float64."""
+    w = _wide(x)
+    return np.sum(w * w, axis=axis, keepdims=keepdims)
+
+
+def reduce_norm(x, axis=None, keepdims=False):
+    """``sqrt(sum(x * x))`` in float64."""
+    w = _wide(x).astype(np.float64)
+    return np.sqrt(np.sum(w * w, axis=axis, keepdims=keepdims))
+
+
+def reduce_amax(x, axis=None, keepdims=False):
+    """Maximum; NaN if any element is NaN."""
+    return np.max(_wide(x), axis=axis, keepdims=keepdims)
+
+
+def reduce_amin(x, axis=None, keepdims=False):
+    """Minimum; NaN if any element is NaN."""
+    return np.min(_wide(x), axis=axis, keepdims=keepdims)
+
+
+def reduction_tolerance(n: int, acc_dtype, abs_sum: float) -> float:
+    """Absolute error allowed for a sum of ``n`` terms accumulated in ``acc_dtype`` whose absolute values
+    add to ``abs_sum``. Worst-case recursive summation grows with the longest sequential chain (up to a few
+    thousand terms a thread in the kernels); rounding errors of random data add up like a random walk, so
+    the bound charges ``eps`` per tree level (log2 n) plus ``sqrt(n) / 16`` for the sequential chains, with
+    a floor of 4. Integer accumulators are exact: 0."""
+    acc = np.dtype(acc_dtype)
+    if acc.kind in "biu":
+        return 0.0
+    eps = float(np.finfo(acc).eps)
+    return eps * abs_sum * (4 + np.log2(max(n, 1)) + np.sqrt(n) / 16)
+
+
+# The reductions' bits (cukern.reduce), on the host: the one tree of cukern.reduce_plan's notes, in the
+# accumulator dtype, one correctly rounded NumPy operation at a time (NumPy never fuses a multiply-add).
+# Nothing here knows a grid, a block, a knob or an SM count: that the GPU gives these bits for every launch
+# is what makes its results independent of them.
+
+
+def _tree_sum(a, b):
+    return a + b
+
+
+def _tree_max(a, b):
+    """reduce.cu's Max: a NaN operand gives a NaN; of two equal values +0 over -0; commutative."""
+    out = np.where(a > b, a, np.where(b > a, b, np.where(np.signbit(a), b, a)))
+    if out.dtype.kind == "f":
+        out = np.where(np.isnan(a) | np.isnan(b), a + b, out)
+    return out
+
+
+def _tree_min(a, b):
+    out = np.where(a < b, a, np.where(b < a, b, np.where(np.signbit(a), a, b)))
+    if out.dtype.kind == "f":
+        out = np.where(np.isnan(a) | np.isnan(b), a + b, out)
+    return out
+
+
+def _tree_prod(a, b):
+    return a * b
+
+
+def _is_complex_one(z):
+    """Where ``z`` is exactly 1 + 0i, its imaginary part +0 (reduce.cu ``is_one``)."""
+    return (z.real == 1) & (z.imag == 0) & ~np.signbit(z.imag)
+
+
+def _tree_complex_prod(a, b):
+    """reduce.cu's complex ``mul_rn``: (ar br - ai bi, ar bi + ai br), each step one correctly rounded NumPy
+    operation on the parts (NumPy's complex multiply is the same formula, but its SIMD loops fuse a product of
+    each part into an FMA where the CPU has one: other last bits), and an operand of exactly 1 + 0i giving the
+    other one as it is."""
+    a, b = np.broadcast_arrays(a, b)
+    out = np.empty(a.shape, a.dtype)
+    out.real = a.real * b.real - a.imag * b.imag
+    out.imag = a.real * b.imag + a.imag * b.real
+    return np.where(_is_complex_one(b), a, np.where(_is_complex_one(a), b, out))
+
+
+def reduction_tree(v, combine=_tree_sum, identity=0):
+    """The tree over the last axis of ``v`` (values already lifted into the accumulator dtype), one result
+    per leading position: leaves of 256 elements, in each 32 chains (chain c: elements c, c + 32, ... of the
+    leaf, added one after another into ``identity``), then the chains in order paired with their neighbours
+    up a perfect binary tree, the count padded with ``identity``."""
+    from ..reduce_plan import TREE_CHAIN_LENGTH, TREE_CHAINS, TREE_LEAF
+
+    v = np.asarray(v)
+    lead, n = v.shape[:-1], v.shape[-1]
+    v = v.reshape(-1, n)
+    leaves = max(1, -(-n // TREE_LEAF))
+    fill = np.array(identity, v.dtype)
+    if leaves * TREE_LEAF != n:
+        v = np.concatenate([v, np.full((v.shape[0], leaves * TREE_LEAF - n), fill, v.dtype)], axis=1)
+    v = v.reshape(-1, leaves, TREE_CHAIN_LENGTH, TREE_CHAINS)
+    with np.errstate(invalid="ignore", over="ignore"):
+        chain = np.full((v.shape[0], leaves, TREE_CHAINS), fill, v.dtype)
+        for m in range(TREE_CHAIN_LENGTH):
+            chain = combine(chain, v[:, :, m, :])
+        p = chain.reshape(v.shape[0], leaves * TREE_CHAINS)
+        size = 1 << (p.shape[1] - 1).bit_length()
+        if size != p.shape[1]:
+            p = np.concatenate([p, np.full((p.shape[0], size - p.shape[1]), fill, p.dtype)], axis=1)
+        while p.shape[1] > 1:
+            p = combine(p[:, 0::2], p[:, 1::2])
+    return p[:, 0].reshape(lead)
+
+
+def _reduce_emulated(name: str, x, axis, dtype, keepdims: bool):
+    import cukern.reduce_plan as P
+
+    from .._dtypes import storage
+
+    x = _numpy(x)
+    op = P.OPS[name]
+    axes = P.normalize_axis(axis, x.ndim)
+    final = P.result_dtype(name, x.dtype, dtype)
+    shape = P.result_shape(x.shape, axes, keepdims)
+    if name in P.COUNT_OPS and x.dtype.kind == "c":
+        x = x != 0  # a complex element is non-zero where either part is
+    rt = None
+    if not (op.minmax or name in P.COUNT_OPS):
+        # cukern lowers x first (reduce_plan.route): uint64 viewed as int64 (sums wrap the same modulo
+        # 2^64), a narrower or unsigned integer converted exactly, uint64 to float64 for a float result, a
+        # float to int64 for an integer result, any x to a complex target of prod; the kernels then write
+        # rt.kernel.
+        rt = P.route(name, x.dtype, final)
+        if rt.how == "complex" or rt.op != name or (final.kind == "c" and rt.kernel.kind != "c"):
+            return _lowered_emulated(name, x, axes, final, keepdims, rt)
+        if rt.how == "view":
+            x = x.view(rt.via)
+        elif rt.how == "cast":
+            if op.lift == P.LIFT_SKIP_NAN and rt.via.kind in "iu" and (x.dtype.kind == "f" or x.dtype == P.BFLOAT16):
+                x = np.where(np.isnan(x), np.zeros((), x.dtype), x)  # nansum: NaN -> 0 in x's dtype first
+            x = x.astype(rt.via)
+    n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+    if n == 0:
+        if op.minmax:
+            raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
+        empty = (1 if op.kernel_op == P.OP_PROD or op.finalize == P.FINISH_EQUALS
+                 else np.nan if op.finalize == P.FINISH_DIVIDE else 0)
+        return np.full(shape, empty, final)
+    kept = [i for i in range(x.ndim) if i not in axes]
+    v = np.transpose(x, kept + list(axes)).reshape(-1, n)  # C order over the reduced axes
+    if n == 1:
+        # cukern reduces size-1 axes elementwise, in the result dtype: no tree, no chain to start from +0.
+        if op.lift in (P.LIFT_NONZERO, P.LIFT_NOT_NAN):
+            hit = v[:, 0] != 0 if op.lift == P.LIFT_NONZERO else ~np.isnan(v[:, 0].astype(np.float64))
+            return hit.astype(final).reshape(shape)
+        r = _astype(v[:, 0], final)
+        if op.lift == P.LIFT_SKIP_NAN and op.kernel_op == P.OP_SUM and r.dtype in P.FLOATS:
+            r = np.where(np.isnan(r), np.zeros_like(r), r)
+        if op.finalize == P.FINISH_SQRT:
+            r = np.abs(r)
+        elif op.kernel_op == P.OP_SUMSQ:
+            r = r * r
+        return r.reshape(shape)
+    o = x.dtype if op.minmax else rt.kernel if rt is not None else P.kernel_dtype(name, x.dtype, final)
+    # An integer maximum or minimum is one of the elements (cukern converts x exactly, or flips uint64's sign
+    # bit): selected in x's own dtype, as no float accumulator holds every uint32 or uint64.
+    a = o if op.minmax and o.kind in "biu" else P.acc_dtype(o)
+    w = v.astype(a)
+    if op.kernel_op == P.OP_SUMSQ:
+        w = w * w
+    if op.lift == P.LIFT_SKIP_NAN and a.kind == "f":
+        fill = {P.OP_MAX: -np.inf, P.OP_MIN: np.inf}.get(op.kernel_op, 0)
+        w = np.where(np.isnan(w), np.array(fill, a), w)
+    elif op.lift == P.LIFT_NONZERO:
+        w = (w != 0).astype(a)
+    elif op.lift == P.LIFT_NOT_NAN:
+        w = (~np.isnan(w)).astype(a)
+    if op.kernel_op == P.OP_PROD:
+        with np.errstate(over="ignore", invalid="ignore"):
+            if a.kind == "i":
+                acc = w.prod(axis=1, dtype=a)
+            else:
+                acc = reduction_tree(w, _tree_complex_prod if a.kind == "c" else _tree_prod, 1)
+    elif op.kernel_op == P.OP_MAX:
+        acc = w.max(axis=1) if a.kind in "biu" else reduction_tree(w, _tree_max, -np.inf)
+    elif op.kernel_op == P.OP_MIN:
+        acc = w.min(axis=1) if a.kind in "biu" else reduction_tree(w, _tree_min, np.inf)
+    else:
+        acc = w.sum(axis=1, dtype=a) if a.kind == "i" else reduction_tree(w)  # integers: exact, wrapping
+    if op.finalize == P.FINISH_EQUALS:
+        acc = acc == np.float64(n)  # all: every element counted
+    elif op.finalize != P.FINISH_NONE:
+        d = acc.astype(np.float64)
+        acc = d / np.float64(n) if op.finalize == P.FINISH_DIVIDE else np.sqrt(d)
+    if o.itemsize == 2 and acc.dtype == np.float64:
+        acc = acc.astype(np.float32)  # the kernels round a double result to float, then to the half type
+    return _astype(acc.astype(storage(o)), final).reshape(shape)
+
+
+def _lowered_emulated(name: str, x, axes, final, keepdims: bool, rt):
+    """cukern.reduce's ``_lowered`` for route ``rt`` (:func:`cukern.reduce_plan.route`) where the kernels run
+    another op or write another kind of result: x lowered as ``rt.how`` says (complex x as its real and
+    imaginary parts on a trailing axis, each part its own tree, the norm reducing that axis too), the
+    kernels' op into ``rt.kernel`` emulated on that, then converted to ``final``. A bool target compares
+    the count of non-zero elements with 0 (sum, mean; an empty mean is True) or n (prod); a mean's integer
+    target is the int64 sum taken modulo that type, divided in float64, truncated into it."""
+    import cukern.reduce_plan as P
+
+    n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+    inner_axes = axes
+    if name == "nansum" and (x.dtype.kind in "fc" or x.dtype == P.BFLOAT16):
+        x = np.where(np.isnan(x), np.zeros((), x.dtype), x)  # NumPy's nansum: a NaN (either part) is 0 first
+    if rt.how == "complex":
+        x = np.stack([x.real, x.imag], axis=-1)
+        if name == "norm":
+            inner_axes = axes + (x.ndim - 1,)
+    elif rt.how == "view":
+        x = x.view(rt.via)
+    elif rt.how == "cast":
+        x = _astype(x, rt.via)
+    if rt.op == "count_nonzero":
+        c = _reduce_emulated("count_nonzero", x, inner_axes, None, keepdims)
+        # NumPy's "and" (prod) or "or"; an empty mean's "or" (False) over 0 is NaN, which is True
+        r = c == n if name == "prod" else (c > 0) | (n == 0 and name == "mean")
+    else:
+        r = _reduce_emulated(rt.op, x, inner_axes, rt.kernel, keepdims)
+        if rt.how == "complex" and name != "norm":
+            r = np.ascontiguousarray(r).view(np.result_type(r.dtype, np.complex64))[..., 0]
+        elif rt.how == "complex" and keepdims:  # the norm reduced the parts' axis too: not one of x's
+            r = r.reshape(r.shape[:-1])
+        if rt.mean_int:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                r = (r.astype(final).astype(np.float64) / np.float64(n)).astype(final)
+    return _astype(r, final)
+
+
+def sum_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.sum` returns, as a NumPy array, computed on the host: x (any array; a CuPy
+    array is copied to the host) converted to the accumulator dtype (float32 for float32 and half-type
+    results, float64 for float64, int64 for integer results), each result the tree of
+    :func:`reduction_tree` over its elements in C order over ``axis`` (integer sums exactly, wrapping),
+    rounded once to the result dtype. An axis of one element is copied, as cukern does it. NaN payloads
+    may differ from the GPU's. A float converted to an integer (x for an integer target, a mean's quotient)
+    that is +-inf, NaN or out of range takes the host's conversion here, where the GPU's saturates: such
+    values are not emulated bit for bit."""
+    return _reduce_emulated("sum", x, axis, dtype, keepdims)
+
+
+def mean_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.mean` returns: the tree's sum in the accumulator dtype, widened to float64,
+    divided by the count (one IEEE division), rounded to the result dtype (through float32 for half
+    types, as the kernels store it)."""
+    return _reduce_emulated("mean", x, axis, dtype, keepdims)
+
+
+def sum_of_squares_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.sum_of_squares` returns: each value squared in the accumulator dtype (one
+    rounding), then :func:`sum_emulated`'s tree."""
+    return _reduce_emulated("sum_of_squares", x, axis, dtype, keepdims)
+
+
+def norm_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.norm` returns: :func:`sum_of_squares_emulated`'s sum widened to float64, its
+    correctly rounded square root, rounded to the result dtype."""
+    return _reduce_emulated("norm", x, axis, dtype, keepdims)
+
+
+def amax_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.amax` returns: the tree with reduce.cu's commutative max (NaN if any element
+    is NaN, +0 over -0), converted to ``dtype`` when given. Complex x: :func:`extreme_emulated`."""
+    if _numpy(x).dtype.kind == "c":
+        return extreme_emulated("amax", x, axis, dtype, keepdims)
+    return _reduce_emulated("amax", x, axis, dtype, keepdims)
+
+
+def amin_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.amin` returns: as :func:`amax_emulated`, with min (-0 over +0)."""
+    if _numpy(x).dtype.kind == "c":
+        return extreme_emulated("amin", x, axis, dtype, keepdims)
+    return _reduce_emulated("amin", x, axis, dtype, keepdims)
+
+
+def reduce_var(x, axis=None, ddof=0, keepdims=False):
+    """``sum((x - mean)**2) / (n - ddof)`` in float64, two passes (``numpy.var``)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.var(_wide(x).astype(np.float64), axis=axis, ddof=ddof, keepdims=keepdims)
+
+
+def reduce_std(x, axis=None, ddof=0, keepdims=False):
+    """``sqrt(reduce_var(x))`` in float64."""
+    return np.sqrt(reduce_var(x, axis, ddof, keepdims))
+
+
+def _chan(a, b):
+    """reduce.cu's Chan merge of (count, mean, M2) arrays: the operands ordered (larger count, then larger
+    mean, first), an empty one giving the other exactly; each step one rounding in the arrays' dtype."""
+    swap = (b[0] > a[0]) | ((b[0] == a[0]) & (b[1] > a[1]))
+    hn, hm, h2 = (np.where(swap, y, x) for x, y in zip(a, b))
+    ln, lm, l2 = (np.where(swap, x, y) for x, y in zip(a, b))
+    n = hn + ln
+    d = lm - hm
+    f = ln / np.where(n == 0, np.ones_like(n), n)
+    m = hm + d * f
+    m2 = (h2 + l2) + (d * d) * (hn * f)
+    empty = ln == 0
+    return np.where(empty, hn, n), np.where(empty, hm, m), np.where(empty, h2, m2)
+
+
+def _chain_elements(a, fill):
+    """The chains of :func:`reduction_tree` over the last axis of ``a`` (rows, n): their elements (rows,
+    chains, 8) in m order, ``fill`` past n, chains in order 32 k + c, and each chain's count of elements
+    below n (chains,): a prefix of its 8."""
+    from ..reduce_plan import TREE_CHAIN_LENGTH, TREE_CHAINS, TREE_LEAF
+
+    rows, n = a.shape
+    leaves = max(1, -(-n // TREE_LEAF))
+    v = np.concatenate([a, np.full((rows, leaves * TREE_LEAF - n), fill, a.dtype)], axis=1)
+    v = v.reshape(rows, leaves, TREE_CHAIN_LENGTH, TREE_CHAINS).transpose(0, 1, 3, 2)
+    first = np.arange(leaves * TREE_CHAINS)
+    left = n - (first // TREE_CHAINS * TREE_LEAF + first % TREE_CHAINS)
+    count = np.clip(-(-left // TREE_CHAINS), 0, TREE_CHAIN_LENGTH)
+    return v.reshape(rows, leaves * TREE_CHAINS, TREE_CHAIN_LENGTH), count
+
+
+def _upper_tree(p, combine, identity):
+    """The perfect binary tree of :func:`reduction_tree` over chain states ``p`` (a tuple of (rows, chains)
+    arrays), neighbours paired first, the count padded with ``identity`` (a tuple of scalars)."""
+    rows, chains = p[0].shape
+    size = 1 << (chains - 1).bit_length()
+    p = tuple(np.concatenate([s, np.full((rows, size - chains), i, s.dtype)], axis=1) for s, i in zip(p, identity))
+    while p[0].shape[1] > 1:
+        p = combine(tuple(s[:, 0::2] for s in p), tuple(s[:, 1::2] for s in p))
+    return tuple(s[:, 0] for s in p)
+
+
+def _moments_tree(d):
+    """The tree of :func:`reduction_tree` over the last axis of ``d`` (shifted values in the accumulator
+    dtype) with states (count, mean, M2): the chains' states (:func:`_moment_chains`) merged by
+    :func:`_chan`."""
+    return _upper_tree(_moment_chains(d), _chan, (0, 0, 0))
+
+
+def _moment_chains(d):
+    """Each chain's (count, mean, M2) over the last axis of ``d`` (rows, n), as reduce.cu ``chain_state``
+    forms it: its c present values summed left to right from the first, mean = sum / c (one division),
+    M2 = the squares of (value - mean) summed left to right; an empty chain the identity (0, 0, 0). Arrays
+    (rows, chains), chains in order 32 k + c."""
+    v, count = _chain_elements(d, 0)
+    c = count.astype(d.dtype)
+    with np.errstate(all="ignore"):
+        s1 = v[..., 0]
+        for m in range(1, v.shape[-1]):
+            s1 = np.where(m < count, s1 + v[..., m], s1)
+        mean = s1 / np.where(count == 0, 1, c).astype(d.dtype)
+        e = v[..., 0] - mean
+        m2 = e * e
+        for m in range(1, v.shape[-1]):
+            e = v[..., m] - mean
+            m2 = np.where(m < count, m2 + e * e, m2)
+        zero = np.zeros_like(mean)
+        empty = count == 0
+        return np.broadcast_to(c, mean.shape), np.where(empty, zero, mean), np.where(empty, zero, m2)
+
+
+def _var_emulated(name: str, x, axis, dtype, ddof, keepdims: bool):
+    import cukern.reduce_plan as P
+
+    x = _numpy(x)
+    axes = P.normalize_axis(axis, x.ndim)
+    final = P.result_dtype(name, x.dtype, dtype)
+    shape = P.result_shape(x.shape, axes, keepdims)
+    rt = P.route(name, x.dtype, final)
+    if rt.how == "complex":
+        # the parts' variances, each its own tree, added in float64 (then the square root), rounded once; with
+        # ddof >= n > 0 the parts' M2 (over 1), added, over 0 (NumPy's (M2_re + M2_im) / 0)
+        n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+        no_freedom = 0 < n <= ddof
+        parts = [np.ascontiguousarray(p).reshape(x.shape) for p in (x.real, x.imag)]
+        r = sum(_var_emulated("var", p, axis, rt.kernel, n - 1 if no_freedom else ddof, keepdims).astype(np.float64)
+                for p in parts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = r / np.float64(0) if no_freedom else r
+            return np.asarray(np.sqrt(r) if name == "std" else r).astype(final)
+    if rt.how == "cast":
+        x = x.astype(rt.via)  # as cukern converts x first (to a float ``dtype=``: NumPy computes in it)
+    n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+    divisor = max(n - ddof, 0)
+    if n == 0:  # NumPy: the empty M2, 0, over max(n - ddof, 0): NaN, or 0 for a negative ddof
+        return np.full(shape, np.nan if divisor == 0 else 0.0, final)
+    kept = [i for i in range(x.ndim) if i not in axes]
+    v = np.transpose(x, kept + list(axes)).reshape(-1, n)
+    with np.errstate(all="ignore"):
+        if n == 1:
+            # cukern reduces size-1 axes elementwise: 0 for a finite element, NaN otherwise, over the divisor.
+            r = np.where(np.isfinite(v[:, 0].astype(np.float64)), 0.0, np.nan) / np.float64(divisor)
+            return r.astype(final).reshape(shape)
+        s = P.acc_dtype(rt.kernel)  # a complex target's: its parts'
+        w = v.astype(s)
+        _, mean, m2 = _moments_tree(w - w[:, :1])
+        r = np.where(np.isfinite(mean), m2.astype(np.float64) / np.float64(divisor), np.nan)
+        if name == "std":
+            r = np.sqrt(r)
+    if final.itemsize == 2:
+        r = r.astype(np.float32)  # the kernels round a double result to float, then to the half type
+    return r.astype(final).reshape(shape)
+
+
+def var_emulated(x, axis=None, dtype=None, ddof=0, keepdims=False):
+    """The bits :func:`cukern.var` returns: each slice's values in the accumulator dtype (float32 for float32
+    and half-type results, float64 otherwise) less the slice's first element; each chain of
+    :func:`reduction_tree` forms its (count, mean, M2) at once (:func:`_moments_tree`: one division a
+    chain), and the chains merge up the tree by reduce.cu's Chan merge (:func:`_chan`); then M2
+    widened to float64 and divided by ``max(n - ddof, 0)`` (NaN when the mean is not finite), rounded to the
+    result dtype (through float32 for half types)."""
+    return _var_emulated("var", x, axis, dtype, ddof, keepdims)
+
+
+def std_emulated(x, axis=None, dtype=None, ddof=0, keepdims=False):
+    """The bits :func:`cukern.std` returns: :func:`var_emulated`'s float64 quotient, its correctly rounded
+    square root, rounded to the result dtype."""
+    return _var_emulated("std", x, axis, dtype, ddof, keepdims)
+
+
+# NaN-aware reductions, counts, prod and logsumexp (cuda_src/reduce.cu): float64 references from NumPy, and
+# the kernels' bits on the host.
+
+
+def reduce_nansum(x, axis=None, keepdims=False):
+    """``sum`` of the non-NaN elements in int64 or float64 (``numpy.nansum``)."""
+    return np.nansum(_wide(x), axis=axis, keepdims=keepdims)
+
+
+def reduce_nanmean(x, axis=None, keepdims=False):
+    """Mean of the non-NaN elements in float64; NaN for an all-NaN slice."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(_wide(x).astype(np.float64), axis=axis, keepdims=keepdims)
+
+
+def reduce_nanmax(x, axis=None, keepdims=False):
+    """Maximum of the non-NaN elements; NaN for an all-NaN slice."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmax(_wide(x), axis=axis, keepdims=keepdims)
+
+
+def reduce_nanmin(x, axis=None, keepdims=False):
+    """Minimum of the non-NaN elements; NaN for an all-NaN slice."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmin(_wide(x), axis=axis, keepdims=keepdims)
+
+
+def reduce_prod(x, axis=None, keepdims=False):
+    """Product in int64 (wrapping), float64 or complex128."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.prod(_wide(x), axis=axis, keepdims=keepdims)
+
+
+def reduce_logsumexp(x, axis=None, keepdims=False):
+    """``log(sum(exp(x)))`` in float64, shifted by the maximum (``scipy.special.logsumexp``): -inf for an
+    empty or all -inf slice, +inf for a slice holding +inf, NaN for one holding NaN."""
+    w = _wide(x).astype(np.float64)
+    with np.errstate(all="ignore"):
+        if w.size == 0:
+            return np.full(np.sum(w, axis=axis, keepdims=keepdims).shape, -np.inf)
+        m = np.max(w, axis=axis, keepdims=True)
+        safe = np.where(np.isfinite(m), m, 0.0)
+        r = np.log(np.sum(np.exp(w - safe), axis=axis, keepdims=True)) + safe
+        r = np.where(np.isfinite(m), r, m)
+    return r if keepdims else np.squeeze(r, axis=axis)
+
+
+def nansum_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.nansum` returns: :func:`sum_emulated` with each NaN replaced by 0 first."""
+    return _reduce_emulated("nansum", x, axis, dtype, keepdims)
+
+
+def _count_not_nan_emulated(x, axis, keepdims):
+    return _reduce_emulated("count_not_nan", x, axis, None, keepdims)
+
+
+def extreme_emulated(name: str, x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.amax` (``name`` "amax"), ``amin``, ``nanmax`` and ``nanmin`` return for complex
+    host ``x`` (its strides matter): the element at the arg-reduction's index along the reduced axes merged
+    in NumPy's visiting order (:func:`cukern.reduce_plan.gather_axes`); NaN-skipping for the nan forms, an
+    all-NaN slice giving its first element. NumPy's own max, min, nanmax and nanmin give the same bits."""
+    import cukern.reduce_plan as P
+
+    x = _numpy(x)  # a cupy array arrives C-contiguous: pass host views to keep their visiting order
+    axes = P.normalize_axis(axis, x.ndim)
+    final = P.result_dtype(name, x.dtype, dtype)
+    n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+    if n == 0:
+        raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
+    kept = [i for i in range(x.ndim) if i not in axes]
+    merged = np.transpose(x, kept + list(P.gather_axes(x.shape, x.strides, axes)))
+    merged = merged.reshape(tuple(x.shape[i] for i in kept) + (n,))
+    at = _arg_emulated({"amax": "argmax", "amin": "argmin"}.get(name, name), merged, -1, True)
+    r = np.take_along_axis(merged, at, axis=-1).reshape(P.result_shape(x.shape, axes, keepdims))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
+        return np.asarray(_astype(r, final))
+
+
+def _nan_minmax_emulated(name, x, axis, dtype, keepdims):
+    x = _numpy(x)
+    if x.dtype.kind == "c":
+        return extreme_emulated(name, x, axis, dtype, keepdims)
+    r = _reduce_emulated(name, x, axis, dtype, keepdims)
+    if (x.dtype.kind == "f" or x.dtype.name == "bfloat16") and (r.dtype.kind == "f" or r.dtype.name == "bfloat16"):
+        r = np.where(_count_not_nan_emulated(x, axis, keepdims) == 0, np.array(np.nan, r.dtype), r)
+    return np.asarray(r)
+
+
+def nanmax_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.nanmax` returns: :func:`amax_emulated` with each NaN replaced by -inf first,
+    then NaN for the slices without a non-NaN value."""
+    return _nan_minmax_emulated("nanmax", x, axis, dtype, keepdims)
+
+
+def nanmin_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.nanmin` returns: as :func:`nanmax_emulated`, with min and +inf."""
+    return _nan_minmax_emulated("nanmin", x, axis, dtype, keepdims)
+
+
+def nanmean_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.nanmean` returns: :func:`nansum_emulated` in the accumulator dtype, widened to
+    float64, divided by the count of non-NaN values (NaN for none), rounded to the result dtype (through
+    float32 for half types). Integer and bool inputs: :func:`mean_emulated`. Complex x: each part of the sum
+    divided in float64 by the count of elements with no NaN part, rounded to the part's dtype; a real x
+    with a complex ``dtype=``: the real result in the parts' dtype, widened."""
+    import cukern.reduce_plan as P
+
+    x = _numpy(x)
+    if x.dtype.kind in "biu":
+        return mean_emulated(x, axis, dtype, keepdims)
+    final = P.result_dtype("mean", x.dtype, dtype)
+    if final.kind == "c" and x.dtype.kind != "c":
+        return nanmean_emulated(x, axis, P.real_of(final), keepdims).astype(final)
+    total = nansum_emulated(x, axis, P.acc_dtype(final), keepdims)
+    if x.dtype.kind == "c":
+        count = np.sum(~np.isnan(x), axis=P.normalize_axis(axis, x.ndim), keepdims=keepdims).astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            re, im = total.real.astype(np.float64) / count, total.imag.astype(np.float64) / count
+        q = np.empty(np.shape(total), final)
+        q.real, q.imag = re, im
+        return q
+    with np.errstate(invalid="ignore", divide="ignore"):
+        q = total.astype(np.float64) / _count_not_nan_emulated(x, axis, keepdims)
+    if final.itemsize == 2:
+        q = q.astype(np.float32)
+    return np.asarray(q.astype(final))
+
+
+def count_nonzero_emulated(x, axis=None, keepdims=False):
+    """:func:`cukern.count_nonzero`: the number of x != 0 (a NaN counts), int64."""
+    return np.asarray(_reduce_emulated("count_nonzero", x, axis, None, keepdims))
+
+
+def any_emulated(x, axis=None, keepdims=False):
+    """:func:`cukern.any`: the count of x != 0 (a NaN counts) in float64, stored as count != 0."""
+    return np.asarray(_reduce_emulated("any", x, axis, None, keepdims))
+
+
+def all_emulated(x, axis=None, keepdims=False):
+    """:func:`cukern.all`: the count of x != 0 in float64, stored as count == n (n the slice's length)."""
+    return np.asarray(_reduce_emulated("all", x, axis, None, keepdims))
+
+
+def prod_emulated(x, axis=None, dtype=None, keepdims=False):
+    """The bits :func:`cukern.prod` returns: x converted first to a ``dtype`` that NumPy multiplies in (a
+    float or complex target), as cukern converts it; then the tree of :func:`reduction_tree` with correctly
+    rounded products from the identity 1 in the accumulator dtype (float32 for half types; complex results in
+    their own dtype, multiplied by :func:`_tree_complex_prod`, which keeps 1 + 0i exact), rounded once to the
+    result dtype; integer products in int64, wrapping (any order gives those bits)."""
+    return _reduce_emulated("prod", x, axis, dtype, keepdims)
+
+
+# logsumexp's exp and log (reduce.cu ExpLog, exp_nonpositive, log_at_least_one): the same steps, each rounded
+# once, in the same order, in the accumulator dtype (float32's exp multiply-adds by :func:`_fma32`). The
+# constants are reduce.cu's hex literals.
+_EXPLOG = {
+    np.dtype(np.float32): {
+        "underflow": -104.0, "inv_ln2": "0x1.715476p+0", "magic": "0x1.8p+23", "ln2_hi": "0x1.62e4p-1",
+        "ln2_lo": "0x1.7f7d1cp-20", "ln2": "0x1.62e430p-1",
+        "exp": ["0x1p+0", "0x1p+0", "0x1.fffdfcp-2", "0x1.5557aep-3", "0x1.5729e6p-5", "0x1.10625ap-7"],
+        "sqrt_half": "0x1.6a09e6p-1",
+        "log": ["0x1p+0", "0x1.555556p-2", "0x1.99999ap-3", "0x1.24924ap-3", "0x1.c71c72p-4"]},
+    np.dtype(np.float64): {
+        "underflow": -746.0, "inv_ln2": "0x1.71547652b82fep+0", "magic": "0x1.8p+52", "ln2_hi": "0x1.62e42feep-1",
+        "ln2_lo": "0x1.a39ef35793c76p-33",
+        "exp": ["0x1p+0", "0x1p+0", "0x1p-1", "0x1.5555555555555p-3", "0x1.5555555555555p-5", "0x1.1111111111111p-7",
+             "0x1.6c16c16c16c17p-10", "0x1.a01a01a01a01ap-13", "0x1.a01a01a01a01ap-16", "0x1.71de3a556c734p-19",
+             "0x1.27e4fb7789f5cp-22", "0x1.ae64567f544e4p-26", "0x1.1eed8eff8d898p-29", "0x1.6124613a86d09p-33"],
+        "sqrt_half": "0x1.6a09e667f3bcdp-1",
+        "log": ["0x1p+0", "0x1.5555555555555p-2", "0x1.999999999999ap-3", "0x1.2492492492492p-3",
+             "0x1.c71c71c71c71cp-4", "0x1.745d1745d1746p-4", "0x1.3b13b13b13b14p-4", "0x1.1111111111111p-4",
+             "0x1.e1e1e1e1e1e1ep-5", "0x1.af286bca1af28p-5", "0x1.8618618618618p-5"]},
+}
+
+
+@functools.cache
+def _explog(dtype):
+    """The constants of :data:`_EXPLOG` as ``dtype``'s scalars (made once a dtype: the tree simulations call
+    the exp and log a value at a time)."""
+    c = _EXPLOG[np.dtype(dtype)]
+    t = np.dtype(dtype).type
+
+    def f(h):
+        return t(float.fromhex(h)) if isinstance(h, str) else t(h)
+
+    return {k: [f(h) for h in v] if isinstance(v, list) else f(v) for k, v in c.items()}
+
+
+def _fma32(a, b, c):
+    """``__fmaf_rn(a, b, c)`` for float32 arrays (broadcast): a b + c rounded once, to nearest even. The
+    product is exact in float64 (24 + 24 bits); the float64 sum is rounded to odd, not to nearest: TwoSum
+    gives s = RN(x), x = a b + c, and its error e = x - s exactly; an inexact x rounds toward zero (s, or its
+    neighbour toward zero when e and s differ in sign) and then sets the last bit, which keeps the sticky
+    information a second rounding needs. 53 >= 24 + 2 bits, so rounding that to float32 is the correctly
+    rounded x, subnormal results, overflow and signed zeros included. Infinite or NaN operands make e a NaN,
+    neither positive nor negative: s stays as float64 forms it, by the same IEEE rules."""
+    a, b, c = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, c))
+    with np.errstate(all="ignore"):
+        p = a * b
+        s = p + c
+        bv = s - p
+        e = (p - (s - bv)) + (c - bv)
+        inexact = (e > 0) | (e < 0)
+        bits = s.view(np.int64)
+        odd = (bits - (inexact & ((e > 0) != (s > 0)))) | inexact
+        return odd.view(np.float64).astype(np.float32)
+
+
+def _exp_nonpositive(d):
+    """reduce.cu ``exp_nonpositive``: e^d for d <= 0 (an array of float32 or float64), 0 below the underflow
+    bound. k = rint(d / ln2) by adding and subtracting the magic constant (its integer also read from the
+    sum's bits), r = d - k ln2 (in one fused step for float32, two for float64), e^r by Horner with the
+    coefficients scaled by 2^-64, then that times 2^(k + 64), rounded once. Float32 forms every multiply-add
+    with one rounding (:func:`_fma32`, as ``__fmaf_rn``), float64 as a correctly rounded product and a
+    correctly rounded sum."""
+    c = _explog(d.dtype)
+    t = d.dtype.type
+    mad = _fma32 if t is np.float32 else (lambda a, b, c: a * b + c)
+    bits = np.dtype(f"i{d.dtype.itemsize}")
+    scale = t(2.0**-64)
+    with np.errstate(all="ignore"):
+        live = d >= c["underflow"]
+        dd = np.where(live, d, t(0))
+        km = mad(dd, c["inv_ln2"], c["magic"])
+        kf = km - c["magic"]
+        ki = km.view(bits).astype(np.int64) - np.asarray(c["magic"]).view(bits).astype(np.int64)
+        if "ln2" in c:  # float32: r in one fused step
+            r = mad(kf, -c["ln2"], dd)
+        else:
+            r = mad(kf, -c["ln2_lo"], mad(kf, -c["ln2_hi"], dd))
+        p = np.full_like(d, c["exp"][-1] * scale)
+        for coef in reversed(c["exp"][:-1]):
+            p = mad(p, r, coef * scale)
+        out = p * np.ldexp(np.ones_like(d), ki + 64)
+    return np.where(live, out, t(0))
+
+
+def _log_at_least_one(s):
+    """reduce.cu ``log_at_least_one``: log(s) for finite s >= 1 (an array of float32 or float64)."""
+    c = _explog(s.dtype)
+    t = s.dtype.type
+    with np.errstate(all="ignore"):
+        f, e = np.frexp(s)
+        low = f < c["sqrt_half"]
+        f = np.where(low, f * t(2), f)
+        e = np.where(low, e - 1, e)
+        u = (f - t(1)) / (f + t(1))
+        w = u * u
+        p = np.full_like(s, c["log"][-1])
+        for coef in reversed(c["log"][:-1]):
+            p = p * w + coef
+        se = e.astype(s.dtype)
+        return se * c["ln2_hi"] + (se * c["ln2_lo"] + (u + u) * p)
+
+
+def _lse_merge(a, b):
+    """reduce.cu's LogSumExp merge of (m, s) arrays, step for step: hi the operand of the larger m (or of a NaN
+    m), m the NaN-propagating maximum, s = s_hi + s_lo e^(m_lo - m_hi) (a NaN or -inf difference gives 0)."""
+    am, as_ = a
+    bm, bs = b
+    with np.errstate(all="ignore"):
+        swap = (bm > am) | np.isnan(bm)
+        hm, hs = np.where(swap, bm, am), np.where(swap, bs, as_)
+        lm, ls = np.where(swap, am, bm), np.where(swap, as_, bs)
+        return _tree_max(am, bm), hs + ls * _exp_nonpositive(lm - hm)
+
+
+def _lse_tree(w):
+    """The tree of :func:`reduction_tree` over the last axis of ``w`` (values in the accumulator dtype) with
+    states (m, s): the chains' states (:func:`_lse_chains`) merged by :func:`_lse_merge`."""
+    return _upper_tree(_lse_chains(w), _lse_merge, (-np.inf, 0))
+
+
+def _lse_chains(w):
+    """Each chain's (m, s) over the last axis of ``w`` (rows, n), as reduce.cu ``chain_state`` forms it: m
+    the NaN-propagating maximum of its present values, (m, 1) for an infinite or NaN m (nothing later
+    reads such an s but for s != 0), else s = the sum, left to right, of :func:`_exp_nonpositive` (value -
+    m); an empty chain the identity (-inf, 0). Arrays (rows, chains), chains in order 32 k + c."""
+    v, count = _chain_elements(w, -np.inf)
+    t = w.dtype.type
+    with np.errstate(all="ignore"):
+        hi = v[..., 0]
+        for m in range(1, v.shape[-1]):
+            hi = np.where(m < count, _tree_max(hi, v[..., m]), hi)
+        finite = np.isfinite(hi)
+        s = _exp_nonpositive(np.where(finite, v[..., 0] - hi, t(0)))
+        for m in range(1, v.shape[-1]):
+            s = np.where(m < count, s + _exp_nonpositive(np.where(finite, v[..., m] - hi, t(0))), s)
+        s = np.where(finite, s, t(1))
+        empty = count == 0
+        return np.where(empty, t(-np.inf), hi), np.where(empty, t(0), s)
+
+
+def logsumexp_emulated(x, axis=None, keepdims=False):
+    """The bits :func:`cukern.logsumexp` returns: the values in the accumulator dtype (float32 for float32
+    and half types, float64 for float64; integer and bool x converted to float64); each chain of
+    :func:`reduction_tree` forms its (max m, sum of exp(x - m)) at once with cukern's own exp
+    (:func:`_lse_tree`: one exp an element), and the chains merge up the tree by reduce.cu's LogSumExp
+    merge (:func:`_lse_merge`); then m + log(s) with cukern's own log, rounded to the result dtype; -inf for an
+    empty or all -inf slice, m itself for an infinite or NaN m. A one-element slice is copied."""
+    import cukern.reduce_plan as P
+
+    x = _numpy(x)
+    if x.dtype.kind in "biu":
+        x = x.astype(np.float64)
+    axes = P.normalize_axis(axis, x.ndim)
+    final = x.dtype
+    shape = P.result_shape(x.shape, axes, keepdims)
+    n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+    if n == 0:
+        return np.full(shape, -np.inf, final)
+    kept = [i for i in range(x.ndim) if i not in axes]
+    v = np.transpose(x, kept + list(axes)).reshape(-1, n)
+    if n == 1:
+        return v[:, 0].astype(final).reshape(shape)
+    a = P.acc_dtype(final)
+    w = v.astype(a)
+    with np.errstate(all="ignore"):
+        m, s = _lse_tree(w)
+        finite = np.isfinite(m) & (s != 0)
+        r = np.where(finite, m + _log_at_least_one(np.where(finite, s, np.ones_like(s))), m)
+        r = np.where(s == 0, np.array(-np.inf, a), r)
+    return r.astype(final).reshape(shape)

@@ -1,0 +1,281 @@
+"""Rotary embedding (cached, cache-free, multimodal) and fused QK-norm + RoPE: references and emulators."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._common import _f64, _numpy
+from .norms import rms_norm, rms_norm_emulated
+
+
+def rope_frequency(j, rotary_dim, base=10000.0, scaling=None, max_position=None):
+    """Angular frequency of pair ``j`` (float), one pair at a time from the published per-model formulas
+    (HF transformers ``_compute_*_rope_parameters``): plain ``base^(-2j/rot)``, then linear (divided by
+    factor), dynamic NTK (base stretched for ``max(max_position, original)`` positions), Llama 3 (long
+    wavelengths divided by factor, short ones kept, a linear blend between; Llama 4's equal low and high
+    factors leave no blend), YaRN (a ramp between interpolated and extrapolated over the correction range)
+    or LongRoPE (divided by the pair's entry of long_factor past the original length, else short_factor)."""
+    import math
+
+    kind = None if scaling is None else scaling["type"]
+    rot = rotary_dim
+    if kind == "dynamic_ntk":
+        factor, orig = scaling["factor"], scaling["original_max_position"]
+        seen = max(max_position, orig)
+        base = base * ((factor * seen / orig) - (factor - 1)) ** (rot / (rot - 2))
+    freq = base ** (-2.0 * j / rot)
+    if kind == "linear":
+        return freq / scaling["factor"]
+    if kind == "llama3":
+        factor, orig = scaling["factor"], scaling["original_max_position"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        wavelength = 2 * math.pi / freq
+        if wavelength < orig / high:
+            return freq
+        if wavelength > orig / low:
+            return freq / factor
+        if low == high:
+            return freq
+        s = (orig / wavelength - low) / (high - low)
+        return (1 - s) * freq / factor + s * freq
+    if kind == "yarn":
+        factor, orig = scaling["factor"], scaling["original_max_position"]
+
+        def dim_for(rotations):
+            # the pair index whose wavelength fits `rotations` turns into the original context
+            return rot * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        lo = dim_for(scaling.get("beta_fast", 32.0))
+        hi = dim_for(scaling.get("beta_slow", 1.0))
+        if scaling.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, rot - 1)
+        if hi == lo:
+            hi = hi + 0.001
+        ramp = min(1.0, max(0.0, (j - lo) / (hi - lo)))
+        return ramp * (freq / factor) + (1 - ramp) * freq
+    if kind == "longrope":
+        long = max_position > scaling["original_max_position"]
+        return freq / scaling["long_factor" if long else "short_factor"][j]
+    return freq
+
+
+def rope_attention_factor(scaling=None, max_position=None):
+    """The factor on cos and sin, 1 but for YaRN and LongRoPE. YaRN: given ``attention_factor``, else
+    ``m(factor, mscale) / m(factor, mscale_all_dim)`` when both are set, else ``m(factor, 1)``, with
+    ``m(s, k) = 0.1 k ln(s) + 1`` for ``s > 1`` and 1 otherwise. LongRoPE: given ``attention_factor``, else
+    ``long_mscale`` past the original length or ``short_mscale`` within it, else
+    ``sqrt(1 + ln(s) / ln(original))`` for ``s = factor`` (default ``max_position / original``) above 1."""
+    import math
+
+    if scaling is not None and scaling["type"] == "longrope":
+        orig = scaling["original_max_position"]
+        mscale = "long_mscale" if max_position > orig else "short_mscale"
+        for key in ("attention_factor", mscale):
+            if scaling.get(key) is not None:
+                return float(scaling[key])
+        s = scaling.get("factor", max_position / orig)
+        return math.sqrt(1 + math.log(s) / math.log(orig)) if s > 1 else 1.0
+    if scaling is None or scaling["type"] != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = scaling["factor"]
+
+    def m(k):
+        return 0.1 * k * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return m(scaling["mscale"]) / m(scaling["mscale_all_dim"])
+    return m(1.0)
+
+
+def rope_cache(max_position, rotary_dim, base=10000.0, scaling=None):
+    """``[max_position, rotary_dim]`` float64: row p is ``a cos(p w_j)`` for each pair j, then ``a sin(p w_j)``
+    (``w_j = rope_frequency(j)``, ``a = rope_attention_factor``)."""
+    half = rotary_dim // 2
+    w = np.array([rope_frequency(j, rotary_dim, base, scaling, max_position) for j in range(half)])
+    a = rope_attention_factor(scaling, max_position)
+    out = np.empty((max_position, rotary_dim))
+    for j in range(half):
+        angle = np.arange(max_position, dtype=np.float64) * w[j]
+        out[:, j] = a * np.cos(angle)
+        out[:, half + j] = a * np.sin(angle)
+    return out
+
+
+def rotary_embedding(positions, query, key, cos_sin_cache, is_neox=True, rotary_dim=None, inverse=False):
+    """``(query, key)`` rotated, as float64 copies (key None stays None). Pair j of every head is
+    ``(j, j + rot/2)`` (NeoX) or ``(2j, 2j + 1)`` (GPT-J), turned by ``cache[p, j]`` (cos) and
+    ``cache[p, W/2 + j]`` (sin, negated when inverse). Tokens whose position is outside the cache are left
+    as they are. Reads q, k, one cache row and one position per token; writes q, k."""
+    cache = _f64(cos_sin_cache)
+    positions = np.asarray(positions).astype(np.int64)
+    width = cache.shape[1]
+    rot = width if rotary_dim is None else rotary_dim
+    half = rot // 2
+    j = np.arange(half)
+    first, second = (j, j + half) if is_neox else (2 * j, 2 * j + 1)
+    ok = (positions >= 0) & (positions < cache.shape[0])
+    rows = cache[positions[ok]]
+    cos = rows[:, None, :half]
+    sin = rows[:, None, width // 2:width // 2 + half] * (-1.0 if inverse else 1.0)
+
+    out = []
+    for x in (query, key):
+        if x is None:
+            out.append(None)
+            continue
+        x = _f64(x).copy()
+        a, b = x[ok][:, :, first], x[ok][:, :, second]
+        turned = x[ok]
+        turned[:, :, first] = a * cos - b * sin
+        turned[:, :, second] = b * cos + a * sin
+        x[ok] = turned
+        out.append(x)
+    return tuple(out)
+
+
+def rotary_embedding_emulated(positions, query, key, cos_sin_cache, is_neox=True, rotary_dim=None, inverse=False):
+    """The bits :func:`cukern.rotary_embedding` writes, as NumPy copies in query's dtype (key None stays
+    None): the pairs of :func:`rotary_embedding` widened to float32, ``x c - y s`` and ``y c + x s`` with
+    every product and sum rounded to float32 in that order (NumPy never fuses a multiply-add), then rounded
+    once to the dtype. Tokens whose position is outside the cache are left as they are."""
+    cache = _numpy(cos_sin_cache).astype(np.float32)
+    positions = _numpy(positions).astype(np.int64)
+    width = cache.shape[1]
+    half = (width if rotary_dim is None else rotary_dim) // 2
+    j = np.arange(half)
+    first, second = (j, j + half) if is_neox else (2 * j, 2 * j + 1)
+    ok = (positions >= 0) & (positions < cache.shape[0])
+    rows = cache[positions[ok]]
+    cos = rows[:, None, :half]
+    sin = rows[:, None, width // 2:width // 2 + half]
+    if inverse:
+        sin = -sin
+    out = []
+    for v in (query, key):
+        if v is None:
+            out.append(None)
+            continue
+        v = _numpy(v).copy()
+        turned = v[ok]
+        a, b = turned[:, :, first].astype(np.float32), turned[:, :, second].astype(np.float32)
+        turned[:, :, first] = (a * cos - b * sin).astype(v.dtype)
+        turned[:, :, second] = (b * cos + a * sin).astype(v.dtype)
+        v[ok] = turned
+        out.append(v)
+    return tuple(out)
+
+
+def qk_norm_rope(positions, query, key, q_weight, k_weight, cos_sin_cache, eps=1e-6, offset=0.0, is_neox=True,
+                 rotary_dim=None):
+    """``(query, key)`` as float64 copies (key None stays None): each head RMS-normalized over head_size
+    (:func:`rms_norm` with ``q_weight`` or ``k_weight``), then rotated (:func:`rotary_embedding`). Reads q, k,
+    the weights, one cache row and one position per token; writes q, k."""
+    q = rms_norm(query, q_weight, eps, offset)
+    k = None if key is None else rms_norm(key, k_weight, eps, offset)
+    return rotary_embedding(positions, q, k, cos_sin_cache, is_neox=is_neox, rotary_dim=rotary_dim)
+
+
+def qk_norm_rope_emulated(positions, query, key, q_weight, k_weight, cos_sin_cache, eps=1e-6, offset=0.0,
+                          is_neox=True, rotary_dim=None):
+    """The bits :func:`cukern.qk_norm_rope` writes, as NumPy copies in query's dtype (key None stays None):
+    :func:`rms_norm_emulated` over each head (rounded to the dtype), then :func:`rotary_embedding_emulated`
+    of that. The fused kernel keeps exactly these two roundings, so it equals the two calls bit for bit."""
+    q = rms_norm_emulated(query, q_weight, eps, offset)
+    k = None if key is None else rms_norm_emulated(key, k_weight, eps, offset)
+    return rotary_embedding_emulated(positions, q, k, cos_sin_cache, is_neox=is_neox, rotary_dim=rotary_dim)
+
+
+def _rope_frequencies(rotary_dim, base, scaling, max_position):
+    from ..rope_cache import rope_frequencies
+
+    return rope_frequencies(1 if max_position is None else max_position, rotary_dim, base, scaling)
+
+
+def rotary_positions_cos_sin(positions, rotary_dim, base=10000.0, scaling=None, max_position=None):
+    """``[tokens, rotary_dim]`` float32: the cos then sin values :func:`cukern.rotary_embedding_positions`
+    computes for each token's position, bit for bit, on the host: cuda_src/rotary.cu ``cos_sin_at``'s float64
+    steps (the exact product with the split frequency, the three-part reduction by pi / 2, the Taylor
+    polynomials, the quadrant) one correctly rounded NumPy operation at a time, then ``a x`` rounded to
+    float32."""
+    from math import factorial
+
+    from ..rotary import PIO2_1, PIO2_2, PIO2_3, TWO_OVER_PI, top_bits
+
+    w, a = _rope_frequencies(rotary_dim, base, scaling, max_position)
+    w_hi = top_bits(w)
+    w_lo = w - w_hi
+    x = _numpy(positions).astype(np.float64)[:, None]
+    a_hi, a_lo = x * w_hi, x * w_lo
+    k = np.rint(a_hi * TWO_OVER_PI)
+    r = ((a_hi - k * PIO2_1) - k * PIO2_2 + a_lo) - k * PIO2_3
+    r2 = r * r
+    sp = np.full_like(r, -1.0 / factorial(17))
+    for n in (15, 13, 11, 9, 7, 5, 3):
+        sp = (1.0 if n % 4 == 3 else -1.0) / factorial(n) + r2 * sp
+    sin_r = r - (r * r2) * sp
+    cp = np.full_like(r, 1.0 / factorial(18))
+    for n in (16, 14, 12, 10, 8, 6, 4):
+        cp = (1.0 if n % 4 == 2 else -1.0) / factorial(n) + r2 * cp
+    cos_r = 1.0 - r2 * (0.5 + r2 * cp)
+    quadrant = k.astype(np.int64) & 3
+    c = np.choose(quadrant, [cos_r, -sin_r, -cos_r, sin_r])
+    s = np.choose(quadrant, [sin_r, cos_r, -sin_r, -cos_r])
+    return np.concatenate([(a * c).astype(np.float32), (a * s).astype(np.float32)], axis=1)
+
+
+def rotary_embedding_positions(positions, query, key, rotary_dim, base=10000.0, scaling=None, is_neox=True,
+                               max_position=None):
+    """``(query, key)`` rotated as float64 copies by ``a cos(p w_j)``, ``a sin(p w_j)`` computed in float64
+    (``p w_j`` rounded once: within ``|p w_j| 2^-53`` of the exact angle). Reads q, k, one position per token;
+    writes q, k."""
+    w, a = _rope_frequencies(rotary_dim, base, scaling, max_position)
+    angle = _numpy(positions).astype(np.float64)[:, None] * w
+    rows = np.concatenate([a * np.cos(angle), a * np.sin(angle)], axis=1)
+    return rotary_embedding(np.arange(rows.shape[0]), query, key, rows, is_neox=is_neox)
+
+
+def rotary_embedding_positions_emulated(positions, query, key, rotary_dim, base=10000.0, scaling=None,
+                                        is_neox=True, max_position=None):
+    """The bits :func:`cukern.rotary_embedding_positions` writes: :func:`rotary_embedding_emulated` with each
+    token's row of :func:`rotary_positions_cos_sin` as its cache row."""
+    rows = rotary_positions_cos_sin(positions, rotary_dim, base, scaling, max_position)
+    return rotary_embedding_emulated(np.arange(rows.shape[0]), query, key, rows, is_neox=is_neox)
+
+
+def mrope_rows(positions, cos_sin_cache, mrope_section, interleaved=False, rotary_dim=None):
+    """``(rows, ok)``: for each token the ``rotary_dim`` cos then sin values multimodal RoPE turns its pairs by,
+    pair j's from the cache row of ``positions[r(j), t]`` (``r(j)``: the section of ``mrope_section`` j falls
+    in, contiguous or interleaved as :func:`cukern.rotary.mrope_sections` says), in the cache's dtype; ``ok``:
+    the tokens whose three positions are all inside the cache (the others' rows are meaningless)."""
+    cache = _numpy(cos_sin_cache)
+    positions = _numpy(positions).astype(np.int64)
+    width = cache.shape[1]
+    half = (width if rotary_dim is None else rotary_dim) // 2
+    j = np.arange(half)
+    s0, s1, s2 = (int(s) for s in mrope_section)
+    if interleaved:
+        r = np.where((j % 3 == 1) & (j < 3 * s1), 1, np.where((j % 3 == 2) & (j < 3 * s2), 2, 0))
+    else:
+        r = np.where(j < s0, 0, np.where(j < s0 + s1, 1, 2))
+    ok = np.all((positions >= 0) & (positions < cache.shape[0]), axis=0)
+    p = np.where(ok, positions, 0)[r].T  # [tokens, half]: each pair's position
+    return np.concatenate([cache[p, j], cache[p, width // 2 + j]], axis=1), ok
+
+
+def rotary_embedding_mrope(positions, query, key, cos_sin_cache, mrope_section, interleaved=False, is_neox=True,
+                           rotary_dim=None):
+    """``(query, key)`` rotated by multimodal RoPE as float64 copies: :func:`rotary_embedding` with each token's
+    :func:`mrope_rows` row; a token with a position outside the cache is left as it is."""
+    rows, ok = mrope_rows(positions, cos_sin_cache, mrope_section, interleaved, rotary_dim)
+    return rotary_embedding(np.where(ok, np.arange(rows.shape[0]), -1), query, key, rows, is_neox=is_neox)
+
+
+def rotary_embedding_mrope_emulated(positions, query, key, cos_sin_cache, mrope_section, interleaved=False,
+                                    is_neox=True, rotary_dim=None):
+    """The bits :func:`cukern.rotary_embedding_mrope` writes: :func:`rotary_embedding_emulated` with each
+    token's :func:`mrope_rows` row (the cache's own values, widened to float32 as the kernel widens them)."""
+    rows, ok = mrope_rows(positions, cos_sin_cache, mrope_section, interleaved, rotary_dim)
+    return rotary_embedding_emulated(np.where(ok, np.arange(rows.shape[0]), -1), query, key, rows, is_neox=is_neox)
