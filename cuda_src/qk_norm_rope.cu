@@ -37,6 +37,7 @@
 #include "common/bounds.cuh"
 #include "common/dtype.cuh"
 #include "common/reduce.cuh"
+#include "common/rms.cuh"
 #include "common/rope.cuh"
 #include "common/vec.cuh"
 
@@ -61,14 +62,6 @@ __device__ __forceinline__ void split_slot(long long n, int heads, long long& to
     tok = n / heads;
     h = static_cast<int>(n - tok * heads);
   }
-}
-
-// The rms_norm.cu steps, each rounded to nearest: v^2 added into a class sum, 1 / sqrt(ss / n + eps) and
-// (v * inv) * scale.
-__device__ __forceinline__ float square_add(float acc, float v) { return __fadd_rn(acc, __fmul_rn(v, v)); }
-
-__device__ __forceinline__ float inverse_rms(float ss, int n, float eps) {
-  return __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), eps)));
 }
 
 // PAIR > 0: NeoX with a pair's halves PAIR items apart in one thread. PAIR == 0: NeoX through shared memory,

@@ -5,6 +5,8 @@
 //   float8 (e4m3fn) outputs: q = e4m3(y * (1 / s)), y = (x * (offset + weight)) * inv (inv = 1 / rms, the
 //   product in the other order), s a static scale or, per token, max(amax / 448, 2^-126), amax =
 //   max |x * (offset + weight)| * inv (the row's largest |y| where inv is finite), stored beside q
+//   rstd (return_rstd, the plain and fused forms): each row's inv = 1 / rms also stored as float32, for
+//   rms_norm_backward.cu; a template flag (RSTD), so calls without it run unchanged code
 //
 // The six questions (the card in cukern/lab/rmsnorm.py keeps the same answers as data, for `explain` and
 // the bench):
@@ -39,41 +41,21 @@
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
+#include "common/rms.cuh"
 
 namespace cukern {
 
-// Rows are addressed through two leading dimensions (outer, inner) with free strides, so views into a
-// fused buffer and per-head layouts need no copy. All offsets are 64-bit. A row number is split once per
-// row for all arrays; a 64-bit division costs about a hundred instructions, so the split skips it for
-// one-level layouts (inner == rows) and uses 32-bit division whenever the numbers fit.
-struct RowSplit {
-  long long outer, inner;
-};
-
-__device__ __forceinline__ RowSplit split_row(long long row, long long inner) {
-  if (row < inner) return {0, row};
-  if (row <= 0xffffffffLL) {
-    const unsigned q = static_cast<unsigned>(row) / static_cast<unsigned>(inner);
-    return {q, row - static_cast<long long>(q) * inner};
-  }
-  return {row / inner, row % inner};
-}
-
-struct RowAddress {
-  long long inner;
-  long long s0, s1;
-  __device__ __forceinline__ long long operator()(RowSplit r) const { return r.outer * s0 + r.inner * s1; }
-};
-
 // Every scalar of a launch, passed by value as one struct (cukern/rmsnorm.py `PARAMS` packs it once per plan:
 // one kernel argument where separate scalars would cost the host a conversion each). Strides are in
-// elements; res_* are unused without the residual. Kernels take it `const __grid_constant__` so its fields
-// are read from the constant bank where they are used, like separate parameters (see rotary.cu).
+// elements; res_* are unused without the residual, rs_* (in floats) without rstd. Kernels take it
+// `const __grid_constant__` so its fields are read from the constant bank where they are used, like separate
+// parameters (see rotary.cu).
 struct RmsNormParams {
   long long rows, inner;
   long long out_s0, out_s1, res_s0, res_s1, x_s0, x_s1;
   int hidden;
   float eps, offset;
+  long long rs_s0, rs_s1;
 };
 
 // The float8 kernels' scalars (cukern/rmsnorm.py `FP8_PARAMS`): RmsNormParams' fields, then the per-token
@@ -164,13 +146,6 @@ __device__ __forceinline__ unsigned e4m3x2(float lo, float hi) {
 // `rms_norm_emulated` repeats these roundings on the host, and tests/test_rmsnorm.py checks the PTX for
 // fma.rn.f32 and .approx.
 
-__device__ __forceinline__ float square_add(float acc, float v) { return __fadd_rn(acc, __fmul_rn(v, v)); }
-
-// 1 / sqrt(ss / hidden + eps), each operation rounded to nearest: one formula for both kernels.
-__device__ __forceinline__ float inverse_rms(float ss, int hidden, float eps) {
-  return __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(hidden)), eps)));
-}
-
 // (x * inv) * scale, scale = offset + weight: the one scaling of both kernels, rounded once more to T.
 __device__ __forceinline__ float scaled(float x, float inv, float scale) { return __fmul_rn(__fmul_rn(x, inv), scale); }
 
@@ -239,12 +214,14 @@ __device__ __forceinline__ float block_sum_and_max(const float (&part)[N], float
   return tree_reduce<Sum>(all);
 }
 
+// RSTD: each row's inv is also stored, as float32, at rstd + rs_at(row), for rms_norm_backward.cu to reuse; a
+// template flag, so the calls that do not ask for it run the code they ran before it existed.
 template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK, bool FUSED,
-          int QUANT = kNone, typename O = T>
+          int QUANT = kNone, typename O = T, bool RSTD = false>
 __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T* x, const W* weight,
                                                    long long rows, RowAddress out_at, RowAddress res_at,
                                                    RowAddress x_at, int hidden, float eps, float offset,
-                                                   Fp8Out fp8 = {}) {
+                                                   Fp8Out fp8 = {}, float* rstd = nullptr, RowAddress rs_at = {}) {
   static_assert(TPR <= 32 || TPR == BLOCK, "a row is handled by a sub-warp group or by the whole block");
   static_assert(ITEMS % GROUPS == 0, "every group of classes gets the same number of vectors");
   constexpr int kRowsPerBlock = BLOCK / TPR;
@@ -271,17 +248,7 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
     // zero: their squares add +0, which leaves a class's sum as it is.
     bool in[ITEMS];
     Pack<T, VEC> a[ITEMS];
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int col = (lane + k * TPR) * VEC;
-      in[k] = live && col < hidden;
-      if (in[k]) {
-        load(a[k], xr + col);
-      } else {
-#pragma unroll
-        for (int i = 0; i < Pack<T, VEC>::kWords; ++i) a[k].w[i] = {};
-      }
-    }
+    load_row<TPR>(a, in, xr, lane, live, hidden);
     // The float8 forms take the weight with the row (from L1: every row reads the same one), zero past it.
     Pack<W, VEC> wq[kFp8 ? ITEMS : 1];
     if constexpr (kFp8) {
@@ -349,6 +316,9 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
       parity ^= 1;
     }
     const float inv = inverse_rms(ss, hidden, eps);
+    if constexpr (RSTD) {
+      if (live && lane == 0) rstd[rs_at(at)] = inv;
+    }
 
     O* orow = out + out_at(at);
     if constexpr (kFp8) {
@@ -396,23 +366,24 @@ __device__ __forceinline__ void rms_norm_rows_impl(O* out, T* residual, const T*
   }
 }
 
-template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK>
+// The plain and fused kernels take rstd (null unless RSTD) before their scalars.
+template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK, bool RSTD = false>
 __global__ void __launch_bounds__(BLOCK)
-    rms_norm_rows(T* out, const T* x, const W* weight, const __grid_constant__ RmsNormParams p) {
+    rms_norm_rows(T* out, const T* x, const W* weight, float* rstd, const __grid_constant__ RmsNormParams p) {
   const RowAddress out_at{p.inner, p.out_s0, p.out_s1};
-  rms_norm_rows_impl<T, W, VEC, TPR, GROUPS, ITEMS, BLOCK, false>(out, nullptr, x, weight, p.rows, out_at, out_at,
-                                                                  RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden,
-                                                                  p.eps, p.offset);
+  rms_norm_rows_impl<T, W, VEC, TPR, GROUPS, ITEMS, BLOCK, false, kNone, T, RSTD>(
+      out, nullptr, x, weight, p.rows, out_at, out_at, RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
+      p.offset, {}, rstd, RowAddress{p.inner, p.rs_s0, p.rs_s1});
 }
 
-template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK>
+template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK, bool RSTD = false>
 __global__ void __launch_bounds__(BLOCK)
-    fused_add_rms_norm_rows(T* out, T* residual, const T* x, const W* weight, const __grid_constant__ RmsNormParams p) {
-  rms_norm_rows_impl<T, W, VEC, TPR, GROUPS, ITEMS, BLOCK, true>(out, residual, x, weight, p.rows,
-                                                                 RowAddress{p.inner, p.out_s0, p.out_s1},
-                                                                 RowAddress{p.inner, p.res_s0, p.res_s1},
-                                                                 RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden,
-                                                                 p.eps, p.offset);
+    fused_add_rms_norm_rows(T* out, T* residual, const T* x, const W* weight, float* rstd,
+                            const __grid_constant__ RmsNormParams p) {
+  rms_norm_rows_impl<T, W, VEC, TPR, GROUPS, ITEMS, BLOCK, true, kNone, T, RSTD>(
+      out, residual, x, weight, p.rows, RowAddress{p.inner, p.out_s0, p.out_s1},
+      RowAddress{p.inner, p.res_s0, p.res_s1}, RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps, p.offset, {},
+      rstd, RowAddress{p.inner, p.rs_s0, p.rs_s1});
 }
 
 // The float8 forms: out holds e4m3 bytes; with `scales` (not null) one scale a row is written there, else
@@ -462,11 +433,11 @@ __global__ void __launch_bounds__(BLOCK, fp8_rows_min_blocks(BLOCK, true))
 // The float8 forms find max |t| in pass one (per token), beside the sum of squares, and form t again in pass
 // two.
 template <typename T, typename W, int VEC, int GROUPS, int ITEMS, int BLOCK, bool FUSED, int QUANT = kNone,
-          typename O = T>
+          typename O = T, bool RSTD = false>
 __device__ __forceinline__ void rms_norm_wide_impl(O* out, T* residual, const T* x, const W* weight,
                                                    long long rows, RowAddress out_at, RowAddress res_at,
                                                    RowAddress x_at, int hidden, float eps, float offset,
-                                                   Fp8Out fp8 = {}) {
+                                                   Fp8Out fp8 = {}, float* rstd = nullptr, RowAddress rs_at = {}) {
   static_assert(ITEMS % GROUPS == 0, "a chunk holds whole groups of classes");
   constexpr bool kFp8 = QUANT != kNone;
   __shared__ float scratch[2 * (kFp8 ? GROUPS + 1 : GROUPS) * (BLOCK / 32)];
@@ -528,6 +499,9 @@ __device__ __forceinline__ void rms_norm_wide_impl(O* out, T* residual, const T*
     }
     parity ^= 1;
     const float inv = inverse_rms(ss, hidden, eps);
+    if constexpr (RSTD) {
+      if (threadIdx.x == 0) rstd[rs_at(at)] = inv;
+    }
 
     float rcp = 0.f;
     if constexpr (kFp8) {
@@ -573,23 +547,23 @@ __device__ __forceinline__ void rms_norm_wide_impl(O* out, T* residual, const T*
   }
 }
 
-template <typename T, typename W, int VEC, int GROUPS, int ITEMS, int BLOCK>
+template <typename T, typename W, int VEC, int GROUPS, int ITEMS, int BLOCK, bool RSTD = false>
 __global__ void __launch_bounds__(BLOCK)
-    rms_norm_wide(T* out, const T* x, const W* weight, const __grid_constant__ RmsNormParams p) {
+    rms_norm_wide(T* out, const T* x, const W* weight, float* rstd, const __grid_constant__ RmsNormParams p) {
   const RowAddress out_at{p.inner, p.out_s0, p.out_s1};
-  rms_norm_wide_impl<T, W, VEC, GROUPS, ITEMS, BLOCK, false>(out, nullptr, x, weight, p.rows, out_at, out_at,
-                                                             RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
-                                                             p.offset);
+  rms_norm_wide_impl<T, W, VEC, GROUPS, ITEMS, BLOCK, false, kNone, T, RSTD>(
+      out, nullptr, x, weight, p.rows, out_at, out_at, RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
+      p.offset, {}, rstd, RowAddress{p.inner, p.rs_s0, p.rs_s1});
 }
 
-template <typename T, typename W, int VEC, int GROUPS, int ITEMS, int BLOCK>
+template <typename T, typename W, int VEC, int GROUPS, int ITEMS, int BLOCK, bool RSTD = false>
 __global__ void __launch_bounds__(BLOCK)
-    fused_add_rms_norm_wide(T* out, T* residual, const T* x, const W* weight, const __grid_constant__ RmsNormParams p) {
-  rms_norm_wide_impl<T, W, VEC, GROUPS, ITEMS, BLOCK, true>(out, residual, x, weight, p.rows,
-                                                            RowAddress{p.inner, p.out_s0, p.out_s1},
-                                                            RowAddress{p.inner, p.res_s0, p.res_s1},
-                                                            RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps,
-                                                            p.offset);
+    fused_add_rms_norm_wide(T* out, T* residual, const T* x, const W* weight, float* rstd,
+                            const __grid_constant__ RmsNormParams p) {
+  rms_norm_wide_impl<T, W, VEC, GROUPS, ITEMS, BLOCK, true, kNone, T, RSTD>(
+      out, residual, x, weight, p.rows, RowAddress{p.inner, p.out_s0, p.out_s1},
+      RowAddress{p.inner, p.res_s0, p.res_s1}, RowAddress{p.inner, p.x_s0, p.x_s1}, p.hidden, p.eps, p.offset, {},
+      rstd, RowAddress{p.inner, p.rs_s0, p.rs_s1});
 }
 
 template <typename T, typename W, int VEC, int GROUPS, int ITEMS, int BLOCK>
