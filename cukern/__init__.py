@@ -3,7 +3,7 @@
 from . import reference, timing
 from .argreduce import argmax, argmin, nanargmax, nanargmin
 from .ladder import RUNGS as reduce_ladder
-from .qknorm import qk_norm_rope
+from .qknorm import qk_norm_rope, qk_norm_rope_backward
 from .reduce import (
     all,
     amax,
@@ -24,6 +24,7 @@ from .reduce import (
     var,
 )
 from .rmsnorm import fused_add_rms_norm, rms_norm
+from .rmsnorm_backward import rms_norm_backward
 from .rope_cache import rope_cache
 from .rotary import rotary_embedding, rotary_embedding_mrope, rotary_embedding_positions
 from .scan import cumprod, cumsum
@@ -34,7 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "all", "amax", "amin", "any", "argmax", "argmin", "count_nonzero", "cumprod", "cumsum", "fused_add_rms_norm",
     "logsumexp", "mean", "nanargmax", "nanargmin", "nanmax", "nanmean", "nanmin", "nansum", "norm", "prod",
-    "qk_norm_rope", "reduce_ladder", "reference", "rms_norm", "rope_cache", "rotary_embedding",
+    "qk_norm_rope", "qk_norm_rope_backward", "reduce_ladder", "reference", "rms_norm", "rms_norm_backward", "rope_cache", "rotary_embedding",
     "rotary_embedding_mrope", "rotary_embedding_positions", "segment_max", "segment_mean", "segment_min",
     "segment_sum", "std", "sum", "sum_of_squares", "timing", "var",
 ]

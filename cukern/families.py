@@ -9,13 +9,14 @@ import cukern.ladder as ladder
 import cukern.qknorm as qknorm
 import cukern.reduce as reduce
 import cukern.rmsnorm as rmsnorm
+import cukern.rmsnorm_backward as rmsnorm_backward
 import cukern.rotary as rotary
 import cukern.scan as scan
 import cukern.segment as segment
 
 
 def all_families():
-    return [rmsnorm, rotary, reduce, ladder, argreduce, qknorm, segment, scan, convert]
+    return [rmsnorm, rmsnorm_backward, rotary, reduce, ladder, argreduce, qknorm, segment, scan, convert]
 
 
 def named(source: str):

@@ -23,6 +23,8 @@ import numpy as np
 
 import cukern._check as _check
 import cukern._tuned as _tuned
+import cukern.rmsnorm_backward as _backward
+import cukern.rotary as _rotary
 
 from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, FLOAT_TYPES, dtype_name
@@ -32,7 +34,7 @@ from ._launch import cupy as _cupy
 from ._launch import NULL as _NULL
 from ._launch import CallCache, LaunchConfig, Params, launch, on_device, sm_count, struct_argument
 from ._layout import extent
-from .rmsnorm import _scalars, tree_classes
+from .rmsnorm import _scalars, check_like_x, tree_classes
 from .rotary import CHECK_PARAMS, _check_key_apart, _check_positions, _check_reads_apart, _elem_strides
 from .rotary import _validate as _validate_rotary
 
@@ -449,3 +451,75 @@ def _run(positions, query, key, q_weight, k_weight, cos_sin_cache, eps, offset, 
         kernel = call.kernel = get_kernel(call.inst).kernel
     launch(kernel, call.config, (query, key if call.has_key else _NULL, _NULL if q_weight is None else q_weight,
                                  _NULL if k_weight is None else k_weight, cos_sin_cache, positions, call.params))
+
+
+def qk_norm_rope_backward(positions, dq, dk, query, key, q_weight, k_weight, cos_sin_cache, *, eps: float = 1e-6,
+                          offset: float = 0.0, is_neox: bool = True, rotary_dim: int | None = None):
+    """Gradients of :func:`qk_norm_rope`: the rotation undone on the gradients, then RMSNorm's backward per head.
+
+    ``g = rotary_embedding(positions, dq, dk, cos_sin_cache, inverse=True)`` (a rotation's transpose is the
+    rotation by -theta; the turned gradient is rounded to query's dtype, as the forward rounds the normalized
+    head), then ``(dquery, dq_weight) = rms_norm_backward(g_q, query, q_weight, eps=eps, offset=offset)`` over
+    every head of every token, and the same for key. q_weight is shared by the heads, so dq_weight sums over
+    ``tokens * num_heads`` rows in :func:`cukern.rms_norm_backward`'s fixed tree: the bits depend on the values
+    and the shapes only, never on the launch or the GPU
+    (:func:`cukern.reference.qk_norm_rope_backward_emulated`). A position outside the cache leaves its token's
+    gradient unrotated, as the forward with ``check_positions=False`` leaves the token.
+
+    Parameters
+    ----------
+    positions, cos_sin_cache, eps, offset, is_neox, rotary_dim :
+        The forward's (:func:`qk_norm_rope`).
+    dq : cupy.ndarray like query: the gradient arriving at the rotated query; read only.
+    dk : cupy.ndarray like key, or None exactly when key is None; read only.
+    query, key : the forward's inputs, before normalization ([tokens, heads, head_size], free token and head
+        strides, unit last stride).
+    q_weight, k_weight : the forward's weights ([head_size], query's dtype or float32) or None.
+
+    Returns
+    -------
+    (dquery, dkey, dq_weight, dk_weight): fresh C-contiguous arrays, dquery of query's shape and dtype, dkey of
+    key's (None without key), dq_weight and dk_weight of the weights' dtype (None without a weight).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`qk_norm_rope` and :func:`cukern.rms_norm_backward` raise them (and for dq or dk unlike query or
+        key), every check before anything is launched.
+
+    Examples
+    --------
+    >>> import cupy, cukern
+    >>> pos = cupy.arange(4)
+    >>> q, k = cupy.ones((4, 2, 64), cupy.float32), cupy.ones((4, 1, 64), cupy.float32)
+    >>> cache = cukern.rope_cache(16, 64)
+    >>> dq, dk, dqw, dkw = cukern.qk_norm_rope_backward(pos, q, k, q, k, None, None, cache)
+    >>> dq.shape, dqw is None
+    ((4, 2, 64), True)
+    """
+    e, o = _scalars(eps, offset)
+    is_neox = _check.check_flag(is_neox, "is_neox")
+    positions, cos_sin_cache = (as_array(a, n) for a, n in ((positions, "positions"), (cos_sin_cache, "cos_sin_cache")))
+    query, dq = as_array(query, "query"), as_array(dq, "dq")
+    key = None if key is None else as_array(key, "key")
+    dk = None if dk is None else as_array(dk, "dk")
+    q_weight = None if q_weight is None else as_array(q_weight, "q_weight")
+    k_weight = None if k_weight is None else as_array(k_weight, "k_weight")
+    if (dk is None) != (key is None):
+        raise TypeError("dk is None but key is given; pass key's gradient" if dk is None
+                        else "dk is given but key is None; pass both or neither")
+    args = _validate(positions, query, key, q_weight, k_weight, cos_sin_cache, rotary_dim)
+    for g, v, name, of in ((dq, query, "dq", "query"), (dk, key, "dk", "key")):
+        if g is None:
+            continue
+        check_like_x({of: v, name: g}, (name,), like=of)
+        _check.check_unit_last_stride(g, name)
+        _check.check_same_device({of: v, name: g})
+    with on_device(query.data.device_id):
+        gq, gk = dq.copy(), None if dk is None else dk.copy()
+        _rotary.rotary_embedding(positions, gq, gk, cos_sin_cache, is_neox=is_neox, rotary_dim=args.rotary_dim,
+                                 inverse=True, check_positions=False)
+        dquery, dq_weight = _backward.rms_norm_backward(gq, query, q_weight, eps=e, offset=o, out=gq)
+        dkey, dk_weight = (None, None) if key is None else _backward.rms_norm_backward(gk, key, k_weight, eps=e,
+                                                                                       offset=o, out=gk)
+    return dquery, dkey, dq_weight, dk_weight

@@ -285,22 +285,22 @@ def bytes_moved(shape, dtype, weight_dtype=None, *, fused: bool = False, out_dty
     return (3 if fused else 1) * n * size + n * out + w + scales
 
 
-def check_like_x(arrays: dict, names) -> None:
-    """The checks of ``arrays["x"]`` (at least one dimension, a float type) and, against it, of the arrays
-    ``names`` (x's dtype and shape) and of ``arrays["weight"]`` (``[hidden]`` of x's dtype or float32); an
+def check_like_x(arrays: dict, names, like: str = "x") -> None:
+    """The checks of ``arrays[like]`` (at least one dimension, a float type) and, against it, of the arrays
+    ``names`` (its dtype and shape) and of ``arrays["weight"]`` (``[hidden]`` of x's dtype or float32); an
     array that is None or missing is not checked."""
-    x = arrays["x"]
+    x = arrays[like]
     if x.ndim < 1:
-        raise ValueError("x must have at least one dimension (the normalized one)")
-    _check.check_dtype(x, "x", FLOAT_TYPES)
+        raise ValueError(f"{like} must have at least one dimension (the normalized one)")
+    _check.check_dtype(x, like, FLOAT_TYPES)
     for n in names:
         a = arrays.get(n)
         if a is None:
             continue
         if a.dtype != x.dtype:
-            raise TypeError(f"{n} has dtype {a.dtype}, x has {x.dtype}; they must match")
+            raise TypeError(f"{n} has dtype {a.dtype}, {like} has {x.dtype}; they must match")
         if a.shape != x.shape:
-            raise ValueError(f"{n} has shape {a.shape}, x has {x.shape}; they must match")
+            raise ValueError(f"{n} has shape {a.shape}, {like} has {x.shape}; they must match")
     w = arrays.get("weight")
     if w is not None:
         if w.dtype not in (x.dtype, np.dtype(np.float32)):

@@ -20,10 +20,11 @@ import cupy
 import numpy as np
 
 import cukern
-from cukern import _convert, _launch, _tuned, argreduce, ladder, qknorm, reduce, rmsnorm, rotary, scan, segment
+from cukern import (_convert, _launch, _tuned, argreduce, ladder, qknorm, reduce, rmsnorm, rmsnorm_backward, rotary,
+                    scan, segment)
 from cukern._dtypes import BFLOAT16
 
-MODULES = (_convert, argreduce, ladder, qknorm, reduce, rmsnorm, rotary, scan, segment)
+MODULES = (_convert, argreduce, ladder, qknorm, reduce, rmsnorm, rmsnorm_backward, rotary, scan, segment)
 
 allocations = []  # (address, bytes) of every allocation
 freed = set()  # the addresses of those whose memory went back
@@ -197,6 +198,11 @@ def cases():
             _a((64, h), t), None if wt is None else _a((h,), wt))))
         out.append((f"fused_add_rms_norm {hidden} {np.dtype(t).name} {wt}", lambda h=hidden, t=t, wt=wt:
                     cukern.fused_add_rms_norm(_a((64, h), t), _a((64, h), t), None if wt is None else _a((h,), wt))))
+        out.append((f"rms_norm rstd {hidden} {np.dtype(t).name} {wt}", lambda h=hidden, t=t, wt=wt: cukern.rms_norm(
+            _a((64, h), t), None if wt is None else _a((h,), wt), return_rstd=True)))
+        out.append((f"fused_add_rms_norm rstd {hidden} {np.dtype(t).name} {wt}", lambda h=hidden, t=t, wt=wt:
+                    cukern.fused_add_rms_norm(_a((64, h), t), _a((64, h), t), None if wt is None else _a((h,), wt),
+                                              return_rstd=True)))
         for scale in (0.5, "per_token"):
             out.append((f"rms_norm fp8 {scale} {hidden} {np.dtype(t).name} {wt}",
                         lambda h=hidden, t=t, wt=wt, s=scale: cukern.rms_norm(
@@ -206,6 +212,14 @@ def cases():
                         lambda h=hidden, t=t, wt=wt, s=scale: cukern.fused_add_rms_norm(
                             _a((64, h), t), _a((64, h), t), None if wt is None else _a((h,), wt),
                             out_dtype="float8_e4m3fn", scale=s)))
+    for hidden, rows, t, w in itertools.product((7, 128, 989, 4096, 8192), (1, 111, 4095), (f16, bf16, f32),
+                                                (None, "same", f32)):
+        wt = None if w is None else t if w == "same" else w
+        for given in (False, True):
+            out.append((f"rms_norm_backward {rows}x{hidden} {np.dtype(t).name} {wt} rstd={given}",
+                        lambda h=hidden, n=rows, t=t, wt=wt, g=given: cukern.rms_norm_backward(
+                            _a((n, h), t), _a((n, h), t), None if wt is None else _a((h,), wt),
+                            rstd=_a((n,), f32) if g else None, dresidual=_a((n, h), t) if g else None)))
     for t, neox, dim, key, ct in itertools.product((f16, bf16, f32), (True, False), (None, 64), (True, False),
                                                   (f32, "same")):
         cache_t = t if ct == "same" else ct
@@ -359,9 +373,49 @@ def bad_cases():
                      ("out is residual", "out", lambda: dict(zip(("residual", "out"), _views((T, H), 0, 0))))]
         cases += _overlaps(op, fn, good, rows)
         cases += _overlaps(f"{op} float8", fn, fp8, [("out overlaps x", "out", fp8_out_over_x)])
+    cases += _backward_cases(T, H)
     cases += _rotary_cases(T)
     cases += _reduction_cases()
     return cases
+
+
+def _backward_cases(T, H):
+    """rms_norm_backward's bad arguments, one at a time, and out (dx) over its inputs."""
+    f32, floats = np.dtype(np.float32), tuple(np.dtype(t) for t in (np.float32, np.float16, BFLOAT16))
+    fn = cukern.rms_norm_backward
+
+    def good():
+        return {"dy": _a((T, H)), "x": _a((T, H)), "weight": _a((H,))}
+
+    bad = {"dy": _array_values((T, H), (f32,), shapes=[(T, H - 1), (H,)], unit_last=True),
+           "x": _array_values((T, H), floats, shapes=[()], unit_last=True),
+           "weight": _array_values((H,), (f32,), optional=True, shapes=[(H - 1,), (1, H), ()], unit_last=True),
+           "rstd": _array_values((T,), (f32,), optional=True, shapes=[(T, 1), (T - 1,), ()]),
+           "dresidual": _array_values((T, H), (f32,), optional=True, shapes=[(T, H + 1)], unit_last=True),
+           "out": _array_values((T, H), (f32,), optional=True, shapes=[(T, H - 1)], unit_last=True, written=True),
+           "eps": REAL_VALUES + (("negative", -1e-6), ("past float32", 1e39)),
+           "offset": REAL_VALUES + (("past float32", -1e39),)}
+    cases = _sweep("rms_norm_backward", fn, good, bad)
+
+    def out_over(name, same):
+        def make():
+            views = _views((T, H), 0, 0 if same else 1)
+            return {name: views[0], "out": views[1]}
+        return make
+
+    def out_over_weight():
+        buf = _a((T, H))
+        return {"out": buf, "weight": buf[1]}
+
+    def out_over_rstd():
+        buf = _a((T, H))
+        return {"out": buf, "rstd": buf[:, 0]}
+
+    rows = [("out is x", "out", out_over("x", True)), ("out partially overlaps x", "out", out_over("x", False)),
+            ("out partially overlaps dy", "out", out_over("dy", False)),
+            ("out partially overlaps dresidual", "out", out_over("dresidual", False)),
+            ("out overlaps weight", "out", out_over_weight), ("out overlaps rstd", "out", out_over_rstd)]
+    return cases + _overlaps("rms_norm_backward", fn, good, rows)
 
 
 def _reduction_cases():
@@ -502,6 +556,20 @@ def _rotary_cases(T):
         ("q_weight in query", "q_weight", lambda: {"query": (q := _a((T, 2, D))), "q_weight": q[1, 0]}),
         ("k_weight in key", "k_weight", lambda: {"key": (k := _a((T, 1, D))), "k_weight": k[2, 0]})))
 
+    def qk_backward():
+        return {**qk(), "dq": _a((T, 2, D)), "dk": _a((T, 1, D))}
+
+    fn = cukern.qk_norm_rope_backward
+    read_query = _array_values((T, 2, D), floats, shapes=[(T, 2 * D), (T, 2, D, 1)], unit_last=True)
+    read_key = _array_values((T, 1, D), (f32,), optional=True, shapes=[(T - 1, 1, D), (T, 1, D // 2), (T, D)],
+                             unit_last=True)
+    cases += _sweep("qk_norm_rope_backward", fn, qk_backward, {
+        "positions": positions, "dq": _array_values((T, 2, D), (f32,), shapes=[(T, 2, D - 1), (T, D)], unit_last=True),
+        "dk": _array_values((T, 1, D), (f32,), optional=True, shapes=[(T, 2, D)], unit_last=True),
+        "query": read_query, "key": read_key, "cos_sin_cache": cache, "q_weight": weight, "k_weight": weight,
+        "rotary_dim": rot + over, "eps": REAL_VALUES + (("negative", -1e-6),), "offset": REAL_VALUES,
+        "is_neox": FLAG_VALUES})
+
     def table():
         return {"max_position": 16, "rotary_dim": D}
 
@@ -558,8 +626,8 @@ def layout_cases(seed=0, draws=1600):
     def dims(k, low=0, high=4):
         return tuple(int(n) for n in rng.integers(low, high, k))
 
-    families = ("rms_norm", "fused_add_rms_norm", "rotary", "rotary_positions", "mrope", "qk_norm_rope", "scan",
-                "argreduce", "reduce", "segment")
+    families = ("rms_norm", "fused_add_rms_norm", "rms_norm_backward", "rotary", "rotary_positions", "mrope",
+                "qk_norm_rope", "scan", "argreduce", "reduce", "segment")
     for i in range(draws):
         family = families[i % len(families)]
         seed_i = int(rng.integers(1 << 31))
@@ -570,16 +638,31 @@ def layout_cases(seed=0, draws=1600):
                 shape = dims(int(r.integers(1, 4)), 0, 4 if hidden < 16384 else 3) + (hidden,)
                 x = _view(r, shape, f32, unit_last=True)
                 fp8 = r.random() < 0.3
+                rstd = not fp8 and r.random() < 0.3
                 o = None if r.random() < 0.3 else _view(r, shape, np.uint8 if fp8 else f32, unit_last=True)
-                kw = {"out": o, **({"out_dtype": "float8_e4m3fn", "scale": "per_token"} if fp8 else {})}
+                kw = {"out": o, **({"out_dtype": "float8_e4m3fn", "scale": "per_token"} if fp8 else {}),
+                      **({"return_rstd": True} if rstd else {})}
                 views = {"x": x}
                 if family == "rms_norm":
                     got = cukern.rms_norm(x, **kw)
                 else:
                     views["residual"] = _view(r, shape, f32, unit_last=True)
                     got = cukern.fused_add_rms_norm(x, views["residual"], **kw)
-                views["out"], views["scales"] = got if fp8 else (got, None)
+                views["out"], views["scales" if fp8 else "rstd"] = got if fp8 or rstd else (got, None)
                 return {k: v for k, v in views.items() if v is not None}, None
+            if family == "rms_norm_backward":
+                hidden = int(r.choice((8, 64, 100, 256, 989, 4096)))
+                shape = dims(int(r.integers(1, 4)), 0, 4) + (hidden,)
+                views = {"dy": _view(r, shape, f32, unit_last=True), "x": _view(r, shape, f32, unit_last=True)}
+                if r.random() < 0.5:
+                    views["rstd"] = _view(r, shape[:-1], f32)
+                if r.random() < 0.5:
+                    views["dresidual"] = _view(r, shape, f32, unit_last=True)
+                o = None if r.random() < 0.3 else _view(r, shape, f32, unit_last=True)
+                views["out"], views["dweight"] = cukern.rms_norm_backward(
+                    views["dy"], views["x"], _a((hidden,), f32), rstd=views.get("rstd"),
+                    dresidual=views.get("dresidual"), out=o)
+                return views, None
             if family in ("rotary", "rotary_positions", "mrope", "qk_norm_rope"):
                 tokens, q_heads, k_heads = int(r.integers(0, 6)), int(r.integers(1, 5)), int(r.integers(1, 3))
                 head_size = int(r.choice((64, 128)))

@@ -251,12 +251,23 @@ def _cache(p, ptr):
 def _model(name, args):
     a = [x[1] if x[0] != "struct" else x[3] for x in args]
     if name in ("rms_norm_rows", "rms_norm_wide", "fused_add_rms_norm_rows", "fused_add_rms_norm_wide"):
-        p, fused = a[-1], name.startswith("fused")
+        p, fused = a[-1], name.startswith("fused")  # (out, [residual,] x, weight, rstd, p)
         row = {k: _rows(p["rows"], p["inner"], p[f"{k}_s0"], p[f"{k}_s1"], p["hidden"], 1) for k in ("out", "res", "x")}
         yield "out", a[0], row["out"], None
         if fused:
             yield "residual", a[1], row["res"], None
         yield "x", a[2 if fused else 1], row["x"], None
+        if a[-2]:  # rstd, one float a row
+            yield "rstd", a[-2], _rows(p["rows"], p["inner"], p["rs_s0"], p["rs_s1"], 1, 0), None
+    elif name == "rms_norm_backward_rows":  # (dx, partials, dy, x, weight, rstd, dresidual, p): partials, the op's own
+        p = a[-1]
+        for array, ptr, k in (("out", a[0], "dx"), ("dy", a[2], "dy"), ("x", a[3], "x"), ("dresidual", a[6], "dr")):
+            if ptr:
+                yield array, ptr, _rows(p["rows"], p["inner"], p[f"{k}_s0"], p[f"{k}_s1"], p["hidden"], 1), None
+        if a[5]:
+            yield "rstd", a[5], _rows(p["rows"], p["inner"], p["rs_s0"], p["rs_s1"], 1, 0), None
+    elif name == "column_tree":  # (out, partials, out_stride, cols, leaves, per_lane)
+        yield "dweight", a[0], np.arange(a[3], dtype=np.int64) * a[2], None
     elif name in ("rms_norm_fp8_rows", "rms_norm_fp8_wide", "fused_add_rms_norm_fp8_rows",
                   "fused_add_rms_norm_fp8_wide"):  # (out, scales, [residual,] x, weight, p)
         p, fused = a[-1], name.startswith("fused")
@@ -383,10 +394,11 @@ def test_launches_address_exactly_the_views_elements():
                             sorted(want - have)[:3], [(i.name, a) for i, *_, a in done]))
             checked[family] += 1
     assert not bad, bad[:3]
-    assert all(checked[f] >= 20 for f in ("rms_norm", "fused_add_rms_norm", "rotary", "rotary_positions", "mrope",
-                                          "qk_norm_rope", "scan", "argreduce", "reduce", "segment")), (checked, copied)
+    assert all(checked[f] >= 20 for f in ("rms_norm", "fused_add_rms_norm", "rms_norm_backward", "rotary",
+                                          "rotary_positions", "mrope", "qk_norm_rope", "scan", "argreduce", "reduce",
+                                          "segment")), (checked, copied)
     drawn = ("argmax", "argmin", "nanargmax", "nanargmin", "segment_sum", "segment_max", "segment_min",
              "segment_mean", "rotary_embedding_mrope interleaved=False", "rotary_embedding_mrope interleaved=True",
              "rms_norm_wide", "rms_norm_fp8_wide", "fused_add_rms_norm_wide", "fused_add_rms_norm_fp8_wide",
-             "rotary_embedding_positions")
+             "rotary_embedding_positions", "column_tree")
     assert all(ops[op] >= 5 for op in drawn), ops

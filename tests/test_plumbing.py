@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from _support import ARCHS, fake_array
 
-from cukern import _check, _convert, _layout, argreduce, qknorm, rmsnorm, rotary, scan, segment
+from cukern import _check, _convert, _layout, argreduce, qknorm, rmsnorm, rmsnorm_backward, rotary, scan, segment
 from cukern._compile import Instantiation, read_source
 from cukern._dtypes import BFLOAT16
 from cukern._launch import LaunchConfig, Params, Signature
@@ -35,7 +35,7 @@ _C_KINDS = {"long long": "i64", "unsigned long long": "u64", "int": "i32", "unsi
 
 @pytest.mark.parametrize("params, family, struct", [
     (rmsnorm.PARAMS, rmsnorm, "RmsNormParams"), (rmsnorm.FP8_PARAMS, rmsnorm, "RmsNormFp8Params"),
-    (rotary.PARAMS, rotary, "RotaryParams"), (rotary.CHECK_PARAMS, rotary, "RotaryCheckParams"),
+    (rmsnorm_backward.PARAMS, rmsnorm_backward, "RmsNormBackwardParams"), (rotary.PARAMS, rotary, "RotaryParams"), (rotary.CHECK_PARAMS, rotary, "RotaryCheckParams"),
     (rotary.POSITIONS_PARAMS, rotary, "RotaryPositionsParams"), (rotary.MROPE_PARAMS, rotary, "RotaryMropeParams"),
     (qknorm.PARAMS, qknorm, "QkNormRopeParams"), (scan.PARAMS, scan, "ScanParams"),
     (segment.PARAMS, segment, "SegParams"), (argreduce.PARAMS, argreduce, "ArgParams"),

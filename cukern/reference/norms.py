@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._common import _f64, _numpy, _xp
@@ -47,6 +49,12 @@ def _rms_inv(v, eps):
     ss = rms_norm_sum_of_squares_emulated(v) if v.shape[-1] else np.zeros(v.shape[:-1], np.float32)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         return np.float32(1) / np.sqrt(ss / np.float32(v.shape[-1]) + np.float32(float(eps)))
+
+
+def rms_norm_rstd_emulated(x, eps=1e-6):
+    """The float32 rstd ``1 / sqrt(ss / hidden + eps)`` of each row of ``x`` as :func:`cukern.rms_norm` forms it
+    (and returns with ``return_rstd=True``), every step one float32 rounding (NaN for a row of no element)."""
+    return _rms_inv(_numpy(x).astype(np.float32), eps)
 
 
 def rms_norm_emulated(x, weight=None, eps=1e-6, offset=0.0):
@@ -156,3 +164,89 @@ def rms_norm_fp8(x, weight=None, eps=1e-6, offset=0.0, scale="per_token"):
             q = np.clip(y / s, -FP8_MAX, FP8_MAX)
     q = q.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     return (q, s) if per_token else q
+
+
+def rms_norm_backward(dy, x, weight=None, eps=1e-6, offset=0.0, dresidual=None):
+    """``(dx, dweight)`` of :func:`rms_norm` in float64: with ``r = 1 / sqrt(mean(x**2) + eps)``,
+    ``xhat = x * r``, ``g = dy * (offset + weight)``: ``dx = r * (g - xhat * mean(g * xhat)) + dresidual``,
+    ``dweight = sum(dy * xhat)`` over every row (None without a weight). Reads dy, x, weight, dresidual;
+    writes dx, dweight."""
+    xp = _xp(x)
+    x, dy = _f64(x), _f64(dy)
+    r = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
+    xhat = x * r
+    g = dy * (offset + (1.0 if weight is None else _f64(weight)))
+    dx = r * (g - xhat * xp.mean(g * xhat, axis=-1, keepdims=True))
+    if dresidual is not None:
+        dx = dx + _f64(dresidual)
+    dweight = None if weight is None else (dy * xhat).reshape(math.prod(x.shape[:-1]), x.shape[-1]).sum(axis=0)
+    return dx, dweight
+
+
+def _class_tree_sum(t):
+    """Each row of float32 ``t`` summed in rms_norm's tree (:func:`rms_norm_sum_of_squares_emulated`'s classes
+    and pairwise tree), each class from -0 (the identity that keeps a lone -0 term) in index order."""
+    from ..rmsnorm import tree_classes
+
+    hidden = t.shape[-1]
+    c = tree_classes(hidden)
+    part = np.full(t.shape[:-1] + (c,), -0.0, np.float32)
+    for start in range(0, hidden, c):
+        chunk = t[..., start:start + c]
+        part[..., :chunk.shape[-1]] += chunk
+    while part.shape[-1] > 1:
+        part = part[..., 0::2] + part[..., 1::2]
+    return part[..., 0]
+
+
+def column_tree_emulated(partials):
+    """Column sums of float32 ``partials`` ``[leaves, cols]`` in the tree cuda_src/common/partials.cuh fixes:
+    the perfect binary tree, neighbours first, over the leaves padded with -0 to a power of two (-0 is IEEE
+    addition's identity, so how far they are padded changes nothing)."""
+    leaves = partials.shape[0]
+    t = np.full((1 << max(0, (leaves - 1).bit_length()),) + partials.shape[1:], -0.0, np.float32)
+    t[:leaves] = partials
+    while t.shape[0] > 1:
+        t = t[0::2] + t[1::2]
+    return t[0]
+
+
+def rms_norm_backward_emulated(dy, x, weight=None, eps=1e-6, offset=0.0, rstd=None, dresidual=None):
+    """``(dx, dweight)`` as :func:`cukern.rms_norm_backward` writes them, from the values, the dtypes, eps, offset
+    and the row count alone, every step one float32 rounding: ``r`` = rstd as given, or ``1 / sqrt(ss / hidden +
+    eps)`` as :func:`rms_norm_emulated` forms it; ``w' = offset + weight`` (weight None: ``offset + 1``),
+    ``g = dy * w'``; ``s`` = the row's sum of ``g * x`` in rms_norm's tree (:func:`_class_tree_sum`);
+    ``m = (s * r) / hidden``; ``xhat = x * r``; ``dx = r * (g - xhat * m)``, ``+ dresidual``, rounded once to x's
+    dtype. dweight: the rows (leading dimensions flattened in C order) cut into chunks of
+    ``cukern.rmsnorm_backward.chunk_rows(rows, hidden)``, each chunk's ``dy * xhat`` summed row by row from -0,
+    the chunks' partial rows summed by :func:`column_tree_emulated`, rounded once to weight's dtype."""
+    from ..rmsnorm_backward import chunk_rows
+
+    x, dy = _numpy(x), _numpy(dy)
+    hidden = x.shape[-1]
+    v, d = x.astype(np.float32), dy.astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        r = _rms_inv(v, eps) if rstd is None else _numpy(rstd).astype(np.float32)
+        wp = np.float32(float(offset)) + (np.float32(1) if weight is None else _numpy(weight).astype(np.float32))
+        g = d * wp
+        s = _class_tree_sum(g * v) if hidden else np.zeros(x.shape[:-1], np.float32)
+        m = (s * r) / np.float32(max(hidden, 1))
+        xhat = v * r[..., None]
+        o = r[..., None] * (g - xhat * m[..., None])
+        if dresidual is not None:
+            o = o + _numpy(dresidual).astype(np.float32)
+        dx = o.astype(x.dtype)
+        if weight is None:
+            return dx, None
+        rows = math.prod(x.shape[:-1])
+        t = (d * xhat).reshape(rows, hidden)
+        if rows == 0:
+            return dx, np.zeros(hidden, _numpy(weight).dtype)
+        each = chunk_rows(rows, hidden)
+        chunks = -(-rows // each)
+        partial = np.full((chunks, hidden), -0.0, np.float32)
+        for i in range(each):
+            idx = np.arange(chunks) * each + i
+            live = idx < rows
+            partial[live] += t[idx[live]]
+        return dx, column_tree_emulated(partial).astype(_numpy(weight).dtype)

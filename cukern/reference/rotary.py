@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._common import _f64, _numpy
-from .norms import rms_norm, rms_norm_emulated
+from .norms import rms_norm, rms_norm_backward, rms_norm_backward_emulated, rms_norm_emulated
 
 
 def rope_frequency(j, rotary_dim, base=10000.0, scaling=None, max_position=None):
@@ -279,3 +279,26 @@ def rotary_embedding_mrope_emulated(positions, query, key, cos_sin_cache, mrope_
     token's :func:`mrope_rows` row (the cache's own values, widened to float32 as the kernel widens them)."""
     rows, ok = mrope_rows(positions, cos_sin_cache, mrope_section, interleaved, rotary_dim)
     return rotary_embedding_emulated(np.where(ok, np.arange(rows.shape[0]), -1), query, key, rows, is_neox=is_neox)
+
+
+def qk_norm_rope_backward(positions, dq, dk, query, key, q_weight, k_weight, cos_sin_cache, eps=1e-6, offset=0.0,
+                          is_neox=True, rotary_dim=None):
+    """``(dquery, dkey, dq_weight, dk_weight)`` of :func:`qk_norm_rope` in float64: the gradients turned back
+    (:func:`rotary_embedding` with ``inverse=True``, the rotation's transpose), then :func:`rms_norm_backward`
+    over every head with the head's weight (weights summed over tokens and heads)."""
+    gq, gk = rotary_embedding(positions, dq, dk, cos_sin_cache, is_neox=is_neox, rotary_dim=rotary_dim, inverse=True)
+    dquery, dqw = rms_norm_backward(gq, query, q_weight, eps, offset)
+    dkey, dkw = (None, None) if key is None else rms_norm_backward(gk, key, k_weight, eps, offset)
+    return dquery, dkey, dqw, dkw
+
+
+def qk_norm_rope_backward_emulated(positions, dq, dk, query, key, q_weight, k_weight, cos_sin_cache, eps=1e-6,
+                                   offset=0.0, is_neox=True, rotary_dim=None):
+    """The bits :func:`cukern.qk_norm_rope_backward` writes: :func:`rotary_embedding_emulated` of the gradients
+    with ``inverse=True`` (rounded to query's dtype), then :func:`rms_norm_backward_emulated` over every head
+    (rows: tokens then heads, in C order) with query's or key's weight."""
+    gq, gk = rotary_embedding_emulated(positions, dq, dk, cos_sin_cache, is_neox=is_neox, rotary_dim=rotary_dim,
+                                       inverse=True)
+    dquery, dqw = rms_norm_backward_emulated(gq, query, q_weight, eps, offset)
+    dkey, dkw = (None, None) if key is None else rms_norm_backward_emulated(gk, key, k_weight, eps, offset)
+    return dquery, dkey, dqw, dkw
