@@ -97,6 +97,8 @@ def peers(case):
             out.append(("torch", fused))
     elif case.op in ("rms_norm_fp8", "fused_add_rms_norm_fp8"):
         out += _torch_rms_norm_fp8(torch, case, dt)
+    elif case.op == "rms_norm_backward":
+        out += _torch_rms_norm_backward(torch, case, dt)
     elif case.op.startswith("rotary_embedding"):
         out += _torch_rope(torch, case, dt)
     elif case.op == "qk_norm_rope":
@@ -156,6 +158,35 @@ def _torch_rms_norm_fp8(torch, case, dt):
     except Exception as err:  # torch.compile needs a working Triton/inductor toolchain
         print(f"  torch.compile unavailable: {type(err).__name__}: {err}")
     return peers
+
+
+def _torch_rms_norm_backward(torch, case, dt):
+    """The backward alone of ``F.rms_norm`` (dx and dweight from one forward kept for it) in eager PyTorch, the
+    same formula compiled by ``torch.compile``, and Liger-Kernel's backward where it imports."""
+    hidden = case.shape[-1]
+    x = torch.randn(case.shape, device="cuda", dtype=dt, requires_grad=True)
+    w = torch.randn(hidden, device="cuda", dtype=dt, requires_grad=True)
+    dy = torch.randn(case.shape, device="cuda", dtype=dt)
+    y = torch.nn.functional.rms_norm(x, (hidden,), w, 1e-6)
+    out = [("torch", lambda: torch.autograd.grad(y, (x, w), dy, retain_graph=True))]
+
+    def formula(dy, x, w):
+        xf = x.float()
+        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+        xhat, g = xf * r, dy.float() * w.float()
+        dx = r * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+        return dx.to(x.dtype), (dy.float() * xhat).reshape(-1, hidden).sum(0).to(w.dtype)
+
+    compiled = torch.compile(formula)
+    xd, wd = x.detach(), w.detach()
+    out.append(("torch-compile", lambda: compiled(dy, xd, wd)))
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except ImportError:
+        return out
+    ly = LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama", False)
+    out.append(("liger", lambda: torch.autograd.grad(ly, (x, w), dy, retain_graph=True)))
+    return out
 
 
 def _torch_rope(torch, case, dt):
