@@ -35,7 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "all", "amax", "amin", "any", "argmax", "argmin", "count_nonzero", "cumprod", "cumsum", "fused_add_rms_norm",
     "logsumexp", "mean", "nanargmax", "nanargmin", "nanmax", "nanmean", "nanmin", "nansum", "norm", "prod",
-    "qk_norm_rope", "qk_norm_rope_backward", "reduce_ladder", "reference", "rms_norm", "rms_norm_backward", "rope_cache", "rotary_embedding",
-    "rotary_embedding_mrope", "rotary_embedding_positions", "segment_max", "segment_mean", "segment_min",
-    "segment_sum", "std", "sum", "sum_of_squares", "timing", "var",
+    "qk_norm_rope", "qk_norm_rope_backward", "reduce_ladder", "reference", "rms_norm", "rms_norm_backward",
+    "rope_cache", "rotary_embedding", "rotary_embedding_mrope", "rotary_embedding_positions", "segment_max",
+    "segment_mean", "segment_min", "segment_sum", "std", "sum", "sum_of_squares", "timing", "var",
 ]

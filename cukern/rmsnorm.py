@@ -247,8 +247,8 @@ def instantiations():
     listed: the others change how many rows share a block, not the code, and compile on first use. The
     float8 kernels are listed for bfloat16 inputs, with bfloat16 or float32 weights (whose wider loads take
     more registers), at the default knobs (what a quantizing model runs; float16 plans are the same shapes);
-    so are the kernels that also store rstd (``return_rstd``, what a training step runs), for every dtype pair;
-    other points compile on first use."""
+    so are the kernels that also store rstd (``return_rstd``, what a training step runs), for every dtype pair
+    with 16-byte accesses; other points compile on first use."""
     lengths = plan_lengths()
     knobs = [Knobs(items_target=i) for i in SPACE["items_target"]]
     out = set()
@@ -266,10 +266,10 @@ def instantiations():
                     p = plan(hidden, 1, vec, BFLOAT16.itemsize, fused=fused)
                     out.add(p.instantiation(BFLOAT16, w, fused, fp8=True))
     for t, w in dtypes:
-        for vec in sorted({16 // t.itemsize, 1}):
-            for hidden in lengths:
-                for fused in (False, True):
-                    out.add(plan(hidden, 1, vec, t.itemsize, fused=fused).instantiation(t, w, fused, rstd=True))
+        for hidden in lengths:
+            for fused in (False, True):
+                p = plan(hidden, 1, 16 // t.itemsize, t.itemsize, fused=fused)
+                out.add(p.instantiation(t, w, fused, rstd=True))
     return sorted(out, key=lambda i: (i.name, i.expression))
 
 

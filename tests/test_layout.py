@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "cukern"
 
 LAB = "cukern.lab"
-OPS = ("cukern.rmsnorm", "cukern.rotary", "cukern.reduce", "cukern.reduce_plan", "cukern.rope_cache",
-       "cukern.qknorm", "cukern.argreduce", "cukern.segment", "cukern.scan")
+OPS = ("cukern.rmsnorm", "cukern.rmsnorm_backward", "cukern.rotary", "cukern.reduce", "cukern.reduce_plan",
+       "cukern.rope_cache", "cukern.qknorm", "cukern.argreduce", "cukern.segment", "cukern.scan")
 
 
 def module_name(path: Path) -> str:
