@@ -129,7 +129,7 @@ def test_inverse_rotary_kernel_gives_the_gradient(dtype, is_neox, rng):
     tokens, heads, hs, rot = 111, 3, 64, 32
     positions = cp.asarray(rng.integers(0, 128, tokens))
     cache = cukern.rope_cache(128, rot)
-    dy = cp.asarray(rng.standard_normal((tokens, heads, hs))).astype(dtype)
+    dy = cp.asarray(rng.standard_normal((tokens, heads, hs), dtype=np.float32)).astype(dtype)
     want_bits = reference.rotary_embedding_emulated(positions, dy, None, cache, is_neox=is_neox, rotary_dim=rot,
                                                     inverse=True)[0]
     g = dy.copy()
@@ -189,7 +189,7 @@ def test_qk_norm_rope_backward_without_key_or_weights(rng):
     assert got[1] is None and got[2] is None and got[3] is None
     want = reference.qk_norm_rope_backward_emulated(positions, dq, None, q, None, None, None, cache)
     assert same_bits(got[0], want[0])
-    empty = cp.zeros((0, 4, 128), BFLOAT16)
-    got = cukern.qk_norm_rope_backward(cp.zeros(0, np.int64), empty, None, empty, None, cp.ones(128, BFLOAT16), None,
-                                       cache)
+    empty = cp.zeros((0, 4, 128), np.float32).astype(BFLOAT16)
+    weight = cp.ones(128, np.float32).astype(BFLOAT16)
+    got = cukern.qk_norm_rope_backward(cp.zeros(0, np.int64), empty, None, empty, None, weight, None, cache)
     assert got[0].shape == (0, 4, 128) and not bool(got[2].any())
