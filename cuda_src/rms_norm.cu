@@ -58,13 +58,14 @@ struct RmsNormParams {
   long long rs_s0, rs_s1;
 };
 
-// The float8 kernels' scalars (cukern/rmsnorm.py `FP8_PARAMS`): RmsNormParams' fields, then the per-token
-// scales' row strides (in floats) and the static scale.
+// The float8 kernels' scalars (cukern/rmsnorm.py `FP8_PARAMS`): RmsNormParams' fields (rs_* unused: no rstd
+// is kept), then the per-token scales' row strides (in floats) and the static scale.
 struct RmsNormFp8Params {
   long long rows, inner;
   long long out_s0, out_s1, res_s0, res_s1, x_s0, x_s1;
   int hidden;
   float eps, offset;
+  long long rs_s0, rs_s1;
   long long sc_s0, sc_s1;
   float scale;
 };

@@ -49,10 +49,9 @@ MAX_HIDDEN = 2**31 - 2**20
 
 # The kernels' scalars, one struct (``RmsNormParams`` in cuda_src/rms_norm.cu): strides in elements, rstd's in
 # floats.
-_ROW_FIELDS = (("rows", "i64"), ("inner", "i64"), ("out_s0", "i64"), ("out_s1", "i64"), ("res_s0", "i64"),
-               ("res_s1", "i64"), ("x_s0", "i64"), ("x_s1", "i64"), ("hidden", "i32"), ("eps", "f32"),
-               ("offset", "f32"))
-PARAMS = Params(_ROW_FIELDS + (("rs_s0", "i64"), ("rs_s1", "i64")))
+PARAMS = Params((("rows", "i64"), ("inner", "i64"), ("out_s0", "i64"), ("out_s1", "i64"), ("res_s0", "i64"),
+                 ("res_s1", "i64"), ("x_s0", "i64"), ("x_s1", "i64"), ("hidden", "i32"), ("eps", "f32"),
+                 ("offset", "f32"), ("rs_s0", "i64"), ("rs_s1", "i64")))
 
 
 # Float8 outputs. CuPy 14 has no float8 array dtype (its array creation refuses ml_dtypes.float8_e4m3fn as
@@ -60,7 +59,7 @@ PARAMS = Params(_ROW_FIELDS + (("rs_s0", "i64"), ("rs_s1", "i64")))
 FLOAT8_E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
 FP8_MAX = 448.0  # the largest finite e4m3fn value: outputs saturate there
 MIN_SCALE = 2.0**-126  # the least normal float32, the smallest scale (its reciprocal is finite)
-FP8_PARAMS = Params(_ROW_FIELDS + (("sc_s0", "i64"), ("sc_s1", "i64"), ("scale", "f32")))
+FP8_PARAMS = Params(PARAMS.fields + (("sc_s0", "i64"), ("sc_s1", "i64"), ("scale", "f32")))
 
 
 def _pow2_at_least(n: int) -> int:
@@ -622,7 +621,8 @@ def _plan_fp8_call(fused: bool, x, residual, weight, out, scale, eps, offset, kn
     res_s0, res_s1 = layout.strides[1] if fused else (0, 0)
     params = struct_argument(FP8_PARAMS.struct(
         rows=layout.rows, inner=layout.inner, out_s0=out_s0, out_s1=out_s1, res_s0=res_s0, res_s1=res_s1,
-        x_s0=x_s0, x_s1=x_s1, hidden=hidden, eps=e, offset=o, sc_s0=sc_s0, sc_s1=sc_s1, scale=value))
+        x_s0=x_s0, x_s1=x_s1, hidden=hidden, eps=e, offset=o, rs_s0=0, rs_s1=0, sc_s0=sc_s0, sc_s1=sc_s1,
+        scale=value))
     # layout.outer is in rowed's order (out, inputs..., scales), in elements; the kernel takes (out, scales,
     # inputs...)
     offsets = tuple((o_out, o_sc * 4, *(k * x.itemsize for k in o_in)) for o_out, *o_in, o_sc in layout.outer)

@@ -297,7 +297,7 @@ def test_fp8_call_plumbing(fake_gpu):
     assert kernel == "cukern::rms_norm_fp8_rows<cukern::bf16, cukern::bf16, 8, 128, 1, 4, 128>"
     assert config.grid == (16,) and ptrs == [q.data.ptr, s.data.ptr, x.data.ptr, w.data.ptr]
     assert q.shape == x.shape and q.dtype == np.uint8 and s.shape == (16,) and s.dtype == F32
-    assert params == (16, 16, 0, 4096, 0, 0, 0, 4096, 4096, np.float32(1e-6), 0.0, 0, 1, 1.0)
+    assert params == (16, 16, 0, 4096, 0, 0, 0, 4096, 4096, np.float32(1e-6), 0.0, 0, 0, 0, 1, 1.0)
     rmsnorm.rms_norm(x, w, out_dtype="float8_e4m3fn", scale="per_token")
     assert len(rmsnorm._fp8_calls) == 1 and len(fake_gpu) == 2
 
@@ -312,7 +312,8 @@ def test_fp8_call_plumbing(fake_gpu):
         assert kernel == "cukern::fused_add_rms_norm_fp8_wide<cukern::bf16, cukern::bf16, 1, 2, 4, 512>"  # fused, unaligned
         assert ptrs == [out.data.ptr + i * 6 * 4096, 0, r.data.ptr + i * 6 * 4096 * 2, x.data.ptr + i * 5 * 7 * 4097 * 2,
                         0]
-        assert params == (6, 3, 12288, 4096, 12288, 4096, 57358, 8194, 4096, np.float32(1e-5), 1.0, 3, 1, 0.25)
+        assert params == (6, 3, 12288, 4096, 12288, 4096, 57358, 8194, 4096, np.float32(1e-5), 1.0, 0, 0, 3, 1,
+                          0.25)
 
     fake_gpu.clear()
     q, s = rmsnorm.rms_norm(_Array((4, 0), BFLOAT16, 1 << 20), out_dtype=FP8, scale="per_token")
