@@ -44,7 +44,7 @@ import cukern._check as _check
 import cukern._tuned as _tuned
 
 from ._compile import Instantiation, get_kernel
-from ._dtypes import BFLOAT16, dtype_name
+from ._dtypes import BFLOAT16, dtype_name, parse_dtype
 from ._launch import (
     OUT_STRIDED,
     X_COPIED,
@@ -381,6 +381,28 @@ def _prepare(op: str, x, axis, keepdims, knobs: Knobs | None, sm: int | None) ->
 
 # Why a call into an out of another integer type cannot be captured (its indices go through a temporary).
 OUT_CAST = "out is not int64 (the indices go through an int64 temporary); pass an int64 out"
+DTYPE_CAST = "dtype= is not int64 (the indices go through an int64 temporary); leave dtype=None"
+# The index dtypes ``dtype=`` takes: CuPy's (its arg-reductions write signed integers only).
+INDEX_DTYPES = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
+
+
+def index_dtype(dtype, shape, axis) -> np.dtype | None:
+    """``dtype=`` of an arg-reduction over ``axis`` (None or a normalized int) of an array of ``shape``: None
+    for None, else one of :data:`INDEX_DTYPES` that holds the largest index, ``n - 1`` (n the axis's length,
+    the size for None); TypeError for another dtype, ValueError for one too narrow."""
+    if dtype is None:
+        return None
+    t = parse_dtype(dtype)
+    if t not in INDEX_DTYPES:
+        raise TypeError(f"dtype={dtype_name(t)} is not an index dtype; use one of "
+                        + ", ".join(dtype_name(d) for d in INDEX_DTYPES))
+    n = math.prod(shape) if axis is None or not shape else shape[axis]
+    if n - 1 > np.iinfo(t).max:
+        wide = next(d for d in INDEX_DTYPES if np.iinfo(d).max >= n - 1)
+        where = "x" if axis is None else f"axis {axis}"
+        raise ValueError(f"dtype={dtype_name(t)} holds indices up to {np.iinfo(t).max}, and {where} has {n} "
+                         f"elements; use {dtype_name(wide)} or wider")
+    return t
 
 
 def _validate_out(out, shape, x):
@@ -402,7 +424,7 @@ def _check_all_nan(flag: np.ndarray) -> None:
         raise ValueError("All-NaN slice encountered")
 
 
-def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | None = None):
+def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | None = None, dtype=None):
     cp = _cupy()
     nd = cp.ndarray
     key = None
@@ -422,6 +444,15 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
             _calls.put(key, call)
     if out is not None:
         out = _validate_out(out, call.shape, x)
+    if dtype is not None:
+        x = _check.as_array(x, "x")
+        a = normalize_axis(axis, x.ndim)
+        dtype = index_dtype(dtype, x.shape, None if x.ndim == 0 else a)
+        if out is not None and out.dtype != dtype:
+            raise TypeError(f"dtype={dtype_name(dtype)} and out's dtype {dtype_name(out.dtype)} differ; "
+                            "pass one of them")
+        if out is None and dtype != np.int64:
+            refuse_temporary_in_capture(op, DTYPE_CAST)
     if call.check_nan and cp.cuda.get_current_stream().is_capturing():
         raise RuntimeError(f"{op} waits for the GPU to learn whether a slice is all NaN, which a CUDA graph "
                            "capture cannot do; capture argmax / argmin instead")
@@ -441,13 +472,13 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
             if call.check_nan:
                 _check_all_nan(flag)
         if out is None:
-            return dst
+            return dst if dtype is None or dtype == np.int64 else dst.astype(dtype)
         if not direct:
             cp.copyto(out, dst, casting="unsafe")
         return out
 
 
-_DOC = """``out = {formula}``, int64: {title}{into}.
+_DOC = """``out = {formula}``, int64 (or ``dtype``): {title}{into}.
 
 {nan} Ties give the first index. Complex x is ordered as NumPy orders it:
 by the real parts, then the imaginary parts (a NaN in either part makes a NaN). The result depends only on
@@ -460,6 +491,11 @@ x : cupy.ndarray of float64, float32, float16, bfloat16, complex64, complex128, 
     integer type, or bool; any strides.
 axis : None or int
     The axis searched (negative counts from the end); None searches the flattened array (C order).
+dtype : None or a signed integer dtype (int8, int16, int32, int64), as CuPy's ``dtype``
+    The index dtype (NumPy's arg-reductions have no such argument). It must hold the largest index, the
+    searched axis's length less one (the size less one for None); a narrower one is a ValueError. The
+    indices are found in int64 and converted (through a temporary unless int64: not under a CUDA-graph
+    capture). With ``out`` it must be ``out``'s dtype.
 keepdims : bool
     Keep the searched axis (every axis, for None) as size 1.
 out : cupy.ndarray of int64 with the result's shape, optional; must not overlap x. Or of bool or an integer
@@ -468,16 +504,24 @@ out : cupy.ndarray of int64 with the result's shape, optional; must not overlap 
 
 Returns
 -------
-out : int64 indices along ``axis`` (flat indices for None).
+out : int64 (or ``dtype``) indices along ``axis`` (flat indices for None).
 
 Raises
 ------
 TypeError
-    For a dtype outside those above, a non-int axis, or an ``out`` of a float, complex or 64-bit unsigned
-    type.
+    For a dtype outside those above, a non-int axis, an ``out`` of a float, complex or 64-bit unsigned
+    type, a ``dtype=`` that is not a signed integer type, or one that is not ``out``'s.
 ValueError
     For an empty search{all_nan}, or an ``out`` of the wrong shape or overlapping x. AxisError (a
-    ValueError) for an axis out of range. Every check runs before anything is launched{after}.
+    ValueError) for an axis out of range, or a ``dtype`` too narrow for the indices. Every check runs before
+    anything is launched{after}.
+
+Examples
+--------
+>>> import cupy, cukern
+>>> x = cupy.asarray([[1.0, 5.0, 3.0], [4.0, 2.0, 6.0]])
+>>> cukern.{op}(x, axis=1, dtype=cupy.int32).dtype
+dtype('int32')
 """
 
 _NAN = {False: "A NaN beats every number (the first NaN's index is the result), as in NumPy.",
@@ -496,20 +540,20 @@ def extreme_index(op: str, x, axis: int):
     return _run(op, x, axis, False, None)
 
 
-def argmax(x, axis=None, *, keepdims=False, out=None):
-    return _run("argmax", x, axis, keepdims, out)
+def argmax(x, axis=None, *, dtype=None, keepdims=False, out=None):
+    return _run("argmax", x, axis, keepdims, out, dtype=dtype)
 
 
-def argmin(x, axis=None, *, keepdims=False, out=None):
-    return _run("argmin", x, axis, keepdims, out)
+def argmin(x, axis=None, *, dtype=None, keepdims=False, out=None):
+    return _run("argmin", x, axis, keepdims, out, dtype=dtype)
 
 
-def nanargmax(x, axis=None, *, keepdims=False, out=None):
-    return _run("nanargmax", x, axis, keepdims, out)
+def nanargmax(x, axis=None, *, dtype=None, keepdims=False, out=None):
+    return _run("nanargmax", x, axis, keepdims, out, dtype=dtype)
 
 
-def nanargmin(x, axis=None, *, keepdims=False, out=None):
-    return _run("nanargmin", x, axis, keepdims, out)
+def nanargmin(x, axis=None, *, dtype=None, keepdims=False, out=None):
+    return _run("nanargmin", x, axis, keepdims, out, dtype=dtype)
 
 
 for _fn, _title, _formula in (
