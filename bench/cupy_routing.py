@@ -14,9 +14,10 @@ test as
 With ``CUKERN_ROUTING_OPS=all`` the plugin also routes ``prod``, ``var``, ``std``, ``nansum``, ``nanmean``,
 ``nanmax``, ``nanmin``, ``argmax``, ``argmin``, ``nanargmax``, ``nanargmin``, ``cumsum``, ``cumprod``,
 ``count_nonzero``, ``any`` and ``all`` (the functions and the ``ndarray`` methods CuPy has; argmax's
-``dtype``, CuPy's index dtype, goes to cukern too), and ``cupyx.scipy.special.logsumexp`` (SciPy's signature:
-``b`` and ``return_sign`` too). Calls cukern makes while answering one go to CuPy unrouted. Every count is also kept per op (``answered:var``, ...), and a call both raise in which
-cukern's exception is not of CuPy's type is counted as ``raised_otherwise:<op>:<cukern's>/<CuPy's>``.
+``dtype``, CuPy's index dtype, goes to cukern too), and ``cupyx.scipy.special.logsumexp`` (SciPy's
+signature: ``b`` and ``return_sign`` too). Calls cukern makes while answering one go to CuPy unrouted.
+Every count is also kept per op (``answered:var``, ...), and a call both raise in which cukern's exception
+is not of CuPy's type is counted as ``raised_otherwise:<op>:<cukern's>/<CuPy's>``.
 
 Tests whose node id matches ``CUKERN_ROUTING_SKIP`` (a regular expression; by default the classes that mock
 CuPy's CUB internals, which check CuPy's code path rather than results) run unrouted. The counts are printed

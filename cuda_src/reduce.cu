@@ -34,7 +34,8 @@
 //    group for rows of one chunk, else tpr / 32 warps, each with its span of chunks); reduce_cols: a strip
 //    of columns by a span of leaves per block, 32 / Q row lanes each owning Q chains, and reduce_cols_fold
 //    for the spans' partials when a column has more than one span; reduce_strided: one output per warp,
-//    one chain per lane.
+//    one chain per lane; so does reduce_lse_weighted (logsumexp with weights), reading x and the weights
+//    through strides of their own (a broadcast weight, zero strides, is read again for each output).
 // 2. Input traffic: every element read once. Contiguous spans whose start is 16-byte aligned are read as
 //    16-byte vectors (each lane's vector holds its next CV chains); any other start or stride reads the
 //    same elements one by one into the same chains. Columns: each thread owns VEC adjacent columns, so a
@@ -1133,6 +1134,132 @@ __global__ void __launch_bounds__(BLOCK)
     if (lane == 0) {
       const A v = tree_result<Comb>(stacks[warp], static_cast<unsigned long long>(leaves));
       out[o] = finish<O, F>(v, finalize, divisor);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Weighted logsumexp: log|sum_i w_i e^(x_i)| and the sum's sign (scipy.special.logsumexp's b and
+// return_sign), the weights w read beside x through strides of their own (a broadcast weight has zero
+// strides). One warp an output, as reduce_strided: the same tree over the same chains, each chain's state
+// formed at once (weighted_chain), the states merged by WeightedLse. x and w are of the result's type T and
+// accumulate in acc_t<T>.
+
+// Its scalars (cukern/reduce_plan.py LSE_WEIGHTED_PARAMS, the same fields in the same order). Output o's
+// elements start at (o / o_inner) * o_s0 + (o % o_inner) * o_s1 of x (ow_s0, ow_s1 in w), element r of an
+// output (r / r_inner) * r_s0 + (r % r_inner) * r_s1 further on (rw_s0, rw_s1 in w), r < count.
+struct LseWeightedParams {
+  long long outputs, o_inner, o_s0, o_s1, ow_s0, ow_s1;
+  long long count, r_inner, r_s0, r_s1, rw_s0, rw_s1;
+  int signed_result;  // 1: sgn receives the sum's sign; 0: sgn is not written and a negative sum gives NaN
+};
+
+// The state (m, s): m the NaN-propagating maximum of the elements of non-zero weight (-inf for none), s the
+// signed sum of their terms w e^(x - m), any value, 0 included. An element of x = +inf (so m = +inf) adds
+// w itself, not w e^(inf - inf): at m = +inf, s is the sum of the weights of the +inf elements, whose sign is
+// the result's. The merge is LogSumExp's, s = s_hi + s_lo e^(m_lo - m_hi), but two maxima of +inf add their
+// sums (a factor 1, where exp_nonpositive's clamp of the NaN difference gives 0); equal finite maxima give
+// e^0 = 1 exactly anyway. Commutative bit for bit (equal maxima add s_a + s_b; the identity (-inf, 0) adds
+// s_lo 0 = 0, or keeps a NaN s), as the shuffle trees need.
+struct WeightedLse {
+  template <typename A> __device__ __forceinline__ static A identity() { return LogSumExp::identity<A>(); }
+  template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
+    using S = decltype(A::m);
+    const bool swap = b.m > a.m || b.m != b.m;
+    const A hi = swap ? b : a;
+    const A lo = swap ? a : b;
+    const bool infinite = hi.m == lo.m && hi.m == Limits<S>::highest();
+    const S e = infinite ? S(1) : exp_nonpositive(sub_rn(lo.m, hi.m));
+    return A{chain_max(a.m, b.m), add_rn(hi.s, mul_rn(lo.s, e))};
+  }
+};
+
+// One chain's state from its eight (x, w) pairs in m order; a pair past the end has w = 0. A zero weight drops
+// its element whatever x is (+inf and NaN included), as SciPy's logsumexp; a NaN weight is not zero, and
+// its NaN term makes s NaN. s = ((t_0 + t_1) + t_2) + ... over the kept elements, from 0 (0 + t_0 = t_0).
+template <typename A, typename S>
+__device__ __forceinline__ A weighted_chain(const S (&x)[CHAIN_LENGTH], const S (&w)[CHAIN_LENGTH]) {
+  S m = Limits<S>::lowest();
+#pragma unroll
+  for (int k = 0; k < CHAIN_LENGTH; ++k) {
+    if (w[k] != S(0)) m = chain_max(m, x[k]);
+  }
+  S s = S(0);
+#pragma unroll
+  for (int k = 0; k < CHAIN_LENGTH; ++k) {
+    if (w[k] != S(0)) {
+      s = add_rn(s, x[k] == Limits<S>::highest() ? w[k] : mul_rn(w[k], exp_nonpositive(sub_rn(x[k], m))));
+    }
+  }
+  return A{m, s};
+}
+
+// The result of a state: m + log|s| (log_at_least_one's steps hold for any finite s > 0, not only s >= 1)
+// and sign(s); NaN (and a NaN sign) for a NaN m or s; -inf and 0 for s == 0 (a cancelled sum, no element
+// of non-zero weight, or every such element -inf), but NaN for s == 0 under m = +inf (+inf - inf);
+// +inf for m = +inf or an infinite s. Without signed_result a negative sum gives NaN, as SciPy's.
+template <typename O, typename S>
+__device__ __forceinline__ void finish_weighted(O* out, O* sgn, long long o, MaxSum<S> v, int signed_result) {
+  const S nan = Limits<S>::highest() - Limits<S>::highest();
+  const S inf = Limits<S>::highest();
+  S r, g;
+  if (v.m != v.m || v.s != v.s) {
+    r = nan, g = nan;
+  } else if (v.s == S(0)) {
+    r = v.m == inf ? nan : -inf;
+    g = v.m == inf ? nan : S(0);
+  } else {
+    g = v.s > S(0) ? S(1) : S(-1);
+    const S a = fabs(v.s);
+    r = v.m == inf || a == inf ? inf : add_rn(v.m, log_at_least_one(a));
+  }
+  if (signed_result) {
+    sgn[o] = Store<O>::from(g);
+  } else if (g < S(0)) {
+    r = nan;
+  }
+  out[o] = Store<O>::from(r);
+}
+
+// Instantiated as the family's other kernels are, (input, result, op, block): x and w are converted to the
+// result type first, so T is O, and the op is logsumexp's.
+template <typename T, typename O, int OP, int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+    reduce_lse_weighted(O* out, O* sgn, const T* x, const T* w, LseWeightedParams p) {
+  static_assert(Same<T, O>::value && OP == OP_LSE, "weighted logsumexp reads x and w in the result's type");
+  using S = acc_t<O>;
+  using A = MaxSum<S>;
+  constexpr int kWarps = BLOCK / 32;
+  __shared__ A stacks[kWarps][STACK_DEPTH];
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const long long leaves = (p.count + LEAF - 1) / LEAF;
+  const long long step_q = CHAINS / p.r_inner, step_r = CHAINS % p.r_inner;
+  for (long long first = static_cast<long long>(blockIdx.x) * kWarps; first < p.outputs;
+       first += static_cast<long long>(gridDim.x) * kWarps) {
+    const long long o = first + warp;
+    if (o >= p.outputs) break;
+    const long long oq = o / p.o_inner, orem = o % p.o_inner;
+    const T* xo = x + oq * p.o_s0 + orem * p.o_s1;
+    const T* wo = w + oq * p.ow_s0 + orem * p.ow_s1;
+    for (long long k = 0; k < leaves; ++k) {
+      long long q = (k * LEAF + lane) / p.r_inner, rem = (k * LEAF + lane) % p.r_inner;
+      S xs[CHAIN_LENGTH], ws[CHAIN_LENGTH];
+#pragma unroll
+      for (int m = 0; m < CHAIN_LENGTH; ++m) {
+        const bool present = k * LEAF + m * CHAINS + lane < p.count;
+        xs[m] = present ? to_acc<S>(xo[q * p.r_s0 + rem * p.r_s1]) : S(0);
+        ws[m] = present ? to_acc<S>(wo[q * p.rw_s0 + rem * p.rw_s1]) : S(0);
+        q += step_q;
+        rem += step_r;
+        if (rem >= p.r_inner) rem -= p.r_inner, ++q;
+      }
+      const A v = group_tree_reduce<32, WeightedLse>(weighted_chain<A>(xs, ws));
+      if (lane == 0) tree_push<WeightedLse>(stacks[warp], v, static_cast<unsigned long long>(k));
+    }
+    if (lane == 0) {
+      finish_weighted(out, sgn, o, tree_result<WeightedLse>(stacks[warp], static_cast<unsigned long long>(leaves)),
+                      p.signed_result);
     }
   }
 }

@@ -45,7 +45,7 @@ import numpy as np
 
 from ._compile import Instantiation
 from ._dtypes import BFLOAT16, COUNT, dtype_name, parse_dtype
-from ._launch import LaunchConfig
+from ._launch import LaunchConfig, Params
 from ._layout import collapse, contiguous_strides, k_order
 
 SOURCE = "reduce"
@@ -837,6 +837,12 @@ def _strided_inst(t, o, op: int) -> Instantiation:
     return Instantiation(SOURCE, "reduce_strided", (t, o, op, STRIDED_BLOCK))
 
 
+def weighted_instantiation(t) -> Instantiation:
+    """The weighted logsumexp kernel of result dtype ``t`` (x and b converted to it)."""
+    t = np.dtype(t)
+    return Instantiation(SOURCE, "reduce_lse_weighted", (t, t, OP_LSE, STRIDED_BLOCK))
+
+
 def lift_modes(t, o, kernel_op: int) -> int:
     """reduce.cu ``lift_modes``: the lift modes (bits 1 << LIFT_*) that the kernels for input ``t``, kernel
     result ``o`` and ``kernel_op`` implement: non-zero counting alone for count results (int64 counts and
@@ -905,6 +911,8 @@ def instantiations() -> list:
             out.add(_cols_inst(t, o, op, vec, q))
             out.add(_cols_inst(t, a, op, vec, q))
         out.add(_fold_inst(a, o, _combine_op(op)))
+    for t in FLOATS:
+        out.add(weighted_instantiation(t))
     return sorted(out, key=lambda i: (i.name, i.expression))
 
 
@@ -1003,6 +1011,90 @@ def plan_instantiations(pl: Plan, t, o, op: int) -> list:
         a = acc_dtype(o)
         return [_cols_inst(t, a, op, p.vec, p.q), _fold_inst(a, o, _combine_op(op))]
     return []
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Weighted logsumexp (reduce.cu reduce_lse_weighted): x and the weights b, broadcast to one shape, reduced by
+# one warp an output over at most two kept and two reduced levels that both arrays share; deeper layouts are
+# first copied (x and b, kept axes then reduced ones, the broadcast b made whole).
+
+LSE_WEIGHTED_PARAMS = Params((("outputs", "i64"), ("o_inner", "i64"), ("o_s0", "i64"), ("o_s1", "i64"),
+                              ("ow_s0", "i64"), ("ow_s1", "i64"), ("count", "i64"), ("r_inner", "i64"),
+                              ("r_s0", "i64"), ("r_s1", "i64"), ("rw_s0", "i64"), ("rw_s1", "i64"),
+                              ("signed_result", "i32")))
+
+
+def weighted_dtype(x_dtype, b_dtype) -> np.dtype:
+    """The result dtype of logsumexp of ``x_dtype`` weighted by ``b_dtype``: SciPy's, the two promoted, integer
+    and bool results made float64; bfloat16 promotes as float32 would, but with bool or itself it stays."""
+    t, u = np.dtype(x_dtype), np.dtype(b_dtype)
+    if BFLOAT16 in (t, u):
+        other = u if t == BFLOAT16 else t
+        if other in (BFLOAT16, BOOL):
+            return BFLOAT16
+        r = np.result_type(F32, other)
+    else:
+        r = np.result_type(t, u)
+    return r if r.kind == "f" else F64
+
+
+def _shared_levels(shape, x_strides, b_strides) -> tuple:
+    """The (size, x stride, b stride) levels of dimensions ``shape`` merged where both arrays allow."""
+    sizes, (xs, bs) = collapse(tuple(shape), [tuple(x_strides), tuple(b_strides)])
+    return tuple(zip(sizes, xs, bs))
+
+
+def _two_levels(levels) -> tuple:
+    """(inner, x s0, x s1, b s0, b s1) of at most two shared levels; no level is one element at offset 0."""
+    if not levels:
+        return 1, 0, 0, 0, 0
+    if len(levels) == 1:
+        (n, xs, bs), = levels
+        return n, 0, xs, 0, bs
+    (_, x0, b0), (n, x1, b1) = levels
+    return n, x0, x1, b0, b1
+
+
+@dataclass(frozen=True)
+class WeightedPlan(_OneLaunch):
+    """reduce_lse_weighted's launch: ``copy`` (x and b first copied to contiguous, kept axes then reduced ones),
+    ``outputs`` results of ``count`` elements each, ``kept`` and ``red`` as (inner, x s0, x s1, b s0, b s1)."""
+
+    copy: bool
+    outputs: int
+    count: int
+    kept: tuple
+    red: tuple
+    block: int
+    grid: int
+
+    def params(self, signed_result: bool) -> np.ndarray:
+        (oi, o0, o1, ow0, ow1), (ri, r0, r1, rw0, rw1) = self.kept, self.red
+        return LSE_WEIGHTED_PARAMS.struct(outputs=self.outputs, o_inner=oi, o_s0=o0, o_s1=o1, ow_s0=ow0,
+                                          ow_s1=ow1, count=self.count, r_inner=ri, r_s0=r0, r_s1=r1, rw_s0=rw0,
+                                          rw_s1=rw1, signed_result=int(signed_result))
+
+
+def plan_weighted(shape, x_strides, b_strides, axes, sm_count: int = 132) -> WeightedPlan:
+    """The launch reducing ``axes`` (normalized) of x and b, both of ``shape`` (b broadcast: zero strides), with
+    strides in elements; outputs and count above zero. The tree numbers each output's elements in C order
+    over ``axes``, as every reduction's, whatever the strides."""
+    shape = tuple(shape)
+    kept_axes = [i for i in range(len(shape)) if i not in axes]
+    kept = _shared_levels([shape[i] for i in kept_axes], [x_strides[i] for i in kept_axes],
+                          [b_strides[i] for i in kept_axes])
+    red = _shared_levels([shape[i] for i in axes], [x_strides[i] for i in axes], [b_strides[i] for i in axes])
+    outputs = math.prod(shape[i] for i in kept_axes)
+    count = math.prod(shape[i] for i in axes)
+    copy = len(kept) > 2 or len(red) > 2
+    if copy:
+        moved = [shape[i] for i in kept_axes] + [shape[i] for i in axes]
+        contiguous = contiguous_strides(tuple(moved))
+        nk = len(kept_axes)
+        kept = _shared_levels(moved[:nk], contiguous[:nk], contiguous[:nk])
+        red = _shared_levels(moved[nk:], contiguous[nk:], contiguous[nk:])
+    sp = plan_strided(outputs, sm_count)
+    return WeightedPlan(copy, outputs, count, _two_levels(kept), _two_levels(red), sp.block, sp.grid)
 
 
 def temporary(pl: Plan, *, converts: bool, out_direct: bool | None) -> str | None:

@@ -171,6 +171,14 @@ def cases():
     for op, (lay, (shape, order, axis)), t in itertools.product(reductions, layouts.items(), dtypes):
         out.append((f"{op} {lay} {np.dtype(t).name}", lambda op=op, s=shape, o=order, ax=axis, t=t:
                     getattr(cukern, op)(_a(s, t, o), axis=ax)))
+    weighted = {  # x's shape and axis, b's shape: rows with one weight row, a full reduction, columns, copied
+        "rows": ((64, 1000), -1, (1000,)), "full": ((1 << 16,), None, (1 << 16,)), "cols": ((1000, 64), 0, (1000, 1)),
+        "merged": ((4, 4, 4, 50), 3, (50,))}
+    for (lay, (shape, axis, b_shape)), t in itertools.product(weighted.items(), (f32, f16, bf16, f64)):
+        out.append((f"logsumexp weighted {lay} {np.dtype(t).name}", lambda s=shape, ax=axis, bs=b_shape, t=t:
+                    cukern.logsumexp(_a(s, t), axis=ax, b=_a(bs, t), return_sign=True)))
+    out.append(("logsumexp weighted transposed float32", lambda: cukern.logsumexp(
+        _a((4, 4, 4, 50)).transpose(1, 0, 2, 3), axis=3, b=_a((50,)))))
     for op in ("sum", "mean", "var", "norm"):
         for t, d in ((f32, f64), (bf16, f32), (np.int32, f64), (f16, f32)):
             out.append((f"{op} dtype {np.dtype(t).name}->{np.dtype(d).name}",

@@ -73,6 +73,7 @@ from .reductions import (
     all_emulated,
     prod_emulated,
     logsumexp_emulated,
+    logsumexp_weighted_emulated,
 )
 from .argreduce import (
     argmax,
@@ -110,7 +111,8 @@ __all__ = [
     "argmax", "argmax_emulated", "argmin", "argmin_emulated", "count_nonzero_emulated", "cumprod",
     "cumprod_emulated", "cumsum", "cumsum_emulated", "extreme_emulated", "float8_e4m3fn_bits",
     "fused_add_rms_norm", "fused_add_rms_norm_emulated", "fused_add_rms_norm_fp8_emulated",
-    "logsumexp_emulated", "mean_emulated", "mrope_rows", "nanargmax", "nanargmax_emulated", "nanargmin",
+    "logsumexp_emulated", "logsumexp_weighted_emulated", "mean_emulated", "mrope_rows", "nanargmax",
+    "nanargmax_emulated", "nanargmin",
     "nanargmin_emulated", "nanmax_emulated", "nanmean_emulated", "nanmin_emulated", "nansum_emulated",
     "norm_emulated", "prod_emulated", "qk_norm_rope", "qk_norm_rope_emulated", "reduce_amax", "reduce_amin",
     "reduce_logsumexp", "reduce_mean", "reduce_nanmax", "reduce_nanmean", "reduce_nanmin", "reduce_nansum",

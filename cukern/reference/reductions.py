@@ -482,18 +482,45 @@ def reduce_prod(x, axis=None, keepdims=False):
         return np.prod(_wide(x), axis=axis, keepdims=keepdims)
 
 
-def reduce_logsumexp(x, axis=None, keepdims=False):
+def reduce_logsumexp(x, axis=None, keepdims=False, b=None, return_sign=False):
     """``log(sum(exp(x)))`` in float64, shifted by the maximum (``scipy.special.logsumexp``): -inf for an
-    empty or all -inf slice, +inf for a slice holding +inf, NaN for one holding NaN."""
-    w = _wide(x).astype(np.float64)
+    empty or all -inf slice, +inf for a slice holding +inf, NaN for one holding NaN. With ``b`` (broadcast
+    against x): ``log|sum(b * exp(x))|`` with the elements of zero weight dropped, shifted by the maximum of
+    the others; -inf for a zero sum, NaN for a negative one unless ``return_sign``, which also returns the
+    sum's sign (1, -1, 0, NaN for NaN; -1 for an empty slice, as SciPy's)."""
+    if b is None:
+        w = _wide(x).astype(np.float64)
+        with np.errstate(all="ignore"):
+            if w.size == 0:
+                r = np.full(np.sum(w, axis=axis, keepdims=keepdims).shape, -np.inf)
+                return (r, np.full(r.shape, -1.0)) if return_sign else r
+            m = np.max(w, axis=axis, keepdims=True)
+            safe = np.where(np.isfinite(m), m, 0.0)
+            r = np.log(np.sum(np.exp(w - safe), axis=axis, keepdims=True)) + safe
+            r = np.where(np.isfinite(m), r, m)
+        r = r if keepdims else np.squeeze(r, axis=axis)
+        return (r, np.where(np.isnan(r), np.nan, np.where(r == -np.inf, 0.0, 1.0))) if return_sign else r
+    w, g = np.broadcast_arrays(_wide(x).astype(np.float64), _wide(b).astype(np.float64))
+    keep = g != 0
     with np.errstate(all="ignore"):
         if w.size == 0:
-            return np.full(np.sum(w, axis=axis, keepdims=keepdims).shape, -np.inf)
-        m = np.max(w, axis=axis, keepdims=True)
+            r = np.full(np.sum(w, axis=axis, keepdims=keepdims).shape, -np.inf)
+            return (r, np.full(r.shape, -1.0)) if return_sign else r
+        m = np.max(np.where(keep, w, -np.inf), axis=axis, keepdims=True)
         safe = np.where(np.isfinite(m), m, 0.0)
-        r = np.log(np.sum(np.exp(w - safe), axis=axis, keepdims=True)) + safe
-        r = np.where(np.isfinite(m), r, m)
-    return r if keepdims else np.squeeze(r, axis=axis)
+        total = np.sum(np.where(keep, g * np.exp(w - safe), 0.0), axis=axis, keepdims=True)
+        sign = np.sign(total)
+        r = np.log(np.abs(total)) + safe
+        top = np.sum(np.where(keep & (w == np.inf), g, 0.0), axis=axis, keepdims=True)  # the +inf elements' weights
+        r = np.where(m == np.inf, np.where(top == 0, np.nan, np.inf), r)
+        sign = np.where(m == np.inf, np.where(top == 0, np.nan, np.sign(top)), sign)
+        r = np.where(np.isnan(m), np.nan, r)
+        sign = np.where(np.isnan(m) | np.isnan(r), np.nan, sign)
+    if not keepdims:
+        r, sign = np.squeeze(r, axis=axis), np.squeeze(sign, axis=axis)
+    if return_sign:
+        return r, sign
+    return np.where(sign < 0, np.nan, r)
 
 
 def nansum_emulated(x, axis=None, dtype=None, keepdims=False):
@@ -705,16 +732,21 @@ def _log_at_least_one(s):
         return se * c["ln2_hi"] + (se * c["ln2_lo"] + (u + u) * p)
 
 
-def _lse_merge(a, b):
-    """reduce.cu's LogSumExp merge of (m, s) arrays, step for step: hi the operand of the larger m (or of a NaN
-    m), m the NaN-propagating maximum, s = s_hi + s_lo e^(m_lo - m_hi) (a NaN or -inf difference gives 0)."""
+def _lse_ordered(a, b):
+    """(m_hi, s_hi, m_lo, s_lo) of two (m, s) states, hi the operand of the larger m (or of a NaN m), as
+    reduce.cu's merges order them."""
     am, as_ = a
     bm, bs = b
+    swap = (bm > am) | np.isnan(bm)
+    return np.where(swap, bm, am), np.where(swap, bs, as_), np.where(swap, am, bm), np.where(swap, as_, bs)
+
+
+def _lse_merge(a, b):
+    """reduce.cu's LogSumExp merge of (m, s) arrays, step for step: m the NaN-propagating maximum, s = s_hi +
+    s_lo e^(m_lo - m_hi) (a NaN or -inf difference gives 0)."""
     with np.errstate(all="ignore"):
-        swap = (bm > am) | np.isnan(bm)
-        hm, hs = np.where(swap, bm, am), np.where(swap, bs, as_)
-        lm, ls = np.where(swap, am, bm), np.where(swap, as_, bs)
-        return _tree_max(am, bm), hs + ls * _exp_nonpositive(lm - hm)
+        hm, hs, lm, ls = _lse_ordered(a, b)
+        return _tree_max(a[0], b[0]), hs + ls * _exp_nonpositive(lm - hm)
 
 
 def _lse_tree(w):
@@ -741,6 +773,83 @@ def _lse_chains(w):
         s = np.where(finite, s, t(1))
         empty = count == 0
         return np.where(empty, t(-np.inf), hi), np.where(empty, t(0), s)
+
+
+def _lse_weighted_chains(x, w):
+    """Each chain's (m, s) over the last axis of ``x`` and ``w`` (rows, n; the accumulator dtype), as reduce.cu
+    ``weighted_chain`` forms it: m the NaN-propagating maximum of the elements of non-zero weight (-inf for
+    none), s the left-to-right sum from 0 of their terms, w for x = +inf, else w e^(x - m) (one product after
+    :func:`_exp_nonpositive`). Past n a weight is 0: the element is dropped."""
+    v, _ = _chain_elements(x, 0)
+    g, _ = _chain_elements(w, 0)
+    t = x.dtype.type
+    keep = g != 0
+    with np.errstate(all="ignore"):
+        m = np.full(v.shape[:-1], t(-np.inf))
+        for k in range(v.shape[-1]):
+            m = np.where(keep[..., k], _tree_max(m, v[..., k]), m)
+        s = np.zeros(v.shape[:-1], x.dtype)
+        for k in range(v.shape[-1]):
+            term = np.where(v[..., k] == np.inf, g[..., k], g[..., k] * _exp_nonpositive(v[..., k] - m))
+            s = np.where(keep[..., k], s + term, s)
+    return m, s
+
+
+def _lse_weighted_merge(a, b):
+    """reduce.cu's WeightedLse merge of (m, s) arrays: :func:`_lse_merge`, but two maxima of +inf add their
+    sums (a factor 1 in place of the exp's 0)."""
+    with np.errstate(all="ignore"):
+        hm, hs, lm, ls = _lse_ordered(a, b)
+        e = np.where((hm == lm) & (hm == np.inf), hm.dtype.type(1), _exp_nonpositive(lm - hm))
+        return _tree_max(a[0], b[0]), hs + ls * e
+
+
+def _lse_weighted_finish(m, s, signed: bool):
+    """reduce.cu ``finish_weighted``: (m + log|s|, sign(s)) in the accumulator dtype, NaN for a NaN m or s,
+    (-inf, 0) for s == 0 but (NaN, NaN) there under m = +inf, +inf for m = +inf or an infinite s; without
+    ``signed`` a negative s gives NaN."""
+    t = m.dtype.type
+    with np.errstate(all="ignore"):
+        a = np.abs(s)
+        ok = np.isfinite(m) & np.isfinite(a) & (a != 0)
+        r = np.where(ok, m + _log_at_least_one(np.where(ok, a, t(1))), t(np.inf))
+        g = np.where(s > 0, t(1), t(-1))
+        zero = s == 0
+        r = np.where(zero, np.where(m == np.inf, t(np.nan), t(-np.inf)), r)
+        g = np.where(zero, np.where(m == np.inf, t(np.nan), t(0)), g)
+        bad = np.isnan(m) | np.isnan(s)
+        r, g = np.where(bad, t(np.nan), r), np.where(bad, t(np.nan), g)
+        if not signed:
+            r = np.where(g < 0, t(np.nan), r)
+    return r, g
+
+
+def logsumexp_weighted_emulated(x, b, axis=None, keepdims=False, return_sign=False):
+    """The bits :func:`cukern.logsumexp` returns with weights ``b``: x and b promoted to the result dtype
+    (:func:`cukern.reduce_plan.weighted_dtype`) and broadcast; per output, the chains of
+    :func:`reduction_tree` over its elements (C order over ``axis``) form (m, s) at once
+    (:func:`_lse_weighted_chains`), merge up the tree by :func:`_lse_weighted_merge` and finish as
+    :func:`_lse_weighted_finish`, rounded to the result dtype; an empty slice gives (-inf, -1). Returns the
+    result, or (result, sign) with ``return_sign``."""
+    import cukern.reduce_plan as P
+
+    x, b = _numpy(x), _numpy(b)
+    final = P.weighted_dtype(x.dtype, b.dtype)
+    x, b = np.broadcast_arrays(_astype(x, final), _astype(b, final))
+    axes = P.normalize_axis(axis, x.ndim)
+    shape = P.result_shape(x.shape, axes, keepdims)
+    n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+    if n == 0:
+        r = np.full(shape, -np.inf, final)
+        return (r, np.full(shape, -1, final)) if return_sign else r
+    kept = [i for i in range(x.ndim) if i not in axes]
+    a = P.acc_dtype(final)
+    v = np.transpose(x, kept + list(axes)).reshape(-1, n).astype(a)
+    g = np.transpose(b, kept + list(axes)).reshape(-1, n).astype(a)
+    m, s = _upper_tree(_lse_weighted_chains(v, g), _lse_weighted_merge, (-np.inf, 0))
+    r, sign = _lse_weighted_finish(m, s, return_sign)
+    r = _astype(r, final).reshape(shape)
+    return (r, _astype(sign, final).reshape(shape)) if return_sign else r
 
 
 def logsumexp_emulated(x, axis=None, keepdims=False):
