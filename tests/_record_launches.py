@@ -633,6 +633,12 @@ def layout_cases(seed=0, draws=1600):
                 kept = shape if family == "scan" else shape[:axis % len(shape)] + shape[axis % len(shape) + 1:]
                 o = _view(r, kept, np.int64 if family == "argreduce" else f32) if r.random() < 0.4 else None
                 op = op[int(r.integers(len(op)))]
+                if family == "reduce" and r.random() < 0.3:  # weights: a suffix of x's shape, some axes broadcast
+                    b = _view(r, tuple(n if r.random() < 0.6 else 1 for n in shape)[int(r.integers(len(shape) + 1)):],
+                              f32)
+                    got = cukern.logsumexp(x, axis=axis, b=b, return_sign=bool(r.random() < 0.5))
+                    views = {"x": x, "b": b, "axis": axis, "op": "logsumexp weighted"}
+                    return (dict(views, sign=got[1]) if isinstance(got, tuple) else views), got
                 return {"x": x, "axis": axis, "op": op}, getattr(cukern, op)(x, axis=axis, out=o)
             shape = (int(r.integers(0, 40)),) + dims(int(r.integers(0, 3)), 1, 5)
             if r.random() < 0.3:
