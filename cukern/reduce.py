@@ -1102,8 +1102,9 @@ def _weighted_logsumexp(x, axis, b, keepdims: bool, return_sign: bool, out):
         if count == 0 or outputs == 0:
             r = cp.empty(rshape, final)
             r.fill(-np.inf)
-            sign = cp.empty(rshape, final)
-            sign.fill(-1)
+            sign = cp.empty(rshape, final) if return_sign else None
+            if sign is not None:
+                sign.fill(-1)  # SciPy's sign of its empty result, -inf
         else:
             if x.dtype != final or b.dtype != final:
                 refuse_temporary_in_capture("logsumexp", "x or b is converted to the result dtype first; pass "
