@@ -383,8 +383,9 @@ def test_weighted_capture_replays_and_refuses_temporaries(rng):
 
     x = cupy.asarray(rng.standard_normal((64, 500)).astype(np.float32))
     b = cupy.asarray(rng.uniform(0, 1, (500,)).astype(np.float32))
+    wide = b.astype(np.float64)
     stream = cupy.cuda.Stream(non_blocking=True)
-    for call in (lambda: R.logsumexp(x, 1, b=b.astype(np.float64)),
+    for call in (lambda: R.logsumexp(x, 1, b=wide),  # x converted to float64 first
                  lambda: R.logsumexp(x.reshape(4, 4, 4, 500).transpose(1, 0, 2, 3), 3, b=b)):  # 3 kept levels
         with stream:
             call()
