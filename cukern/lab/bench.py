@@ -187,6 +187,53 @@ def format_table(records) -> str:
                      for r in rows)
 
 
+BEHIND = 0.995  # a peer more than 0.5% faster than cukern, in the same run, puts the case behind
+
+
+def standing(records) -> list:
+    """cukern against its fastest peer, case by case: ``(op, shape, dtype, cukern_us, peer, peer_us, ratio,
+    verdict)``, ``ratio`` the peer's time over cukern's (above 1: cukern leads). The verdict is ``lead`` or
+    ``even`` (within 0.5%), ``behind``, or ``explained``: behind, but the same kernel without its fixed
+    reduction order (``cukern-no-contract``, measured in the same run) is not, so the gap is what the
+    same-bits contract costs. cukern is its default plan (impl ``cukern``); its other forms (tuned, graph,
+    composed) are not peers, and neither are the ladder's rungs, whose op has no ``cukern`` record."""
+    cases: dict = {}
+    for r in records:
+        cases.setdefault((r["op"], tuple(r["shape"]), r["dtype"]), {})[r["impl"]] = r["median_us"]
+    rows = []
+    for (op, shape, dtype), times in cases.items():
+        ours = times.get("cukern")
+        peers = {impl: t for impl, t in times.items() if not impl.startswith("cukern")}
+        if ours is None or not peers:
+            continue
+        peer = min(peers, key=peers.get)
+        ratio = peers[peer] / ours
+        if ratio >= 1.005:
+            verdict = "lead"
+        elif ratio >= BEHIND:
+            verdict = "even"
+        elif peers[peer] / times.get("cukern-no-contract", float("inf")) >= BEHIND:
+            verdict = "explained"
+        else:
+            verdict = "behind"
+        rows.append((op, shape, dtype, ours, peer, peers[peer], ratio, verdict))
+    return rows
+
+
+def format_standing(records) -> str:
+    """One line a case (cukern's time, the fastest peer's, their ratio, the verdict), then the count of cases
+    behind a peer, explained ones apart."""
+    rows = standing(records)
+    lines = [f"{op:<26} {'x'.join(map(str, shape)):<18} {dtype:<9} cukern {ours:>10.2f} µs  "
+             f"{peer:<14} {theirs:>10.2f} µs  {ratio:6.3f}x  {verdict}"
+             for op, shape, dtype, ours, peer, theirs, ratio, verdict in rows]
+    behind = sum(r[-1] == "behind" for r in rows)
+    explained = sum(r[-1] == "explained" for r in rows)
+    lines.append(f"cases behind a peer: {behind} (explained by the same-bits contract: {explained}, "
+                 f"cases compared: {len(rows)})")
+    return "\n".join(lines)
+
+
 def write_results(doc: dict, path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")

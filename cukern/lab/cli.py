@@ -88,6 +88,7 @@ def _bench(args) -> int:
     if args.results:
         doc = _results_file(args.results)
         print(bench.format_table(doc["records"]))
+        print(bench.format_standing(doc["records"]))
         return _bench_plot(doc, args.plot)
     if not device.gpu_present():
         return _no_gpu("bench")
@@ -100,6 +101,7 @@ def _bench(args) -> int:
                     progress=show if sys.stdout.isatty() else None, tune=not args.no_tune)
     print(f"{doc['device']}, CuPy {doc['cupy_version']}, copy peak {doc['peak_copy_gbps']:.0f} GB/s")
     print(bench.format_table(doc["records"]))
+    print(bench.format_standing(doc["records"]))
     if args.json:
         bench.write_results(doc, args.json)
         print(f"wrote {args.json}")
