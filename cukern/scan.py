@@ -38,6 +38,7 @@ each tile reads its elements before writing them, and touches no other tile's.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import threading
@@ -209,7 +210,7 @@ class Plan:
             return column_groups(self.rows, self.inner) * self.tiles_per_row
         return self.rows * -(-self.tiles_per_row // (SPAN // self.tile))
 
-    @property
+    @functools.cached_property  # read on every call of a cached plan
     def config(self) -> LaunchConfig:
         return LaunchConfig(grid=(self.grid,), block=(self.threads,), shared_mem=self.shared)
 
@@ -425,10 +426,10 @@ def workspace(tiles: int):
 class _Call:
     kernel: object
     plan: Plan
-    fields: dict  # PARAMS but the epoch
+    struct: np.ndarray  # PARAMS packed once, epoch 0: a look-back call copies it and sets its epoch
     out_dtype: np.dtype
     shape: tuple  # the result's
-    params: object = None  # the column kernels' PARAMS, packed once (no look-back: no epoch)
+    params: object = None  # the column kernels' PARAMS argument, made once (no look-back: no epoch)
 
 
 _calls = CallCache()
@@ -467,8 +468,9 @@ def _prepare(op: str, x, axis, dtype, out) -> _Call:
             kernel = get_kernel(instantiation(x.dtype, o, OPS[op], pl.kernel))
         if kernel is not None and pl.shared:
             kernel.max_dynamic_shared_size_bytes = pl.shared
-    params = struct_argument(PARAMS.struct(**fields, epoch=0)) if pl.kernel in ("columns", "column_tiles") else None
-    return _Call(kernel, pl, fields, o, shape, params)
+    struct = PARAMS.struct(**fields, epoch=0)
+    params = struct_argument(struct) if pl.kernel in ("columns", "column_tiles") else None
+    return _Call(kernel, pl, struct, o, shape, params)
 
 
 def _validate_out(out, call: _Call, x):
@@ -627,7 +629,10 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
                     launch(call.kernel[1], pl.prefix_config, (values, call.params))
                     launch(call.kernel[2], pl.config, (dst, src, values, call.params))
             else:
-                params = struct_argument(PARAMS.struct(**call.fields, epoch=epoch))
+                # a copy a call (packing the struct field by field cost more than the rest of the call)
+                struct = call.struct.copy()
+                struct["epoch"] = epoch
+                params = struct_argument(struct)
                 status, values, size = ws.status.data.ptr, ws.values.data.ptr, ws.tiles
                 launch(call.kernel, pl.config,
                        (dst, src, ws.counter, np.uint64(status), np.uint64(values), np.uint64(status + 8 * size),
