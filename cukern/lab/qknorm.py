@@ -11,12 +11,13 @@ import numpy as np
 
 import cukern.lab.bench as bench
 import cukern.lab.card as card
+import cukern.lab.pipeline as pipeline
 import cukern.lab.rotary as rope_lab
 import cukern.lab.tune as tune
 
 from .. import qknorm as op
 from .. import rmsnorm, rotary
-from .._dtypes import dtype_name, parse_dtype
+from .._dtypes import BFLOAT16, dtype_name, parse_dtype
 from .._layout import ArraySpec
 from .bench import Case
 
@@ -78,6 +79,17 @@ def _bench_bytes(case: Case) -> int:
 _CASES = [Case("qk_norm_rope", (t, 32, 128), "bfloat16", (("kv_heads", 8),)) for t in (16384, 1)]
 bench.register("qk_norm_rope", bench.OpBench(_bench_setup, _fused, _cupy, _bench_bytes, _CASES,
                                              variants=lambda s: [("cukern-composed", lambda: _composed(s))]))
+
+
+def _host():
+    """One decode token's call (Qwen3's 32 query and 8 key heads of 128), without the position check."""
+    s = inputs(1, rope_lab.DECODE_HEADS, rope_lab.DECODE_KV_HEADS, rope_lab.DECODE_HEAD_SIZE, BFLOAT16)
+    return op.qk_norm_rope, (s["pos"], s["q"], s["k"], s["qw"], s["kw"], s["cache"]), {"check_positions": False}
+
+
+# torch's composite on the same call is bench/peers.py's host_calls() (impl "torch" beside it)
+pipeline.register_host(pipeline.HostCall("host_overhead_qk_norm_rope", "cukern",
+                                         (1, rope_lab.DECODE_HEADS, rope_lab.DECODE_HEAD_SIZE), _host))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import numpy as np
 
 import cukern.lab.bench as bench
 import cukern.lab.card as card
+import cukern.lab.pipeline as pipeline
 import cukern.lab.tune as tune
 
 from .. import reduce, reduce_plan
@@ -30,6 +31,8 @@ def inputs(shape, dtype):
 
 
 _bench_setup = bench.array_setup(inputs)
+# a small call, where the host path is the cost: cukern.sum against cupy.sum
+pipeline.register_host_pair("host_overhead_sum", (4096,), "float32", inputs, reduce.sum, lambda x: x.sum())
 
 
 def _bench_bytes(case: Case) -> int:

@@ -9,6 +9,7 @@ import numpy as np
 
 import cukern.lab.bench as bench
 import cukern.lab.card as card
+import cukern.lab.pipeline as pipeline
 
 from .. import scan
 from .._dtypes import parse_dtype
@@ -30,6 +31,7 @@ bench.register("cumsum", bench.OpBench(
     bench.array_setup(inputs), lambda s: scan.cumsum(s["x"], axis=s["axis"]), lambda s: s["x"].cumsum(axis=s["axis"]),
     lambda case: scan.bytes_moved(case.shape, parse_dtype(case.dtype)),
     [Case("cumsum", (1 << 28,), "float32"), Case("cumsum", (16384, 4096), "float32", (("axis", 0),))]))
+pipeline.register_host_pair("host_overhead_cumsum", (4096,), "float32", inputs, scan.cumsum, lambda x: x.cumsum())
 
 
 def _describe(name: str):
