@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -143,7 +144,8 @@ class CallCache:
     maps to its value or to None (a call with nothing to launch); :meth:`get` answers ``MISSING`` for a key
     never stored. Only validated preparations are stored, so a hit skips validation and planning."""
 
-    MISSING = object()
+    # Any to the type checker: an op's ``call`` variable starts as this and then holds the cached value
+    MISSING: Any = object()
 
     def __init__(self, limit: int = 4096):
         self.limit = limit

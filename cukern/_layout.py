@@ -61,7 +61,7 @@ class ArraySpec:
 
     shape: tuple
     strides: tuple
-    dtype: object
+    dtype: np.dtype
     ptr: int = 0
 
     @classmethod

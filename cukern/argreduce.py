@@ -37,6 +37,7 @@ import math
 import operator
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -60,6 +61,7 @@ from ._launch import (
 )
 from ._launch import cupy as _cupy
 from ._layout import collapse
+from ._typing import DeviceArray
 
 SOURCE = "argreduce"
 BLOCK = 256  # ARG_BLOCK in cuda_src/argreduce.cu
@@ -273,8 +275,8 @@ def bytes_moved(shape, dtype, axis=None, *, keepdims: bool = False) -> int:
 
 @dataclass
 class Workspace:
-    counters: object
-    partials: object
+    counters: DeviceArray
+    partials: DeviceArray
     outgrown: list = field(default_factory=list)  # earlier partials, kept for graphs that may still use them
 
 
@@ -433,6 +435,7 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
         if call.kernel is not None:
             src = cp.ascontiguousarray(x) if call.copy else x
             ws = call.workspace
+            flag: Any
             flag, flag_ptr = _flag() if call.check_nan else (None, _NO_FLAG)  # (only nanarg's kernels write it)
             if call.span:
                 launch(call.kernel, call.config, (dst, ws.partials, ws.counters, flag_ptr, src, call.params))

@@ -30,6 +30,7 @@ import math
 import operator
 from contextlib import nullcontext
 from types import SimpleNamespace
+from typing import Any
 
 import cukern._convert as _convert
 import cukern.reduce as _reduce
@@ -179,7 +180,7 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, is_neox: bool = Tr
         raise ValueError(f"positions has shape {positions.shape}; it must be 1-D [tokens]")
     if cache.ndim != 2:
         raise ValueError(f"cos_sin_cache has shape {cache.shape}; it must be [max_position, width]")
-    out = []
+    out: list[Any] = []
     for name, a in (("query", query), ("key", key)):
         if a is None:
             out.append(None)

@@ -97,6 +97,7 @@ import math
 import threading
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -110,6 +111,7 @@ from ._launch import SEQUENCE_LOCK, CallCache, Signature, launch, on_device, ref
 from ._launch import stream_key
 from ._launch import cupy as _cupy
 from ._layout import k_order
+from ._typing import DeviceArray
 from .argreduce import extreme_index
 
 # The kernel families (cukern.families) read SOURCE and instantiations on the op module, the benchmarks
@@ -189,9 +191,9 @@ _STRIDED_SIG = Signature(("ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64"
 
 @dataclass
 class Workspace:
-    partials: object  # cupy uint8[FULL_PARTIALS * STATE_BYTES]: per-block partials of a full reduction
-    counter: object  # cupy uint32[1], zero between launches
-    scratch: object  # cupy uint8: per-slice partials of a two-pass column reduction
+    partials: DeviceArray  # cupy uint8[FULL_PARTIALS * STATE_BYTES]: per-block partials of a full reduction
+    counter: DeviceArray  # cupy uint32[1], zero between launches
+    scratch: DeviceArray  # cupy uint8: per-slice partials of a two-pass column reduction
     outgrown: list = field(default_factory=list)  # earlier scratch buffers, kept for graphs that use them
 
 
@@ -287,7 +289,7 @@ def _prepare(pl: Plan, x, o, op: Op, divisor: float, shape):
     stream's workspace first, so a capture that cannot have it is refused before a kernel is even loaded."""
     layout, p = pl.layout, pl.kernel
     kind = layout.kind
-    ws = workspace(pl.partials) if kind == "full" or pl.fold is not None else None
+    ws: Any = workspace(pl.partials) if kind == "full" or pl.fold is not None else None
     kernels = [get_kernel(i) for i in plan_instantiations(pl, x.dtype, o, op.kernel_op)]
     tail = (op.mode, divisor)
     if kind == "full":

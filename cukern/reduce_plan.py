@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -286,7 +287,8 @@ def check_input(op: str, dtype) -> np.dtype:
 def real_of(dtype) -> np.dtype:
     """The dtype of a complex dtype's real and imaginary parts; other dtypes as they are."""
     t = np.dtype(dtype)
-    return {C64: F32, C128: F64}.get(t, t)
+    parts: dict[np.dtype, np.dtype] = {C64: F32, C128: F64}
+    return parts.get(t, t)
 
 
 def default_dtype(op: str, dtype) -> np.dtype:
@@ -646,6 +648,9 @@ def _pow2_ceil(n: int) -> int:
 class _OneLaunch:
     """A plan launching ``grid`` blocks of ``block`` threads (fields of the dataclasses below)."""
 
+    grid: int
+    block: int
+
     @property
     def config(self) -> LaunchConfig:
         return LaunchConfig(grid=(self.grid,), block=(self.block,))
@@ -929,7 +934,7 @@ class Plan:
 
     layout: Layout
     copy: bool
-    kernel: object  # FullPlan, RowsPlan, ColsPlan, StridedPlan; None for "empty", "fill" and "none"
+    kernel: Any  # FullPlan, RowsPlan, ColsPlan, StridedPlan; None for "empty", "fill" and "none"
     fold: FoldPlan | None = None
     partials: int = 0
 

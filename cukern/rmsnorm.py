@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -117,6 +118,7 @@ class Plan:
         """The kernel of this plan: x's dtype out, or float8 bytes with ``fp8`` (static or per-token scales
         alike: the kernel takes the choice at run time)."""
         name = ("fused_add_rms_norm_" if fused else "rms_norm_") + ("fp8_" if fp8 else "") + self.kernel
+        args: tuple
         if self.kernel == "rows":
             args = (dtype, weight_dtype, self.vec, self.tpr, self.groups, self.items, self.block)
         else:
@@ -346,7 +348,7 @@ def _aliasing(out, residual, x, weight) -> tuple:
     a cached call compares one pointer offset per pair instead of two extents (None: an array not given,
     or not written; empty arrays overlap nothing)."""
     arrays = (out, residual, x, weight)
-    spans = [None if a is None or a.size == 0 else extent(0, a.shape, a.strides, a.itemsize) for a in arrays]
+    spans: list[Any] = [None if a is None or a.size == 0 else extent(0, a.shape, a.strides, a.itemsize) for a in arrays]
     pairs = []
     for i, j, same_ok, message in _ALIASING:
         if spans[i] is None or spans[j] is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +39,7 @@ _POSITIVE = ("factor", "original_max_position", "low_freq_factor", "high_freq_fa
 
 
 def _positive(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and float(value) > 0
 
 
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -69,7 +70,7 @@ def _check_scaling(scaling, max_position: int, rotary_dim: int, base) -> dict:
         return {}
     if not isinstance(scaling, dict):
         raise ValueError(f"scaling must be None or a dict (ours, or a config.json rope_scaling), got {scaling!r}")
-    given = {}
+    given: dict[Any, Any] = {}
     for key, value in scaling.items():
         name = _HF_KEYS.get(key, key)
         if value is None:
@@ -89,7 +90,7 @@ def _check_scaling(scaling, max_position: int, rotary_dim: int, base) -> dict:
     # YaRN's default factor, max_position_embeddings / original_max_position.
     model_length = given.pop("max_position_embeddings", None)
     if model_length is not None:
-        if not (isinstance(model_length, numbers.Integral) and not isinstance(model_length, bool) and model_length > 1):
+        if not (isinstance(model_length, numbers.Integral) and not isinstance(model_length, bool) and int(model_length) > 1):
             raise ValueError(f"scaling's max_position_embeddings must be an int above 1, got {model_length!r}")
         if kind == "dynamic_ntk":
             given["original_max_position"] = int(model_length)

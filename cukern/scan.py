@@ -43,6 +43,7 @@ import math
 import operator
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -56,6 +57,7 @@ from ._launch import NULL, X_COPIED, CallCache, LaunchConfig, Params, launch, on
 from ._launch import SEQUENCE_LOCK, sm_count, stream_key, struct_argument
 from ._launch import cupy as _cupy
 from ._layout import collapse, k_order
+from ._typing import DeviceArray
 
 SOURCE = "scan"
 BLOCK = 256  # SCAN_BLOCK in cuda_src/scan.cu: the definition's threads
@@ -370,9 +372,9 @@ def bytes_moved(shape, dtype, out_dtype=None) -> int:
 
 @dataclass
 class Workspace:
-    counter: object  # uint32[1], zero between launches (the block drawing the last tile resets it)
-    status: object  # uint64[2 * tiles], epoch-tagged words: the tiles', then the groups'
-    values: object  # uint64[6 * tiles]: the tiles' aggregates, the groups' totals, the groups' prefixes (16 bytes each)
+    counter: DeviceArray  # uint32[1], zero between launches (the block drawing the last tile resets it)
+    status: DeviceArray  # uint64[2 * tiles], epoch-tagged words: the tiles', then the groups'
+    values: DeviceArray  # uint64[6 * tiles]: the tiles' aggregates, the groups' totals, the groups' prefixes (16 bytes each)
     epoch: int = 0
     outgrown: list = field(default_factory=list)  # buffers a graph captured before may still use
 
@@ -460,6 +462,7 @@ def _prepare(op: str, x, axis, dtype, out) -> _Call:
     fields = {"inner": pl.inner, "x_s0": x_s0, "x_s1": x_s1, "x_step": x_step, "o_s0": o_s0, "o_s1": o_s1,
               "o_step": o_step, "n": pl.n, "tiles_per_row": pl.tiles_per_row, "tiles": pl.tiles}
     with on_device(x.data.device_id):
+        kernel: Any
         if not pl.tiles:
             kernel = None
         elif pl.kernel == "column_tiles":
@@ -594,7 +597,8 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
             dtype = None  # cumprod of complex into its own dtype: a pair of the complex kernels
         how = route(x.dtype, dtype) if dtype is not None or x.dtype not in DEFAULT_DTYPE else None
         if how is not None:
-            return _routed(op, x, axis, *how, out)
+            via, final = how
+            return _routed(op, x, axis, via, final, out)
         if out is not None:
             out = _check.as_array(out, "out", writable=True)
             if x.dtype in DTYPES and out.dtype != result_dtype(x.dtype, dtype):  # NumPy casts into out

@@ -30,7 +30,9 @@ def test_wheel_installs_and_compiles(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
                    check=True, timeout=600)
     (wheel,) = wheels.glob("cukern-*.whl")
-    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in zipfile.ZipFile(wheel).namelist())
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert "cukern/py.typed" in names  # type checkers read the annotations of an installed cukern
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"

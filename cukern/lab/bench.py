@@ -149,10 +149,12 @@ def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, pr
                 bar.clear()
                 print(f"  {impl} skipped for {case.op} {case.shape}: {type(err).__name__}: {err}")
                 continue
+            gbps = t.gbps
+            assert gbps is not None  # bytes_moved was given
             records.append({
                 "op": case.op, "impl": impl, "shape": list(case.shape), "dtype": case.dtype,
-                "median_us": round(t.median_us, 3), "gbps": round(t.gbps, 1),
-                "pct_of_peak": round(100 * t.gbps / peak, 1),
+                "median_us": round(t.median_us, 3), "gbps": round(gbps, 1),
+                "pct_of_peak": round(100 * gbps / peak, 1),
             })
             if progress:
                 bar.clear()
@@ -206,7 +208,7 @@ def standing(records) -> list:
         peers = {impl: t for impl, t in times.items() if not impl.startswith("cukern")}
         if ours is None or not peers:
             continue
-        peer = min(peers, key=peers.get)
+        peer = min(peers, key=peers.__getitem__)
         ratio = peers[peer] / ours
         if ratio >= 1.005:
             verdict = "lead"

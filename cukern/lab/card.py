@@ -227,6 +227,7 @@ def resolve(op: str, shape=None, dtype=None, device: Device | None = None, **par
 
 def measure_us(d: Described, repeat: int = 50) -> float:
     """The median time of the described call on the current GPU (:func:`cukern.timing.benchmark`)."""
+    assert d.measure is not None, "a card without a GPU call is not measured"
     return timing.benchmark(d.measure(), warmup=10, repeat=repeat, bytes_moved=d.bytes).median_us
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -76,8 +76,8 @@ class Captured:
     """A CUDA graph of captured calls. ``results`` holds what the captured calls returned (arrays allocated
     during the capture): each replay writes into them again, so they live as long as the graph does."""
 
-    graph: object
-    stream: object
+    graph: Any  # cupy.cuda.Graph
+    stream: Any  # cupy.cuda.Stream
     results: list
 
     def replay(self) -> None:
@@ -205,7 +205,9 @@ def records(peak: float, *, repeat: int = 100, warmup: int = 10, n: int = 2000, 
             fn, args, kwargs = c.make(tokens)
             t = graph_replay_time(fn, *args, calls=8, warmup=warmup, repeat=repeat, bytes_moved=c.bytes(tokens),
                                   **kwargs)
+            gbps = t.gbps
+            assert gbps is not None  # bytes_moved was given
             out.append({"op": c.op, "impl": "cukern-graph", "shape": list(c.shape(tokens)), "dtype": "bfloat16",
-                        "median_us": round(t.median_us, 3), "gbps": round(t.gbps, 1),
-                        "pct_of_peak": round(100 * t.gbps / peak, 1)})
+                        "median_us": round(t.median_us, 3), "gbps": round(gbps, 1),
+                        "pct_of_peak": round(100 * gbps / peak, 1)})
     return out

@@ -111,8 +111,11 @@ def _signature(shape, dtype, knobs, sm):
 
 
 tune.register(tune.Tunable(
-    rule=op.TUNING, space=SPACE, setup=lambda shape, dtype: inputs(*shape, dtype), run=_run,
-    bytes=lambda shape, dtype: op.bytes_moved(*shape, dtype), signature=_signature,
+    rule=op.TUNING, space=SPACE,
+    # mypy counts an unsized *shape as able to fill dtype's place too; shape has ndim=4
+    setup=lambda shape, dtype: inputs(*shape, dtype),  # type: ignore[call-arg]
+    run=_run, bytes=lambda shape, dtype: op.bytes_moved(*shape, dtype),  # type: ignore[call-arg]
+    signature=_signature,
     from_case=lambda shape, params: (shape[0], shape[1], params.get("kv_heads", 8), shape[2]), ndim=4))
 
 

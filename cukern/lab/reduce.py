@@ -96,7 +96,7 @@ bench.register("var", bench.OpBench(
 # length)``, axis -1, the rows kernel), as the ops look them up; every reduction uses the sum's knobs.
 
 # Every point is a split of the one tree (cukern.reduce_plan's notes): the tuner chooses speed, never bits.
-SPACES = {
+SPACES: dict[str, dict[str, list]] = {
     "sum": {"full_block": [256, 512, 1024], "full_blocks_per_sm": [1, 2, 4], "full_unroll": [2, 4, 8]},
     "sum_rows": {"row_items": [8, 16, 32], "row_max_tpr": [128, 256, 512], "row_unroll": [2, 4, 8],
                  "row_threads_per_sm": [1024, 2048], "row_waves": [None, 4, 8, 16]},

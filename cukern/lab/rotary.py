@@ -108,8 +108,11 @@ def _tunable(neox: bool) -> tune.Tunable:
         return rotary.plan(tokens, nh, nkv, hd, rotary.widest_vector(hd, dtype.itemsize), neox, sm, knobs)
 
     return tune.Tunable(
-        rule=rotary.TUNING[neox], space=SPACE, setup=lambda shape, dtype: inputs(*shape, dtype), run=run,
-        bytes=lambda shape, dtype: rotary.bytes_moved(*shape, dtype), signature=signature,
+        rule=rotary.TUNING[neox], space=SPACE,
+        # mypy counts an unsized *shape as able to fill dtype's place too; shape has ndim=4
+        setup=lambda shape, dtype: inputs(*shape, dtype),  # type: ignore[call-arg]
+        run=run, bytes=lambda shape, dtype: rotary.bytes_moved(*shape, dtype),  # type: ignore[call-arg]
+        signature=signature,
         from_case=lambda shape, params: (shape[0], shape[1], params.get("kv_heads", 8), shape[2]), ndim=4)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from .. import _launch, timing
 from .._dtypes import dtype_name, parse_dtype
@@ -169,7 +169,8 @@ def tune(op: str, shape, dtype="bfloat16", *, repeat: int = 50, warmup: int = 5,
     candidates = t.candidates(shape, dt, _launch.sm_count(dev.id), pinned)
     state = t.setup(shape, dt)
     nbytes = t.bytes(shape, dt)
-    timed, rows = [], []
+    timed: list[tuple[Any, float]] = []
+    rows: list[tuple[dict, float | None, str | None]] = []
     with Progress(len(candidates), f"tune {op} {'x'.join(map(str, shape))} {dtype_name(dt)}",
                   quiet=not progress) as bar:
         for i, k in enumerate(candidates):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 
 from ._common import _numpy
 from .reductions import _tree_max, _tree_min, _tree_sum, reduction_tree
+
+_EXACT: dict[str, Callable[..., Any]] = {"segment_sum": np.sum, "segment_max": np.max, "segment_min": np.min}
 
 
 def _segments(x, offsets):
@@ -71,7 +75,7 @@ def _segment_emulated(op: str, x, offsets):
         if not n:
             out[which] = identity
         elif exact:
-            out[which] = {"segment_sum": np.sum, "segment_max": np.max, "segment_min": np.min}[op](seg, axis=1)
+            out[which] = _EXACT[op](seg, axis=1)
         else:
             out[which] = reduction_tree(np.moveaxis(seg, 1, 2), combine, identity)
     if op == "segment_mean":
