@@ -481,7 +481,36 @@ TypeError
 ValueError
     For an empty search{all_nan}, or an ``out`` of the wrong shape or overlapping x. AxisError (a
     ValueError) for an axis out of range. Every check runs before anything is launched{after}.
+
+Examples
+--------
+{examples}
 """
+
+_EXAMPLES = {
+    "argmax": """\
+>>> import cupy as cp
+>>> import cukern
+>>> x = cp.array([[1, 7, 7], [9, 0, 9]])
+>>> print(cukern.argmax(x), cukern.argmax(x, axis=1))
+3 [1 0]""",
+    "argmin": """\
+>>> import cupy as cp
+>>> import cukern
+>>> x = cp.array([[3.0, -1.0], [-1.0, 5.0]], dtype=cp.float32)
+>>> print(cukern.argmin(x), cukern.argmin(x, axis=0, keepdims=True))
+1 [[1 0]]""",
+    "nanargmax": """\
+>>> import cupy as cp
+>>> import cukern
+>>> print(cukern.nanargmax(cp.array([cp.nan, 2.0, 5.0])))
+2""",
+    "nanargmin": """\
+>>> import cupy as cp
+>>> import cukern
+>>> print(cukern.nanargmin(cp.array([[cp.nan, 1.0], [2.0, cp.nan]]), axis=1))
+[1 0]""",
+}
 
 _NAN = {False: "A NaN beats every number (the first NaN's index is the result), as in NumPy.",
         True: "NaNs are skipped; a slice holding nothing but NaNs is an error. For float and complex dtypes the "
@@ -499,19 +528,23 @@ def extreme_index(op: str, x, axis: int):
     return _run(op, x, axis, False, None)
 
 
-def argmax(x, axis=None, *, keepdims=False, out=None):
+def argmax(x: DeviceArray, axis: int | None = None, *, keepdims: bool = False,
+           out: DeviceArray | None = None) -> DeviceArray:
     return _run("argmax", x, axis, keepdims, out)
 
 
-def argmin(x, axis=None, *, keepdims=False, out=None):
+def argmin(x: DeviceArray, axis: int | None = None, *, keepdims: bool = False,
+           out: DeviceArray | None = None) -> DeviceArray:
     return _run("argmin", x, axis, keepdims, out)
 
 
-def nanargmax(x, axis=None, *, keepdims=False, out=None):
+def nanargmax(x: DeviceArray, axis: int | None = None, *, keepdims: bool = False,
+              out: DeviceArray | None = None) -> DeviceArray:
     return _run("nanargmax", x, axis, keepdims, out)
 
 
-def nanargmin(x, axis=None, *, keepdims=False, out=None):
+def nanargmin(x: DeviceArray, axis: int | None = None, *, keepdims: bool = False,
+              out: DeviceArray | None = None) -> DeviceArray:
     return _run("nanargmin", x, axis, keepdims, out)
 
 
@@ -525,4 +558,5 @@ for _fn, _title, _formula in (
                               nan=_NAN[_nan], op=_fn.__name__,
                               all_nan=", an all-NaN slice (found after the launch; out may then hold that "
                                       "slice's first NaN index)" if _nan else "",
-                              after=" (but the all-NaN check, which needs the kernel's answer)" if _nan else "")
+                              after=" (but the all-NaN check, which needs the kernel's answer)" if _nan else "",
+                              examples=_EXAMPLES[_fn.__name__])

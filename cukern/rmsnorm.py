@@ -39,6 +39,7 @@ from ._launch import cupy as _cupy
 from ._launch import NULL as _NULL
 from ._launch import CallCache, LaunchConfig, Params, launch, on_device, sm_count, struct_argument
 from ._layout import ArraySpec, extent, rows_layout
+from ._typing import DeviceArray, DTypeLike
 
 SOURCE = "rms_norm"
 MAX_TPR = 512
@@ -645,7 +646,9 @@ def _run_fp8(fused: bool, x, residual, weight, eps, offset, out, out_dtype, scal
     return (out, scales) if call.per_token else out
 
 
-def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None, out_dtype=None, scale=None):
+def rms_norm(x: DeviceArray, weight: DeviceArray | None = None, eps: float = 1e-6, *, offset: float = 0.0,
+             out: DeviceArray | None = None, out_dtype: DTypeLike | None = None,
+             scale: str | float | DeviceArray | None = None) -> DeviceArray | tuple[DeviceArray, DeviceArray]:
     """Root-mean-square normalization over the last axis.
 
     ``out = x / sqrt(mean(x**2, axis=-1) + eps) * (offset + weight)``, computed in float32 and rounded
@@ -694,20 +697,53 @@ def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None
         infinite, beyond float32, a negative eps). Every check runs before anything is launched.
     RuntimeError
         For a static scale in a GPU array while the current stream captures a CUDA graph.
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import cukern
+    >>> from cukern.reference import rms_norm_emulated
+    >>> x = cp.array([[3.0, 4.0], [1.0, -1.0]], dtype=cp.float32)
+    >>> y = cukern.rms_norm(x, eps=0.0)
+    >>> print(y)
+    [[ 0.84852815  1.1313709 ]
+     [ 1.         -1.        ]]
+    >>> bool((cp.asnumpy(y) == rms_norm_emulated(cp.asnumpy(x), eps=0.0)).all())
+    True
+    >>> q, scales = cukern.rms_norm(x, eps=0.0, out_dtype="float8_e4m3fn", scale="per_token")
+    >>> print(q.dtype, q, scales.shape)
+    uint8 [[122 126]
+     [126 254]] (2,)
     """
     if out_dtype is None and scale is None:
         return _run(False, x, None, weight, eps, offset, out)
     return _run_fp8(False, x, None, weight, eps, offset, out, out_dtype, scale)
 
 
-def fused_add_rms_norm(x, residual, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None,
-                       out_dtype=None, scale=None):
+def fused_add_rms_norm(x: DeviceArray, residual: DeviceArray, weight: DeviceArray | None = None, eps: float = 1e-6,
+                       *, offset: float = 0.0, out: DeviceArray | None = None, out_dtype: DTypeLike | None = None,
+                       scale: str | float | DeviceArray | None = None
+                       ) -> DeviceArray | tuple[DeviceArray, DeviceArray]:
     """``residual += x`` in place (rounded to residual's dtype), then ``out = rms_norm(residual)``.
 
     ``out=x`` is allowed (the in-place form LLM servers use). Same dtypes, layouts, eps and offset as
     :func:`rms_norm`; residual (an array, never None) must not overlap x, out or weight. ``out_dtype`` and
     ``scale`` as for :func:`rms_norm` (float8 outputs: out a separate uint8 array; returns ``(out, scales)``
     for per-token scales).
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import cukern
+    >>> x = cp.array([[3.0, 4.0], [1.0, -1.0]], dtype=cp.float32)
+    >>> residual = cp.array([[1.0, 1.0], [0.0, 2.0]], dtype=cp.float32)
+    >>> out = cukern.fused_add_rms_norm(x, residual, eps=0.0)
+    >>> print(residual)
+    [[4. 5.]
+     [1. 1.]]
+    >>> print(out)
+    [[0.8834522 1.1043153]
+     [1.        1.       ]]
     """
     if out_dtype is None and scale is None:
         return _run(True, x, residual, weight, eps, offset, out)

@@ -57,7 +57,7 @@ from ._launch import NULL, X_COPIED, CallCache, LaunchConfig, Params, launch, on
 from ._launch import SEQUENCE_LOCK, sm_count, stream_key, struct_argument
 from ._launch import cupy as _cupy
 from ._layout import collapse, k_order
-from ._typing import DeviceArray
+from ._typing import DeviceArray, DTypeLike
 
 SOURCE = "scan"
 BLOCK = 256  # SCAN_BLOCK in cuda_src/scan.cu: the definition's threads
@@ -374,7 +374,8 @@ def bytes_moved(shape, dtype, out_dtype=None) -> int:
 class Workspace:
     counter: DeviceArray  # uint32[1], zero between launches (the block drawing the last tile resets it)
     status: DeviceArray  # uint64[2 * tiles], epoch-tagged words: the tiles', then the groups'
-    values: DeviceArray  # uint64[6 * tiles]: the tiles' aggregates, the groups' totals, the groups' prefixes (16 bytes each)
+    # uint64[6 * tiles]: the tiles' aggregates, the groups' totals, the groups' prefixes (16 bytes each)
+    values: DeviceArray
     epoch: int = 0
     outgrown: list = field(default_factory=list)  # buffers a graph captured before may still use
 
@@ -688,16 +689,39 @@ ValueError
 RuntimeError
     Under CUDA-graph capture, for a call that would go through a temporary or whose stream has no workspace
     large enough yet (module notes).
+
+Examples
+--------
+{examples}
 """
 
+_EXAMPLES = {
+    "cumsum": """\
+>>> import cupy as cp
+>>> import cukern
+>>> y = cukern.cumsum(cp.array([1, 2, 3, 4], dtype=cp.int8))
+>>> print(y.dtype, y)
+int64 [ 1  3  6 10]
+>>> print(cukern.cumsum(cp.array([[1.0, 2.0], [3.0, 4.0]]), axis=0))
+[[1. 2.]
+ [4. 6.]]""",
+    "cumprod": """\
+>>> import cupy as cp
+>>> import cukern
+>>> print(cukern.cumprod(cp.array([1.5, 2.0, -1.0], dtype=cp.float16)))
+[ 1.5  3.  -3. ]""",
+}
 
-def cumsum(x, axis=None, dtype=None, out=None):
+
+def cumsum(x: DeviceArray, axis: int | None = None, dtype: DTypeLike | None = None,
+           out: DeviceArray | None = None) -> DeviceArray:
     return _run("cumsum", x, axis, dtype, out)
 
 
-def cumprod(x, axis=None, dtype=None, out=None):
+def cumprod(x: DeviceArray, axis: int | None = None, dtype: DTypeLike | None = None,
+            out: DeviceArray | None = None) -> DeviceArray:
     return _run("cumprod", x, axis, dtype, out)
 
 
-cumsum.__doc__ = _DOC.format(formula="cumsum(x, axis)", sym="+", op="cumsum")
-cumprod.__doc__ = _DOC.format(formula="cumprod(x, axis)", sym="*", op="cumprod")
+cumsum.__doc__ = _DOC.format(formula="cumsum(x, axis)", sym="+", op="cumsum", examples=_EXAMPLES["cumsum"])
+cumprod.__doc__ = _DOC.format(formula="cumprod(x, axis)", sym="*", op="cumprod", examples=_EXAMPLES["cumprod"])
