@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -29,6 +29,7 @@ import cukern.lab.tune as tune
 from .. import _tuned, timing
 from .._compile import Instantiation
 from .._dtypes import FLOAT_TYPES, dtype_name, parse_dtype
+from .._typing import DTypeLike
 from .device import Device, current_device, gpu_present, profile, staging
 
 # ---------------------------------------------------------------------------------------------------------
@@ -231,13 +232,25 @@ def measure_us(d: Described, repeat: int = 50) -> float:
     return timing.benchmark(d.measure(), warmup=10, repeat=repeat, bytes_moved=d.bytes).median_us
 
 
-def explain(op: str, shape=None, dtype=None, *, measure: bool | None = None, device: Device | None = None,
-            **params) -> Card:
+def explain(op: str, shape: Sequence[int] | str | None = None, dtype: DTypeLike | None = None, *,
+            measure: bool | None = None, device: Device | None = None, **params: Any) -> Card:
     """The card for the launch ``op`` makes on ``shape`` and ``dtype`` (defaults: the op's benchmark shape).
 
     ``measure``: time the op on the GPU (default: when a GPU is present). ``device``: plan for this device
     instead of the current one (no measurement then). ``params``: op-specific (``explain("sum", axis=0)``,
     ``explain("rotary_embedding", kv_heads=8, neox=False)``; see ``CARDS[op].params``).
+
+    Examples
+    --------
+    >>> from cukern.lab.card import explain
+    >>> from cukern.lab.device import H200
+    >>> card = explain("rms_norm", (4, 4096), "bfloat16", device=H200)  # planned for an H200, on any machine
+    >>> card.traffic["bytes_read"], card.traffic["bytes_written"], card.profile["bytes"]
+    (40960, 32768, 73728)
+    >>> card.staging[0]["local_memory_bytes"], card.profile["verdict"]
+    (0, 'latency-bound')
+    >>> print(card.format().splitlines()[0])
+    rms_norm 4x4096 bfloat16 on NVIDIA H200 (assumed: no GPU; datasheet figures)
     """
     on_gpu = device is None and gpu_present()
     device = device or current_device()
