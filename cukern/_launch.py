@@ -99,6 +99,8 @@ def launch(kernel, config: LaunchConfig, args, signature: Signature | None = Non
 
 _NO_SWITCH = nullcontext()
 _cupy = None
+# CuPy is an extra rather than a dependency because its wheel is built per CUDA major version
+NEEDS_CUPY = 'cukern needs CuPy: pip install "cukern[cuda12]" (or "cukern[cuda13]" for CUDA 13)'
 _runtime = None
 
 
@@ -107,8 +109,12 @@ def cupy():
     one lazy import the ops' hot paths share."""
     global _cupy
     if _cupy is None:
-        import cupy as module
-
+        try:
+            import cupy as module
+        except ModuleNotFoundError as err:
+            if err.name != "cupy":
+                raise
+            raise ModuleNotFoundError(NEEDS_CUPY, name="cupy") from None
         _cupy = module
     return _cupy
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ._dtypes import FLOAT_TYPES, dtype_name, parse_dtype
+from ._launch import cupy as _cupy
 from ._launch import require_gpu
 from ._typing import DeviceArray, DTypeLike, HostArray
 
@@ -374,8 +375,7 @@ def rope_cache(max_position: int, rotary_dim: int, base: float = 10000.0, *, sca
         raise TypeError(f"dtype {dtype_name(dtype)} is not supported; use float32, float16 or bfloat16")
     host = rope_cache_host(max_position, rotary_dim, base, scaling=scaling).astype(dtype)
     require_gpu()
-    import cupy
-
+    cupy = _cupy()
     if cupy.cuda.get_current_stream().is_capturing():
         raise RuntimeError("rope_cache uploads a table from the host, which a CUDA graph capture cannot record; "
                            "build the cache before capturing")

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._compile import Instantiation, get_kernel
+from ._launch import cupy as _cupy
 from ._launch import require_gpu
 from ._typing import HostArray
 
@@ -50,16 +51,14 @@ class L2Flush:
     """
 
     def __init__(self, l2_bytes: int):
-        import cupy
-
+        cupy = _cupy()
         self.written = cupy.empty(2 * l2_bytes, dtype=np.uint8)
         self.read = cupy.zeros(2 * l2_bytes // 4, dtype=np.float32)
         self.total = cupy.empty((), dtype=np.float32)
         self.clean = True
 
     def __call__(self) -> None:
-        import cupy
-
+        cupy = _cupy()
         self.written.fill(1)
         if self.clean:
             cupy.sum(self.read, out=self.total)
@@ -80,8 +79,7 @@ def l2_flush() -> L2Flush:
     >>> flush is l2_flush(), flush.written.nbytes >= cp.cuda.Device().attributes["L2CacheSize"]
     (True, True)
     """
-    import cupy
-
+    cupy = _cupy()
     dev = cupy.cuda.Device()
     if dev.id not in _flushes:
         _flushes[dev.id] = L2Flush(dev.attributes["L2CacheSize"])
@@ -172,8 +170,7 @@ def event_times_us(fn: Callable[..., object], *args: Any, warmup: int = 10, repe
     >>> times.shape, bool((times > 0).all())
     ((5,), True)
     """
-    import cupy
-
+    cupy = _cupy()
     if repeat < 1:
         raise ValueError("repeat must be at least 1")
     require_gpu()
@@ -219,8 +216,7 @@ def peak_bandwidth(nbytes: int = COPY_BYTES) -> float:
     >>> gbps > 0, peak_bandwidth(1 << 26) == gbps  # measured once per device and size
     (True, True)
     """
-    import cupy
-
+    cupy = _cupy()
     require_gpu()
     key = (cupy.cuda.Device().id, nbytes)
     with _peak_lock:
