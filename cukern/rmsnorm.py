@@ -278,8 +278,13 @@ def _validate(fused: bool, x, weight, out, residual):
         raise TypeError("residual is None; fused_add_rms_norm adds x into residual in place, so pass an array "
                         "shaped like x (or call rms_norm)")
     names = {"x": x, "weight": weight, "out": out, "residual": residual}
-    arrays = {n: as_array(a, n, writable=n in ("out", "residual")) for n, a in names.items()
-              if a is not None or n == "x"}
+    return check_arrays({n: as_array(a, n, writable=n in ("out", "residual")) for n, a in names.items()
+                         if a is not None or n == "x"})
+
+
+def check_arrays(arrays: dict) -> dict:
+    """Every check of the arrays by name (``x``, and any of ``weight``, ``out`` and ``residual``), already
+    converted; reads only shape, strides, dtype and device, so the ``explain`` card's stand-ins go through it."""
     x = arrays["x"]
     if x.ndim < 1:
         raise ValueError("x must have at least one dimension (the normalized one)")
