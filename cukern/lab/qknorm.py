@@ -129,13 +129,14 @@ def _measure(tokens, nh, nkv, hd, dtype, qkv_view: bool):
 
 
 def _describe(shape, dt, params, device, knobs):
-    tokens, nh, hd, nkv, neox, rot, cache_dt, q, k = rope_lab.heads_of(shape, dt, params)
-    w = ArraySpec.fresh((hd,), dt)
+    w = ArraySpec.fresh((shape[-1],), dt)
+    tokens, nh, hd, nkv, neox, rot, cache_dt, q, k = rope_lab.heads_of(
+        shape, dt, params, lambda positions, q, k, cache, rot: op._validate(positions, q, k, w, w, cache, rot))
     vec = op.vector_width(q, k, w, w, ArraySpec.fresh((MAX_POSITION, rot), cache_dt), rot, neox, rot // 2)
     knobs = op.DEFAULT_KNOBS if knobs is None else knobs
     p = op.plan(tokens, nh, nkv, hd, rot, vec, neox, dt.itemsize, device.sm_count, knobs)
     launches = []
-    if bool(int(params["check_positions"])):
+    if rope_lab.flag(params, "check_positions"):
         launches.append(card.Launch(rotary.check_instantiation(np.int64), 1, rotary.CHECK_BLOCK,
                                     "position check (then one host synchronization)"))
     launches.append(card.Launch(p.instantiation(dt, dt, cache_dt), p.grid, p.block, "norm and rotation",
@@ -175,7 +176,7 @@ def _describe(shape, dt, params, device, knobs):
     return card.Described(
         launches=launches, tile=tile, traffic=traffic, accumulation=accumulation, knobs=dataclasses.asdict(knobs),
         bytes=nbytes, bytes_written=written, flops=10 * elems,
-        measure=lambda: _measure(tokens, nh, nkv, hd, dt, bool(int(params["qkv_view"]))))
+        measure=lambda: _measure(tokens, nh, nkv, hd, dt, rope_lab.flag(params, "qkv_view")))
 
 
 _PARAMS = {"kv_heads": 8, "neox": 1, "rotary_dim": None, "check_positions": 0, "qkv_view": 0}
