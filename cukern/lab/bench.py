@@ -87,6 +87,16 @@ def record_sets() -> dict:
     return {**RECORD_SETS, "pipeline": pipeline.records}
 
 
+def picks(name: str, record: dict) -> bool:
+    """Whether ``--op name`` keeps this results record: a record of one of the op's benchmark cases, or one
+    its record set writes (the pipeline's: host costs, named ``host_overhead...``, and graph replays)."""
+    if name == "pipeline":
+        return record["op"].startswith("host_overhead") or record["impl"] == "cukern-graph"
+    if name in OPS:
+        return record["op"] in {c.op for c in OPS[name].cases} and record["impl"] != "cukern-graph"
+    return record["op"] == name
+
+
 def load_peers():
     """``bench/peers.py`` from the repository checkout, if it is there (not part of an installed wheel)."""
     path = Path(__file__).resolve().parents[2] / "bench" / "peers.py"
