@@ -1,7 +1,8 @@
 """cukern.dask on a real cluster of two GPUs: the README's example as written, every cukern.dask op on chunks
 made on both dask-cuda workers (each its own process and GPU) against the eager op on one GPU, and workers
-joined through a scheduler file, as on several machines. Skipped unless distributed and dask_cuda import
-and two GPUs are present (bench/fetch_wheels.sh carries them to a machine that lacks them)."""
+joined through a scheduler file, as on several machines. Skipped unless two GPUs are present and
+distributed and dask_cuda import (bench/fetch_wheels.sh carries them to a machine that lacks them); without
+a GPU the skip says so, whatever is installed."""
 
 import re
 import subprocess
@@ -12,7 +13,10 @@ import numpy as np
 import pytest
 
 import cukern
+from conftest import HAS_GPU
 
+if not HAS_GPU:
+    pytest.skip("no CUDA GPU", allow_module_level=True)
 da = pytest.importorskip("dask.array")
 pytest.importorskip("distributed")
 pytest.importorskip("dask_cuda")
