@@ -130,19 +130,23 @@ def _tree_sum(a, b):
     return a + b
 
 
+def _nan_wins(a, b, out):
+    """``out``, but ``a + b`` (a NaN) where either operand is NaN. ``a + b`` is computed everywhere, and where
+    no NaN is met it may add infinities of opposite signs: that value is never used, so neither is its
+    warning."""
+    if out.dtype.kind != "f":
+        return out
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(a) | np.isnan(b), a + b, out)
+
+
 def _tree_max(a, b):
     """reduce.cu's Max: a NaN operand gives a NaN; of two equal values +0 over -0; commutative."""
-    out = np.where(a > b, a, np.where(b > a, b, np.where(np.signbit(a), b, a)))
-    if out.dtype.kind == "f":
-        out = np.where(np.isnan(a) | np.isnan(b), a + b, out)
-    return out
+    return _nan_wins(a, b, np.where(a > b, a, np.where(b > a, b, np.where(np.signbit(a), b, a))))
 
 
 def _tree_min(a, b):
-    out = np.where(a < b, a, np.where(b < a, b, np.where(np.signbit(a), a, b)))
-    if out.dtype.kind == "f":
-        out = np.where(np.isnan(a) | np.isnan(b), a + b, out)
-    return out
+    return _nan_wins(a, b, np.where(a < b, a, np.where(b < a, b, np.where(np.signbit(a), a, b))))
 
 
 def _tree_prod(a, b):
