@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from _support import NEEDS_CUPY, NO_CUPY
 from conftest import HAS_GPU
 
 
@@ -267,21 +268,6 @@ def test_explain_takes_what_the_op_takes(capsys):
     code, out, err = lab(capsys, "explain", "cumsum", "--dtype", "complex64", "--shape", "1000", "--no-measure")
     assert code == 0, err
     assert "scan_tiles<float, float" in out and "parts are scanned apart" in out
-
-
-# hides CuPy from the process, as a wheel installed without an extra has none
-NO_CUPY = """
-import sys
-
-class NoCupy:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("cupy", "cupyx", "cupy_backends"):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-
-sys.meta_path.insert(0, NoCupy())
-"""
-
-NEEDS_CUPY = 'cukern needs CuPy: pip install "cukern[cuda12]"'
 
 
 def test_without_cupy_each_verb_says_what_to_install():
