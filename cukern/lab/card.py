@@ -292,8 +292,8 @@ def explain(op: str, shape: Sequence[int] | str | None = None, dtype: DTypeLike 
     return build(op, shape, dtype, params, measure=measure, device=device)
 
 
-def build(op: str, shape, dtype, params: dict, *, measure: bool | None = None,
-          device: Device | None = None) -> Card:
+def build(op: str, shape: Sequence[int] | str | None, dtype: DTypeLike | None, params: dict[str, Any], *,
+          measure: bool | None = None, device: Device | None = None) -> Card:
     """:func:`explain` with the op's params as a dict (the command line's ``--param``, whose keys may be any
     text, ``dtype`` and ``device`` included), their values as themselves or as text."""
     on_gpu = device is None and gpu_present()
