@@ -34,6 +34,8 @@ extensions = [
     "cukern_api",
     "cukern_cli",
     "cukern_results",
+    "cukern_tables",
+    "cukern_ladder",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}

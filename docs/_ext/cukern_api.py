@@ -1,4 +1,4 @@
-"""The API reference's pages, written from the package's public names at the start of every build.
+"""The API reference's pages, written from the package's public names when the configuration is read, at the start of every build.
 
 Each section below names a module and how its public names are found: a module's ``__all__`` where it has
 one (``cukern``, ``cukern.reference``), else the functions and classes the module defines itself whose names
@@ -59,7 +59,7 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-def write_pages(app) -> None:
+def write_pages(app, config=None) -> None:
     out = Path(app.srcdir) / "api" / "generated"
     out.mkdir(parents=True, exist_ok=True)
     for page, title, module, names, intro in SECTIONS:
@@ -70,5 +70,6 @@ def write_pages(app) -> None:
 
 
 def setup(app):
-    app.connect("builder-inited", write_pages, priority=100)
+    # before the sources are listed, so that autosummary finds these pages and writes their stubs in one build
+    app.connect("config-inited", write_pages)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
