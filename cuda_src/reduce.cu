@@ -1,7 +1,7 @@
 // The production reductions behind cukern.sum / amax / amin / mean / sum_of_squares / norm / var / std /
 // nansum / nanmax / nanmin / nanmean / count_nonzero / any / all / prod / logsumexp. The teaching ladder (ten rungs from the textbook first try to reduce_full) is cuda_src/reduce_ladder.cu.
 //
-// One tree per reduced length (issue 13). Each output reduces n values v_i = lift(x_i), i the C-order index
+// One tree per reduced length. Each output reduces n values v_i = lift(x_i), i the C-order index
 // over the reduced axes of x as the caller sees them (strides, alignment and memory order play no part):
 //   * leaves of LEAF = 256 consecutive indices; in leaf k, chain c (c < 32) adds v_{256k + c + 32m},
 //     m = 0..7, one after another into the identity (0 for sums, 1 for products, -inf / +inf for max /

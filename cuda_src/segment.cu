@@ -3,7 +3,7 @@
 //
 //   out[s, j] = reduce(x[offsets[s] : offsets[s + 1], j])      (mean: the sum / the segment's length)
 //
-// One tree per segment length (issue 13): a segment's L values v_i = x[offsets[s] + i, j] are reduced by the
+// One tree per segment length: a segment's L values v_i = x[offsets[s] + i, j] are reduced by the
 // tree of cuda_src/reduce.cu over L elements (cukern.reduce_plan's TREE_CHAINS, TREE_CHAIN_LENGTH):
 //   * leaves of 256 consecutive indices; in leaf k, chain c (c < 32) combines v_{256k + c + 32m}, m = 0..7,
 //     one after another into the identity (0 for sums, -inf / +inf for max / min);

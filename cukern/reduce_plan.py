@@ -1,7 +1,7 @@
 """Reductions, planned: dtype rules, the op table, how a layout maps onto the kernels, launch plans and the
 instantiations they need. Pure: nothing here touches a GPU, so all of it is tested on a CPU.
 
-The tree (issue 13). Every result is one fixed tree over its n reduced elements, numbered in C order over
+The tree. Every result is one fixed tree over its n reduced elements, numbered in C order over
 the reduced axes as the caller sees them: leaves of :data:`TREE_LEAF` = 256 consecutive elements; in each
 leaf, chain c of :data:`TREE_CHAINS` = 32 adds elements c, c + 32, ... (:data:`TREE_CHAIN_LENGTH` = 8 of
 them) one after another (var and logsumexp form a chain's state from its elements at once: reduce.cu

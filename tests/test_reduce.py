@@ -62,7 +62,7 @@ def test_tolerance_scales_with_size():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The tree (issue 13): the emulators compute the documented tree, and a blocked simulation of each kernel
+# The tree: the emulators compute the documented tree, and a blocked simulation of each kernel
 # (its lanes, chains, shuffles, span stacks, blocks and launches, with the kernel's own index arithmetic)
 # gives the emulators' bits for every launch shape, so no launch parameter can change a result.
 
@@ -369,7 +369,7 @@ def _tuner_knobs():
 
 
 def test_every_plan_the_tuner_can_pick_is_a_split_of_the_tree(rng):
-    """Issue 13: for every knob point and an SM count of 108 (A100), 132 (H200) or 142 (L40), the planners'
+    """For every knob point and an SM count of 108 (A100), 132 (H200) or 142 (L40), the planners'
     launches are splits of the same tree: simulated over random chunk (or leaf) values, each gives the tree
     over those values, bit for bit. Sizes large enough that the grid caps bind and warps take spans."""
     t = _Tree(P.OP_SUM, np.float32)
@@ -510,7 +510,7 @@ def _exp_fmas(ptx: str) -> tuple:
 @pytest.mark.nvrtc(P.SOURCE)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_no_float_accumulation_is_fused(arch):
-    """Issue 13: every addition and square of a float accumulation is its own correctly rounded
+    """Every addition and square of a float accumulation is its own correctly rounded
     instruction (add.rn / mul.rn), so no architecture can contract it into an FMA and round differently.
     The only multiply-adds left are integer index arithmetic (mad.lo) and float logsumexp's exp, whose
     explicit __fmaf_rn (eight an exp, each with one of the exp's constants) round once on every architecture
@@ -743,7 +743,7 @@ def _axis_choices(ndim: int) -> list:
 
 @pytest.mark.parametrize("label", ZERO_SIZE_VIEWS)
 def test_zero_size_views_are_planned_without_a_kernel(label):
-    """Issue 12: ``sum(ones((3, 5))[:, :0])`` fell through the copy re-classification into the column
+    """``sum(ones((3, 5))[:, :0])`` fell through the copy re-classification into the column
     geometry. Zero-size views are "fill" (nothing to reduce: every output gets the empty value) or "empty"
     (no outputs), before any collapsing, for every axis."""
     x = ZERO_SIZE_VIEWS[label](np.ones((3, 5), np.float32))
@@ -1161,7 +1161,7 @@ _NUMPY = {
 @pytest.mark.gpu
 @pytest.mark.parametrize("label", ZERO_SIZE_VIEWS)
 def test_zero_size_views_answer_as_numpy(label):
-    """Issue 12: every zero-size view, any axis, keepdims or not, fresh or into out: NumPy's values (sum 0,
+    """Every zero-size view, any axis, keepdims or not, fresh or into out: NumPy's values (sum 0,
     mean NaN with its "Mean of empty slice." warning), and amax/amin of an empty reduction raise
     ValueError as NumPy does, before anything is written."""
     import cupy
@@ -1600,7 +1600,7 @@ def test_columns_past_one_launch():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Issue 13 on the GPU: every result has the emulator's bits, whatever the layout, knobs, rows or SM count.
+# The tree on the GPU: every result has the emulator's bits, whatever the layout, knobs, rows or SM count.
 
 def _emulated_bits_match(name, got, xh, axis) -> bool:
     want = getattr(reference, f"{name}_emulated")(xh, axis=axis)
@@ -1699,7 +1699,7 @@ def test_a_rows_bits_do_not_depend_on_the_row_count(rng, length):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# var and std (issue 14): one pass, (count, mean, M2) of shifted values merged by Chan's formula.
+# var and std: one pass, (count, mean, M2) of shifted values merged by Chan's formula.
 
 VAR_DTYPES = (np.float32, np.float64, np.float16, BFLOAT16, np.int32, np.int64, np.bool_)
 
