@@ -41,7 +41,6 @@ extensions = [
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
-templates_path = ["_templates"]
 
 myst_enable_extensions = ["colon_fence", "deflist", "dollarmath"]
 myst_heading_anchors = 3
@@ -61,18 +60,17 @@ autodoc_default_options = {"members": False}
 autodoc_typehints = "none"  # numpydoc's Parameters section carries the types
 autodoc_mock_imports = ["dask", "distributed", "dask_cuda", "torch", "triton"]
 
-intersphinx_mapping = {
-    "python": ("https://docs.python.org/3", None),
-    "numpy": ("https://numpy.org/doc/stable", None),
-    "cupy": ("https://docs.cupy.dev/en/stable", None),
-}
-# the build runs offline in CI: intersphinx inventories are fetched only when asked for
-if not os.environ.get("CUKERN_DOCS_INTERSPHINX"):
-    intersphinx_mapping = {}
+# links into Python's, NumPy's and CuPy's documentation, when asked for: CI builds offline
+intersphinx_mapping = {}
+if os.environ.get("CUKERN_DOCS_INTERSPHINX"):
+    intersphinx_mapping = {
+        "python": ("https://docs.python.org/3", None),
+        "numpy": ("https://numpy.org/doc/stable", None),
+        "cupy": ("https://docs.cupy.dev/en/stable", None),
+    }
 
 html_theme = "pydata_sphinx_theme"
 html_title = f"cukern {release}"
-html_static_path = []
 html_theme_options = {
     "github_url": "https://github.com/cukern/cukern",
     "navigation_with_keys": False,
@@ -81,6 +79,3 @@ html_theme_options = {
 }
 html_sidebars = {"**": ["sidebar-nav-bs"]}
 html_show_sourcelink = False
-
-# results images live in bench/results; copy them beside the pages that show them
-html_extra_path = []
