@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Copies CuPy's own reduction tests (issue 14) into .cupy_tests/ (git-ignored), from a CuPy source tree or a
+# Copies CuPy's own reduction tests (a check of NumPy semantics) into .cupy_tests/ (git-ignored), from a CuPy source tree or a
 # git directory holding the tag: bench/fetch_cupy_tests.sh <cupy checkout or .git dir> [tag, default v14.2.0].
 # The tests need only the installed cupy.testing. Run them routed to cukern:
 #   CUKERN_ROUTING_JSON=routing.json python -m pytest -p bench.cupy_routing .cupy_tests

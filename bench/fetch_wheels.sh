@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# Wheels the device machine's image lacks (it reaches no registry): Dask with its distributed scheduler and
-# dask-cuda, Liger-Kernel (a training peer: it needs only torch and Triton, both on the image), and each
-# package they need that the image does not have (the image's list: KINDS.md, "Python
-# packages already there"). Run here before a device call, then name .whl in the call's `carry`;
-# bench/run_h200.sh installs them when .whl exists. .whl is ignored by git (.git/info/exclude).
+# Wheels a GPU machine without a package index lacks: Dask with its distributed scheduler and dask-cuda,
+# Liger-Kernel (a training peer: it needs only torch and Triton), and each package they need that its image
+# does not have. Run on a machine with an index, then copy .whl with
+# the tree; bench/run_h200.sh installs them when .whl exists. .whl is ignored by git (.git/info/exclude).
 #
 # One consistent set: dask-cuda 26.10 takes its Dask through rapids-dask-dependency 26.10, which pins dask
 # and distributed to 2026.7.1 (it is carried too, though its import hook stays idle in a --target install).

@@ -9,7 +9,7 @@ packed) keyed by what they depend on, bounded.
 
 Kernels on a hot host path (RMSNorm, rotary) take their scalars as one struct passed by value instead,
 declared by :class:`Params`: CuPy converts every NumPy scalar argument on every call (a cost per argument
-measured in bench/NOTES.md), while a struct packed once per plan is passed as one
+measured in docs/design/timing.md), while a struct packed once per plan is passed as one
 pointer to its bytes.
 """
 

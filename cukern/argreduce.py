@@ -110,7 +110,7 @@ class Knobs:
     span kernel's target grid, in blocks per SM, when rows are too few to fill it one block a row;
     ``min_span``: the least number of indices a block searches when a row takes several. The default grid is
     two full waves: the span kernel's registers leave room for 6 blocks of 256 an SM on sm_90, and the H200
-    sweep (bench/NOTES.md, "Arg-reductions") put 12 blocks an SM ahead of 6 and 4 at 2^28 float32 elements."""
+    sweep (docs/design/argreduce.md) put 12 blocks an SM ahead of 6 and 4 at 2^28 float32 elements."""
 
     blocks_per_sm: int = 12
     min_span: int = 8192

@@ -56,8 +56,7 @@ class Knobs:
     """The tuning space; no knob changes a head's bits. ``block``: threads per block (a multiple of 32, the
     kernel's launch bound), ``block / lanes`` heads at a time; ``waves``: grid cap in waves of resident
     blocks (``sm_count x 2048 / block``), blocks then walking further heads; None: a block per group of
-    heads. The defaults are the H200 tuner's pick at 16384 tokens, 32 + 8 heads of 128 (bench/NOTES.md,
-    "QK-norm + RoPE")."""
+    heads. The defaults are the H200 tuner's pick at 16384 tokens, 32 + 8 heads of 128 (docs/design/qk_norm_rope.md)."""
 
     block: int = 128
     waves: int | None = 4

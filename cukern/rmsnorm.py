@@ -134,7 +134,7 @@ class Knobs:
     of each class it owns (a class is never split), more by owning more classes (fewer threads per row);
     ``small_block``: threads per block when several rows share one; ``waves``: grid cap in waves of
     resident blocks (None: a block per row group). The defaults are what the H200 measurements chose
-    (bench/NOTES.md, RMSNorm)."""
+    (docs/design/rms_norm.md)."""
 
     items_target: int = 4
     small_block: int = 128
@@ -144,7 +144,7 @@ class Knobs:
 DEFAULT_KNOBS = Knobs()
 # rms_norm to float8 (no residual) where no tuning cache entry says otherwise: a grid of 4 waves, each block
 # walking two rows or so, measured faster than 8 at [16384, 4096] bf16 (84.0% of the copy against 81.2%
-# per token, 86.4% against 84.0% static; 2 waves 83.5%, 1 81.2%: bench/NOTES.md)
+# per token, 86.4% against 84.0% static; 2 waves 83.5%, 1 81.2%: docs/design/rms_norm.md)
 FP8_DEFAULT_KNOBS = Knobs(waves=4)
 
 

@@ -180,7 +180,7 @@ def rotation_instantiation(dtype, cache_dtype, vec: int, is_neox: bool, items: i
 # rotary_embedding_positions' heads a thread loads at once: one where the launch fits in one wave of resident
 # threads (decode: the fewest registers and instructions), four past it (prefill: more loads in flight while
 # the block computes its cos and sin table). Measured on the H200 against the cached kernel's default of two
-# (bench/NOTES.md, "rotary_embedding_positions: one head or four a thread"): one token, 32 + 8 heads of 128,
+# (docs/design/rotary.md, "Heads a thread"): one token, 32 + 8 heads of 128,
 # bf16 5.38 -> 5.25 us (the cached kernel 5.31); [16384, 32 + 8, 128] 85.2% -> 89.2% of the copy.
 POSITIONS_ITEMS = (1, 4)
 
@@ -694,7 +694,7 @@ class _NoCache:
 
 @functools.lru_cache(maxsize=256)
 def _no_cache(rot: int, device: int) -> _NoCache:
-    # one object per (rot, device): a call building its own spent about 12 µs of host time (bench/NOTES.md)
+    # one object per (rot, device): a call building its own spent about 12 µs of host time (docs/design/rotary.md)
     return _NoCache(rot, device)
 
 
@@ -824,7 +824,7 @@ def positions_bytes_moved(tokens: int, num_heads: int, num_kv_heads: int, rotary
 
 # rotary_embedding_positions fills blocks to 160 threads, not 256: its kernel holds 108 registers (the
 # table's float64 work beside the first loads), and two tokens of 80 threads a block ran 86.3 µs against
-# 88.0 for three (240 threads) on bf16 [16384, 32 + 8, 128] (H200, bench/NOTES.md; one token a block: 91.1).
+# 88.0 for three (240 threads) on bf16 [16384, 32 + 8, 128] (H200, docs/design/rotary.md; one token a block: 91.1).
 POSITIONS_KNOBS = dataclasses.replace(DEFAULT_KNOBS, target_block=160)
 
 

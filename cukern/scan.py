@@ -65,8 +65,8 @@ GROUP = 32  # SCAN_GROUP: tiles a group
 SPAN = 4096  # elements a scan_tiles block takes: one tile, or two of float32's 2048
 # scan_columns walks each group of 32 lines whole in one block, so it takes lines of more than one tile only
 # with at least this many bytes of each row of lines an SM (float32: 0.36 column groups an SM, the half types
-# 0.73); below it, column_tiles spreads the tiles over blocks (bench/NOTES.md, "Landed: logsumexp's exp in
-# fewer steps; ...": at 46.5 bytes an SM float32 43% walked against 45%, float16 34% against 35%; at 62, 53%
+# 0.73); below it, column_tiles spreads the tiles over blocks (docs/design/scan.md,
+# "Columns": at 46.5 bytes an SM float32 43% walked against 45%, float16 34% against 35%; at 62, 53%
 # against 44% and 41% against 34%)
 COLUMN_WALK_BYTES_PER_SM = 48
 # scan_columns' modes (cuda_src/scan.cu): a block walking a column group's tiles; a block a column group's tile,

@@ -68,7 +68,7 @@ COLS_KERNEL_MIN = 32  # columns from which a thread per column reads whole 32-co
 MAX_GRID_Y = 65535
 # The warp kernel takes runs of consecutive segments, a run's bounds in one load (at most 32: a lane each),
 # as long as the launch keeps at least RUN_WARPS warps: several waves on any GPU (an H200 holds 6,600; runs
-# of 16 rather than 32 for 2^20 segments measured 0.5% faster, bench/NOTES.md).
+# of 16 rather than 32 for 2^20 segments measured 0.5% faster, docs/design/segment.md).
 RUN_MAX = 32
 RUN_WARPS = 1 << 16
 

@@ -44,8 +44,8 @@ class L2Flush:
     """Leaves L2 holding nothing the timed call can use, and nothing dirty.
 
     Overwriting a buffer twice the L2 evicts the timed call's data, but leaves L2 full of the flush's own
-    dirty lines, whose write-back would then be charged to the timed call (bench/NOTES.md, "Timing floor
-    of small kernels", has what that costs). Reading a second buffer of the same size afterwards writes
+    dirty lines, whose write-back would then be charged to the timed call (docs/design/timing.md has
+    what that costs). Reading a second buffer of the same size afterwards writes
     those lines back before the timed region and leaves L2 clean. ``clean=False`` keeps the overwrite
     alone (as torch/Triton's ``do_bench`` does), for comparison.
     """
@@ -131,7 +131,7 @@ def benchmark(fn: Callable[..., object], *args: Any, warmup: int = 10, repeat: i
     holds the call's GPU work and not the host's launch cost. ``hold=None`` holds only without the flush:
     back to back, a call of a few microseconds is launch-bound, while the flush's own GPU time already lets
     the host queue the call ahead, so holding as well adds nothing (``bench/sweep_timing.py`` measures all
-    four; the figures are in bench/NOTES.md, "Timing floor of small kernels"). Returns microseconds
+    four; the figures are in docs/design/timing.md). Returns microseconds
     (median, min, max, 20th and 80th percentile) and, given ``bytes_moved``, GB/s at the median.
 
     Examples

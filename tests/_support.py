@@ -295,7 +295,7 @@ def struct_fields(source: str, struct: str) -> tuple:
     return tuple(fields)
 
 
-# CUDA-graph capture (issue 12's recipe): capture, then allocate "victim" arrays that would be handed any
+# CUDA-graph capture: capture, then allocate "victim" arrays that would be handed any
 # memory the capture freed, replay, and check the victims are untouched.
 
 

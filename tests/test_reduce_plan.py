@@ -169,9 +169,9 @@ def test_rows_plan():
 
 
 def test_defaults_are_the_h200_sweep_winners():
-    # bench/NOTES.md, "Reductions": rows [32768, 16384] float32 with 256 threads a row, unroll 4, 4 blocks
+    # docs/design/reductions.md: rows [32768, 16384] float32 with 256 threads a row, unroll 4, 4 blocks
     # a SM and a grid of 32 waves; the full sum: blocks of 256, 4 an SM, the whole chain step's 8 loads in
-    # flight ("Full sum in batches").
+    # flight ("Groups combined in batches").
     k = P.DEFAULT_KNOBS
     assert k.row_waves == 32 and (k.row_max_tpr, k.row_unroll, k.row_threads_per_sm) == (256, 4, 1024)
     assert (k.full_block, k.full_blocks_per_sm, k.full_unroll) == (256, 4, 8)

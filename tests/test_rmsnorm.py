@@ -72,7 +72,7 @@ def test_instantiations_cover_every_items_target():
             assert rmsnorm.plan(hidden, 1, vec, 2, knobs=knobs).instantiation(BFLOAT16, BFLOAT16, False) in insts
 
 
-# ---- the summation tree (issue 13): one tree per hidden size, whatever the launch -----------------------
+# ---- the summation tree: one tree per hidden size, whatever the launch -----------------------
 
 TREE_HIDDEN = [1, 2, 3, 7, 8, 13, 31, 32, 33, 64, 127, 128, 1000, 2048, 2049, 3072, 4093, 4095, 4096, 5120, 8191,
                8192, 8200, 12289, 16384, 16392, 40000, 65536]
@@ -520,7 +520,7 @@ def test_more_than_2_31_elements(rng):
     cp.get_default_memory_pool().free_all_blocks()
 
 
-# ---- bit-exactness (issue 13): the emulator's bits, whatever the launch ---------------------------------
+# ---- bit-exactness: the emulator's bits, whatever the launch ---------------------------------
 
 def _same_bits(got, want):
     """``got`` (device or host) holds exactly ``want``'s bits; NaN only where ``want`` has NaN (payloads may
