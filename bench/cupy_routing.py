@@ -1,4 +1,4 @@
-"""A pytest plugin that routes CuPy's reductions to cukern while CuPy's own tests run (issue 14).
+"""A pytest plugin that routes CuPy's reductions to cukern while CuPy's own tests run, a check of NumPy semantics.
 
 Load it with ``python -m pytest -p bench.cupy_routing .cupy_tests`` (``bench/fetch_cupy_tests.sh`` copies the
 tests). While it is loaded, ``cupy.sum``, ``cupy.mean``, ``cupy.amax`` / ``cupy.max``, ``cupy.amin`` /

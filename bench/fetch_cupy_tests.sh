@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Copies CuPy's own reduction tests (issue 14) into .cupy_tests/ (git-ignored), from a CuPy source tree or a
+# Copies CuPy's own reduction tests (a check of NumPy semantics) into .cupy_tests/ (git-ignored), from a CuPy source tree or a
 # git directory holding the tag: bench/fetch_cupy_tests.sh <cupy checkout or .git dir> [tag, default v14.2.0].
 # The tests need only the installed cupy.testing (test_logsumexp.py compares with SciPy >= 1.15 as well, and
 # skips without it). Run them routed to cukern (CUKERN_ROUTING_OPS=all routes argmax and logsumexp too):

@@ -50,9 +50,11 @@ def _triton_rms_norm():
 
 
 def host_calls():
-    """The peers' host-cost records beside cukern's: ``(op, impl, shape, make)``, ``make()`` giving ``(fn,
-    args, kwargs)`` on fresh inputs (``cukern.lab.pipeline.HostCall``). torch's ``F.rms_norm`` on a decode
-    step's [1, 4096] bfloat16, recorded as ``host_overhead`` / ``torch``."""
+    """The peers' host-cost records beside cukern's: ``(op, impl, shape, make, dtype)``, ``make()`` giving
+    ``(fn, args, kwargs)`` on fresh inputs (``cukern.lab.pipeline.HostCall``): torch's ``F.rms_norm`` on a
+    decode step's [1, 4096] bfloat16 (``host_overhead``), its rotation and QK-norm + rotation of one token as
+    PyTorch users write them (eager and compiled), and ``torch.sum``, ``torch.argmax`` and ``torch.cumsum``
+    of 4096 floats."""
     torch = _torch()
     if torch is None:
         return []
@@ -63,7 +65,36 @@ def host_calls():
         w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
         return torch.nn.functional.rms_norm, (x, (hidden,), w, 1e-6), {}
 
-    return [("host_overhead", "torch", (1, hidden), rms_norm)]
+    def small(fn):
+        def make():
+            return fn, (torch.randn(hidden, device="cuda", dtype=torch.float32),), {}
+        return make
+
+    calls = [("host_overhead", "torch", (1, hidden), rms_norm, "bfloat16"),
+             ("host_overhead_sum", "torch", (hidden,), small(torch.sum), "float32"),
+             ("host_overhead_argmax", "torch", (hidden,), small(torch.argmax), "float32"),
+             ("host_overhead_cumsum", "torch", (hidden,), small(lambda x: torch.cumsum(x, 0)), "float32")]
+    for op, builder in (("host_overhead_rotary", _torch_rope), ("host_overhead_qk_norm_rope", _torch_qk_norm_rope)):
+        token = _DecodeCase(op.removeprefix("host_overhead_").replace("rotary", "rotary_embedding"))
+        for impl, fn in _quiet(builder, torch, token, torch.bfloat16):
+            calls.append((op, impl, token.shape, lambda fn=fn: (fn, (), {}), "bfloat16"))
+    return calls
+
+
+class _DecodeCase:
+    """A benchmark case's fields for one decode token: 32 query and 8 key heads of 128 (NeoX)."""
+
+    def __init__(self, op):
+        self.op, self.shape, self.dtype, self.params = op, (1, 32, 128), "bfloat16", (("kv_heads", 8),)
+
+
+def _quiet(builder, torch, case, dt):
+    """``builder``'s peers, or none where torch.compile cannot build them here."""
+    try:
+        return builder(torch, case, dt)
+    except Exception as err:  # a framework that cannot build the peer is reported, not fatal
+        print(f"  host-cost peers of {case.op} unavailable: {type(err).__name__}: {err}")
+        return []
 
 
 def peers(case):

@@ -1,7 +1,7 @@
 // The production reductions behind cukern.sum / amax / amin / mean / sum_of_squares / norm / var / std /
 // nansum / nanmax / nanmin / nanmean / count_nonzero / any / all / prod / logsumexp. The teaching ladder (ten rungs from the textbook first try to reduce_full) is cuda_src/reduce_ladder.cu.
 //
-// One tree per reduced length (issue 13). Each output reduces n values v_i = lift(x_i), i the C-order index
+// One tree per reduced length. Each output reduces n values v_i = lift(x_i), i the C-order index
 // over the reduced axes of x as the caller sees them (strides, alignment and memory order play no part):
 //   * leaves of LEAF = 256 consecutive indices; in leaf k, chain c (c < 32) adds v_{256k + c + 32m},
 //     m = 0..7, one after another into the identity (0 for sums, 1 for products, -inf / +inf for max /
@@ -236,7 +236,8 @@ template <> struct ExpLog<float> {
   // e^r for |r| <= ln2 / 2: a degree-5 polynomial fitted to e^r's relative error (1 + r + c2 r^2 + ..., the
   // c_k rounded to float; Lawson's weighted least squares, probe/expfit.py), six terms where the Taylor series
   // needs eight: two fused multiply-adds an element fewer, and the exp within 2.3 ulp of e^d for d > -11
-  // (0.98 with degree 6; a row's logsumexp of 16384 normal values 1.4 ulp from float64's, 1.2; bench/NOTES.md)
+  // (0.98 with degree 6; a row's logsumexp of 16384 normal values 1.4 ulp from float64's, 1.2;
+  // docs/design/reductions.md)
   static constexpr int kExpTerms = 6;
   static constexpr float kExp[kExpTerms] = {0x1p+0f, 0x1p+0f, 0x1.fffdfcp-2f, 0x1.5557aep-3f, 0x1.5729e6p-5f,
                                             0x1.10625ap-7f};
@@ -689,7 +690,7 @@ template <typename A> __device__ __forceinline__ bool last_block_done(A* partial
 // equal aligned spans (a power of two each): every group, every block's span and the grid are subtrees of
 // the one tree, whatever the grid. A block reads one contiguous run of memory, a group a round: each warp
 // takes its chunk of the group and lane 0 leaves the chunk's value in a shared slot. (Warps streaming spans
-// of their own, thousands of narrow fronts far apart, drew less from DRAM: bench/NOTES.md.)
+// of their own, thousands of narrow fronts far apart, drew less from DRAM: docs/design/reductions.md.)
 // Rounds come in batches of up to FULL_BATCH groups (an aligned subtree): one barrier a batch, after which
 // warp 0 combines the batch (lane g the tree of group g over its warps, then the lanes' tree) and thread
 // 0 pushes it onto the block's stack, while the other warps go on loading the next batch. The block
@@ -820,7 +821,7 @@ template <typename T, typename O, int OP, typename I> __host__ __device__ conste
   if (sizeof(I) == 8) return 1;
   if (OP == OP_VAR && sizeof(state_t<O, OP>) == 24) return min_blocks > 4 ? min_blocks / 4 : 1;
   // float32 var in 128-thread blocks (its default): seven, not four (71 registers, no spill; 28 warps an SM
-  // instead of 20, faster than four or six: bench/NOTES.md; eight spill)
+  // instead of 20, faster than four or six: docs/design/reductions.md; eight spill)
   if (OP == OP_VAR && sizeof(T) == 4 && sizeof(state_t<O, OP>) == 12 && min_blocks == 8) return 7;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // before sm_90: int64 products of bool and int32 spill at 64 registers (sm_90 fits them); seven fit (72)

@@ -29,7 +29,7 @@ from .rotary import rotary_embedding, rotary_embedding_mrope, rotary_embedding_p
 from .scan import cumprod, cumsum
 from .segment import segment_max, segment_mean, segment_min, segment_sum
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "all", "amax", "amin", "any", "argmax", "argmin", "count_nonzero", "cumprod", "cumsum", "fused_add_rms_norm",

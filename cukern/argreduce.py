@@ -37,6 +37,7 @@ import math
 import operator
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -60,6 +61,7 @@ from ._launch import (
 )
 from ._launch import cupy as _cupy
 from ._layout import collapse
+from ._typing import DeviceArray, DTypeLike
 
 SOURCE = "argreduce"
 BLOCK = 256  # ARG_BLOCK in cuda_src/argreduce.cu
@@ -108,7 +110,7 @@ class Knobs:
     span kernel's target grid, in blocks per SM, when rows are too few to fill it one block a row;
     ``min_span``: the least number of indices a block searches when a row takes several. The default grid is
     two full waves: the span kernel's registers leave room for 6 blocks of 256 an SM on sm_90, and the H200
-    sweep (bench/NOTES.md, "Arg-reductions") put 12 blocks an SM ahead of 6 and 4 at 2^28 float32 elements."""
+    sweep (docs/design/argreduce.md) put 12 blocks an SM ahead of 6 and 4 at 2^28 float32 elements."""
 
     blocks_per_sm: int = 12
     min_span: int = 8192
@@ -273,8 +275,8 @@ def bytes_moved(shape, dtype, axis=None, *, keepdims: bool = False) -> int:
 
 @dataclass
 class Workspace:
-    counters: object
-    partials: object
+    counters: DeviceArray
+    partials: DeviceArray
     outgrown: list = field(default_factory=list)  # earlier partials, kept for graphs that may still use them
 
 
@@ -464,6 +466,7 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
         if call.kernel is not None:
             src = cp.ascontiguousarray(x) if call.copy else x
             ws = call.workspace
+            flag: Any
             flag, flag_ptr = _flag() if call.check_nan else (None, _NO_FLAG)  # (only nanarg's kernels write it)
             if call.span:
                 launch(call.kernel, call.config, (dst, ws.partials, ws.counters, flag_ptr, src, call.params))
@@ -518,11 +521,35 @@ ValueError
 
 Examples
 --------
->>> import cupy, cukern
->>> x = cupy.asarray([[1.0, 5.0, 3.0], [4.0, 2.0, 6.0]])
->>> cukern.{op}(x, axis=1, dtype=cupy.int32).dtype
-dtype('int32')
+{examples}
 """
+
+_EXAMPLES = {
+    "argmax": """\
+>>> import cupy as cp
+>>> import cukern
+>>> x = cp.array([[1, 7, 7], [9, 0, 9]])
+>>> print(cukern.argmax(x), cukern.argmax(x, axis=1))
+3 [1 0]
+>>> cukern.argmax(x, axis=1, dtype=cp.int8).dtype
+dtype('int8')""",
+    "argmin": """\
+>>> import cupy as cp
+>>> import cukern
+>>> x = cp.array([[3.0, -1.0], [-1.0, 5.0]], dtype=cp.float32)
+>>> print(cukern.argmin(x), cukern.argmin(x, axis=0, keepdims=True))
+1 [[1 0]]""",
+    "nanargmax": """\
+>>> import cupy as cp
+>>> import cukern
+>>> print(cukern.nanargmax(cp.array([cp.nan, 2.0, 5.0])))
+2""",
+    "nanargmin": """\
+>>> import cupy as cp
+>>> import cukern
+>>> print(cukern.nanargmin(cp.array([[cp.nan, 1.0], [2.0, cp.nan]]), axis=1))
+[1 0]""",
+}
 
 _NAN = {False: "A NaN beats every number (the first NaN's index is the result), as in NumPy.",
         True: "NaNs are skipped; a slice holding nothing but NaNs is an error. For float and complex dtypes the "
@@ -540,19 +567,23 @@ def extreme_index(op: str, x, axis: int):
     return _run(op, x, axis, False, None)
 
 
-def argmax(x, axis=None, *, dtype=None, keepdims=False, out=None):
+def argmax(x: DeviceArray, axis: int | None = None, *, dtype: DTypeLike | None = None, keepdims: bool = False,
+           out: DeviceArray | None = None) -> DeviceArray:
     return _run("argmax", x, axis, keepdims, out, dtype=dtype)
 
 
-def argmin(x, axis=None, *, dtype=None, keepdims=False, out=None):
+def argmin(x: DeviceArray, axis: int | None = None, *, dtype: DTypeLike | None = None, keepdims: bool = False,
+           out: DeviceArray | None = None) -> DeviceArray:
     return _run("argmin", x, axis, keepdims, out, dtype=dtype)
 
 
-def nanargmax(x, axis=None, *, dtype=None, keepdims=False, out=None):
+def nanargmax(x: DeviceArray, axis: int | None = None, *, dtype: DTypeLike | None = None, keepdims: bool = False,
+              out: DeviceArray | None = None) -> DeviceArray:
     return _run("nanargmax", x, axis, keepdims, out, dtype=dtype)
 
 
-def nanargmin(x, axis=None, *, dtype=None, keepdims=False, out=None):
+def nanargmin(x: DeviceArray, axis: int | None = None, *, dtype: DTypeLike | None = None, keepdims: bool = False,
+              out: DeviceArray | None = None) -> DeviceArray:
     return _run("nanargmin", x, axis, keepdims, out, dtype=dtype)
 
 
@@ -566,4 +597,5 @@ for _fn, _title, _formula in (
                               nan=_NAN[_nan], op=_fn.__name__,
                               all_nan=", an all-NaN slice (found after the launch; out may then hold that "
                                       "slice's first NaN index)" if _nan else "",
-                              after=" (but the all-NaN check, which needs the kernel's answer)" if _nan else "")
+                              after=" (but the all-NaN check, which needs the kernel's answer)" if _nan else "",
+                              examples=_EXAMPLES[_fn.__name__])

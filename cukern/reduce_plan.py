@@ -1,7 +1,7 @@
 """Reductions, planned: dtype rules, the op table, how a layout maps onto the kernels, launch plans and the
 instantiations they need. Pure: nothing here touches a GPU, so all of it is tested on a CPU.
 
-The tree (issue 13). Every result is one fixed tree over its n reduced elements, numbered in C order over
+The tree. Every result is one fixed tree over its n reduced elements, numbered in C order over
 the reduced axes as the caller sees them: leaves of :data:`TREE_LEAF` = 256 consecutive elements; in each
 leaf, chain c of :data:`TREE_CHAINS` = 32 adds elements c, c + 32, ... (:data:`TREE_CHAIN_LENGTH` = 8 of
 them) one after another (var and logsumexp form a chain's state from its elements at once: reduce.cu
@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,8 +92,8 @@ class Knobs:
     (1024: 64 registers). ``row_waves``: grid cap in waves of those resident blocks, the blocks then
     looping over rows (None: a block per row group).
 
-    The defaults are the H200 sweep's winners: the rows' from bench/NOTES.md, "Reductions" (their unroll
-    counts the loads of one chain step batch, "Reductions: one tree"), the full kernel's from "Full sum in
+    The defaults are the H200 sweep's winners: the rows' in docs/design/reductions.md: the rows' from "Rows and columns"
+    (their unroll counts the loads of one chain step batch), the full kernel's from "Groups combined in
     batches" (the best at 2^20 and 2^24 elements, within 1% of the best at 2^29 and 2^30).
     """
 
@@ -122,8 +123,8 @@ class Knobs:
 DEFAULT_KNOBS = Knobs()
 # var and std's own point (any point gives the same bits): rows of at most 128 threads, so that their rows
 # kernels come in two blocks, not three (the instantiation table stays small); a full grid of 8 blocks an SM
-# and rows capped at 16 waves (blocks walking about two long rows), measured on the H200 (bench/NOTES.md,
-# "var: the grid"): fp32 2^28 101.1% -> 102.1% of the copy, rows [32768, 16384] 98.7% -> 102.2%,
+# and rows capped at 16 waves (blocks walking about two long rows), measured on the H200 (docs/design/reductions.md,
+# "var and std"): fp32 2^28 101.1% -> 102.1% of the copy, rows [32768, 16384] 98.7% -> 102.2%,
 # [131072, 1024] 88.0% -> 95.0%, [32768, 4096] 73.3% -> 79.6%.
 VAR_KNOBS = Knobs(full_blocks_per_sm=8, row_max_tpr=128, row_waves=16)
 # prod and logsumexp's point: rows of at most 32 threads (one rows block size), and no column kernel (their
@@ -286,7 +287,8 @@ def check_input(op: str, dtype) -> np.dtype:
 def real_of(dtype) -> np.dtype:
     """The dtype of a complex dtype's real and imaginary parts; other dtypes as they are."""
     t = np.dtype(dtype)
-    return {C64: F32, C128: F64}.get(t, t)
+    parts: dict[np.dtype, np.dtype] = {C64: F32, C128: F64}
+    return parts.get(t, t)
 
 
 def default_dtype(op: str, dtype) -> np.dtype:
@@ -646,6 +648,9 @@ def _pow2_ceil(n: int) -> int:
 class _OneLaunch:
     """A plan launching ``grid`` blocks of ``block`` threads (fields of the dataclasses below)."""
 
+    grid: int
+    block: int
+
     @property
     def config(self) -> LaunchConfig:
         return LaunchConfig(grid=(self.grid,), block=(self.block,))
@@ -937,7 +942,7 @@ class Plan:
 
     layout: Layout
     copy: bool
-    kernel: object  # FullPlan, RowsPlan, ColsPlan, StridedPlan; None for "empty", "fill" and "none"
+    kernel: Any  # FullPlan, RowsPlan, ColsPlan, StridedPlan; None for "empty", "fill" and "none"
     fold: FoldPlan | None = None
     partials: int = 0
 

@@ -66,7 +66,7 @@ template <int BLOCK, typename C, typename T> __device__ __forceinline__ T block_
   return total;
 }
 
-// The fixed tree (rms_norm.cu; issue 13: the same bits whatever the launch shape). N values, N a power of
+// The fixed tree (rms_norm.cu: the same bits whatever the launch shape). N values, N a power of
 // two, are the leaves of a perfect binary tree with neighbours paired first: ((v0 + v1) + (v2 + v3)) + ...
 // The three helpers below compute parts of that one tree: leaves held by one thread, one leaf per lane of
 // a group, or N leaves per thread of a block. Composed so that a thread's own leaves are the low bits of
