@@ -106,9 +106,15 @@ def _scan_emulated(op: str, x, axis, dtype):
     rows, n = lines.shape
     k = items(x.dtype, o)
     tiles = max(1, -(-n // (BLOCK * k)))
-    a = np.full((rows, tiles * BLOCK * k), identity, acc)
+    # A line of one tile keeps only the warps, and a line of one warp only the lanes, that hold its elements:
+    # nothing flows from a later lane or warp into an earlier one, and the identities past the line would
+    # only cost time (many short lines: each padded to a whole tile).
+    lanes = -(-n // k)
+    held = BLOCK // 32 if tiles > 1 else -(-lanes // 32)
+    width = 32 if held > 1 or tiles > 1 else lanes
+    a = np.full((rows, tiles * held * width * k), identity, acc)
     a[:, :n] = lines.astype(acc)
-    a = a.reshape(rows, tiles, BLOCK // 32, 32, k)
+    a = a.reshape(rows, tiles, held, width, k)
     with np.errstate(all="ignore"):
         s = _accumulate(f, a)  # each thread's k elements, in order
         u = s[..., -1]
