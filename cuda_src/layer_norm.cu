@@ -73,6 +73,14 @@ struct RowStats {
   float mean, rstd;
 };
 
+// xhat = (x - mean) * rstd, both steps rounded: the one formula of the forward and of both backward passes.
+__device__ __forceinline__ float normalized(float x, RowStats st) { return __fmul_rn(__fsub_rn(x, st.mean), st.rstd); }
+
+// g = dy * weight; without a weight g is dy itself (the product by 1 would be exact anyway).
+__device__ __forceinline__ float weighted_dy(float dy, float w, bool has_weight) {
+  return has_weight ? __fmul_rn(dy, w) : dy;
+}
+
 // Powers of two divide exactly by a product with their reciprocal, which is also the correctly rounded
 // quotient: a class of four elements (the common case) takes no division.
 __device__ __forceinline__ float mean_of(float sum, int count) {
@@ -202,7 +210,7 @@ __device__ __forceinline__ void layer_norm_rows_impl(T* out, T* residual, float*
         for (int j = 0; j < VEC; ++j) {
           // Without a weight the product by 1 is left out (it is exact); without a bias the add of -0 (the
           // exact identity, which keeps a -0 as it is).
-          float y = __fmul_rn(__fsub_rn(to_float(a[k].v[j]), st.mean), st.rstd);
+          float y = normalized(to_float(a[k].v[j]), st);
           if (weight != nullptr) y = __fmul_rn(y, to_float(w.v[j]));
           f[j] = __fadd_rn(y, bias != nullptr ? to_float(b.v[j]) : -0.f);
         }
@@ -301,8 +309,8 @@ __global__ void CUKERN_BOUNDS(BLOCK)
             if (weight != nullptr) load(w, weight + (lane + k * TPR) * VEC);
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-              const float xhat = __fmul_rn(__fsub_rn(to_float(a[k].v[j]), st.mean), st.rstd);
-              const float gj = weight != nullptr ? __fmul_rn(to_float(d[k].v[j]), to_float(w.v[j])) : to_float(d[k].v[j]);
+              const float xhat = normalized(to_float(a[k].v[j]), st);
+              const float gj = weighted_dy(to_float(d[k].v[j]), to_float(w.v[j]), weight != nullptr);
               c[j].g = __fadd_rn(c[j].g, gj);
               c[j].gx = __fadd_rn(c[j].gx, __fmul_rn(gj, xhat));
             }
@@ -328,8 +336,8 @@ __global__ void CUKERN_BOUNDS(BLOCK)
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             const float dyj = to_float(d[k].v[j]);
-            const float xhat = __fmul_rn(__fsub_rn(to_float(a[k].v[j]), st.mean), st.rstd);
-            const float gj = weight != nullptr ? __fmul_rn(dyj, to_float(w.v[j])) : dyj;
+            const float xhat = normalized(to_float(a[k].v[j]), st);
+            const float gj = weighted_dy(dyj, to_float(w.v[j]), weight != nullptr);
             const float v = __fmul_rn(st.rstd, __fsub_rn(__fsub_rn(gj, mg), __fmul_rn(xhat, mgx)));
             f[j] = drr != nullptr ? __fadd_rn(v, to_float(res.v[j])) : v;
             dw[k][j] = __fadd_rn(dw[k][j], __fmul_rn(dyj, xhat));
