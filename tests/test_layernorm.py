@@ -287,26 +287,31 @@ def test_the_benchmark_shape(rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_misaligned_and_strided_views(dtype, rng):
-    """Views one element in (the element path), every other row, reversed rows and a 3-D layout whose
-    leading dimensions do not merge: the bits of the same values laid out contiguously."""
+    """Views one element in (the element path), every other row, reversed rows, a 3-D layout of two row
+    levels and a 4-D one of three (several forward launches; the backward's copies): the emulators' bits,
+    which are those of the same values laid out contiguously."""
     import cupy as cp
 
     base = _gpu(cp, rng, (38, 4097), dtype)
     dbase = _gpu(cp, rng, (38, 4097), dtype, 0.0)
-    wbase = _gpu(cp, rng, 4097, dtype, 1.0)
-    w = wbase[1:]
+    base4 = _gpu(cp, rng, (2, 3, 7, 4097), dtype)
+    dbase4 = _gpu(cp, rng, (2, 3, 7, 4097), dtype, 0.0)
+    w = _gpu(cp, rng, 4097, dtype, 1.0)[1:]
     views = [(base[:, 1:], dbase[:, 1:]), (base[:, :4096], dbase[:, :4096]), (base[::2, 1:], dbase[::2, 1:]),
-             (base[::-1, 1:], dbase[::-1, 1:]), (base[:, 1:].reshape(2, 19, 4096)[:, ::2], None)]
+             (base[::-1, 1:], dbase[::-1, 1:]),
+             (base[:, 1:].reshape(2, 19, 4096)[:, ::2], dbase[:, 1:].reshape(2, 19, 4096)[:, ::2]),
+             (base4[:, ::2, ::2, 1:], dbase4[:, ::2, ::2, 1:])]
     for x, dy in views:
-        dy = dy if dy is not None else dbase[:, 1:].reshape(2, 19, 4096)[:, ::2]
-        want = reference.layer_norm_emulated(x, w, w)
-        _same_bits(layernorm.layer_norm(x, w, w), want)
+        want, want_mean, want_rstd = reference.layer_norm_emulated(x, w, w, return_stats=True)
+        got, mean, rstd = layernorm.layer_norm(x, w, w, return_stats=True)
+        _same_bits(got, want)
+        _same_bits(mean, want_mean)
+        _same_bits(rstd, want_rstd)
         got = layernorm.layer_norm_backward(dy, x, w)
         for g, e in zip(got, reference.layer_norm_backward_emulated(dy, x, w)):
             _same_bits(g, e)
-        r = cp.ascontiguousarray(x)
-        rv = cp.empty((r.shape[0] * 2,) + r.shape[1:], dtype)[::2]
-        rv[...] = r
+        rv = cp.empty((x.shape[0] * 2,) + x.shape[1:], dtype)[::2]
+        rv[...] = x
         want_r, want = reference.fused_add_layer_norm_emulated(dy, rv, w, None)
         _same_bits(layernorm.fused_add_layer_norm(dy, rv, w), want)
         _same_bits(rv, want_r)
