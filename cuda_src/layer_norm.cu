@@ -3,7 +3,8 @@
 //   forward:  mean, var = the row's moments; rstd = 1 / sqrt(var + eps);
 //             xhat = (x - mean) * rstd; out = xhat * weight + bias
 //   fused:    residual = round(residual + x); out = layer_norm(residual)
-//   backward: g = dy * weight; dx = rstd * ((g - mean(g)) - xhat * mean(g * xhat)) (+ dresidual);
+//   backward: g = dy * weight; dx = rstd * ((g - mean(g)) - xhat * mean(g * xhat)) (+ dresidual),
+//             mean(v) = sum(v) * (1 / hidden);
 //             dweight = sum over rows of dy * xhat; dbias = sum over rows of dy
 //
 // The six questions (cukern/layernorm.py keeps the same answers as data):
@@ -24,7 +25,8 @@
 //      (common/moments.cuh) up rms_norm's tree: neighbours first, a thread's lanes, then its row lanes, then
 //      its groups. rstd = 1 / sqrt(M2 / hidden + eps), correctly rounded step by step.
 //    * the backward's sum(g) and sum(g * xhat): the same classes, each summed in index order, the class
-//      sums added up the same tree (both sums in one pass through it).
+//      sums added up the same tree (both sums in one pass through it); the means are the sums times
+//      1 / hidden (that reciprocal rounded once, on the host).
 //    * dweight and dbias: each chunk's rows added in row order, then the chunks' partials added as a perfect
 //      binary tree, neighbours first, padded with -0 (the exact identity of addition) to a power of two.
 //    No tree depends on the grid, the block, the knobs, the alignment, the SM count or the GPU: a row's
@@ -67,6 +69,7 @@ struct LayerNormBackwardParams {
   long long dx_s0, dx_s1, dy_s0, dy_s1, x_s0, x_s1, dr_s0, dr_s1, st_s0, st_s1;
   long long chunk_rows;
   int chunks, hidden;
+  float inv_hidden;  // 1 / hidden, correctly rounded on the host
 };
 
 struct RowStats {
@@ -273,7 +276,6 @@ __global__ void CUKERN_BOUNDS(BLOCK)
   const int slot = static_cast<int>(threadIdx.x) / TPR;
   const RowAddress dx_at{p.inner, p.dx_s0, p.dx_s1}, dy_at{p.inner, p.dy_s0, p.dy_s1};
   const RowAddress x_at{p.inner, p.x_s0, p.x_s1}, dr_at{p.inner, p.dr_s0, p.dr_s1}, st_at{p.inner, p.st_s0, p.st_s1};
-  const float hidden_f = static_cast<float>(p.hidden);
   int parity = 0;
   for (int first = blockIdx.x * kRowsPerBlock; first < p.chunks; first += gridDim.x * kRowsPerBlock) {
     const int chunk = first + slot;
@@ -323,8 +325,10 @@ __global__ void CUKERN_BOUNDS(BLOCK)
       }
       const SumPair total = row_tree<TPR, BLOCK, PairSum>(part, sums, parity);
       parity ^= 1;
-      const float mg = __fdiv_rn(total.g, hidden_f);
-      const float mgx = __fdiv_rn(total.gx, hidden_f);
+      // Means as products with 1 / hidden: a division's slow-path call made the 512-thread element path spill
+      // on sm_80, and the reciprocal is the same float for every row.
+      const float mg = __fmul_rn(total.g, p.inv_hidden);
+      const float mgx = __fmul_rn(total.gx, p.inv_hidden);
       T* dxr = dx + dx_at(at);
       const T* drr = dresidual != nullptr ? dresidual + dr_at(at) : nullptr;
 #pragma unroll

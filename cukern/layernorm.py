@@ -53,7 +53,7 @@ PARAMS = Params((("rows", "i64"), ("inner", "i64"), ("out_s0", "i64"), ("out_s1"
 BACKWARD_PARAMS = Params((("rows", "i64"), ("inner", "i64"), ("dx_s0", "i64"), ("dx_s1", "i64"), ("dy_s0", "i64"),
                           ("dy_s1", "i64"), ("x_s0", "i64"), ("x_s1", "i64"), ("dr_s0", "i64"), ("dr_s1", "i64"),
                           ("st_s0", "i64"), ("st_s1", "i64"), ("chunk_rows", "i64"), ("chunks", "i32"),
-                          ("hidden", "i32")))
+                          ("hidden", "i32"), ("inv_hidden", "f32")))
 PARAM_GRADS_PARAMS = Params((("hidden", "i64"), ("chunks", "i32"), ("leaves", "i32")))
 
 Knobs = rmsnorm.Knobs
@@ -421,8 +421,8 @@ def layer_norm_backward(dy: Any, x: Any, weight: Any = None, *, eps: float = 1e-
 
     With ``xhat = (x - mean) * rstd`` and ``g = dy * weight``:
     ``dx = rstd * ((g - mean(g)) - xhat * mean(g * xhat)) (+ dresidual)``,
-    ``dweight = sum over rows of dy * xhat``, ``dbias = sum over rows of dy``. Row means and sums in float32
-    over rms_norm's fixed tree; dweight and dbias add chunks of :func:`chunk_rows` rows in row order, then
+    ``dweight = sum over rows of dy * xhat``, ``dbias = sum over rows of dy``. Row sums in float32 over
+    rms_norm's fixed tree, means as the sums times ``1 / hidden`` (rounded once); dweight and dbias add chunks of :func:`chunk_rows` rows in row order, then
     the chunks pairwise: no float atomics, the same bits on every GPU for the same row count, and a row's
     dx does not depend on the other rows (:func:`cukern.reference.layer_norm_backward_emulated`).
 
@@ -550,7 +550,7 @@ def _launch_backward(dy, x, weight, mean, rstd, dresidual, dx, dweight, dbias, s
     params = struct_argument(BACKWARD_PARAMS.struct(
         rows=layout.rows, inner=layout.inner, dx_s0=s[0][0], dx_s1=s[0][1], dy_s0=s[1][0], dy_s1=s[1][1],
         x_s0=s[2][0], x_s1=s[2][1], dr_s0=dr_s0, dr_s1=dr_s1, st_s0=s[-1][0], st_s1=s[-1][1],
-        chunk_rows=p.chunk_rows, chunks=p.chunks, hidden=hidden))
+        chunk_rows=p.chunk_rows, chunks=p.chunks, hidden=hidden, inv_hidden=np.float32(1) / np.float32(hidden)))
     db_part = np.uint64(scratch)
     dw_part = np.uint64(scratch + 4 * p.chunks * hidden) if weight is not None else _NULL
     grads_params = struct_argument(PARAM_GRADS_PARAMS.struct(hidden=hidden, chunks=p.chunks,

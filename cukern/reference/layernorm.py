@@ -119,8 +119,9 @@ def layer_norm_backward_emulated(dy, x, weight=None, eps=1e-5, mean=None, rstd=N
     """``(dx, dweight, dbias)`` as :func:`cukern.layer_norm_backward` writes them (dweight None without a
     weight). In float32, each step rounded: mean and rstd as given, else :func:`layer_norm_stats_emulated`;
     ``xhat = (x - mean) * rstd``, ``g = dy * weight`` (dy without a weight); ``sum(g)`` and ``sum(g * xhat)``
-    over the rms_norm tree (each class in index order from -0, the classes pairwise); ``dx = rstd * ((g -
-    sum(g) / hidden) - xhat * (sum(g * xhat) / hidden))`` (``+ dresidual``), rounded to x's dtype. dweight
+    over the rms_norm tree (each class in index order from -0, the classes pairwise); with ``inv = 1 / hidden``
+    rounded once, ``dx = rstd * ((g - sum(g) * inv) - xhat * (sum(g * xhat) * inv))`` (``+ dresidual``),
+    rounded to x's dtype. dweight
     and dbias: the rows (leading axes flattened in C order) in chunks of
     :func:`cukern.layernorm.chunk_rows` rows, each chunk adding ``dy * xhat`` and ``dy`` in row order from -0,
     the chunks' partials then added pairwise, neighbours first, padded with -0 to a power of two; rounded to
@@ -145,8 +146,8 @@ def layer_norm_backward_emulated(dy, x, weight=None, eps=1e-5, mean=None, rstd=N
             for m in range(cells.shape[-2]):
                 s = np.where(present[m], s + cells[..., m, :], s)
             sums.append(_pairwise((s,), lambda a, b: (a[0] + b[0],))[0] if hidden else s[..., 0])
-        mg = (sums[0] / np.float32(max(hidden, 1)))[..., None]
-        mgx = (sums[1] / np.float32(max(hidden, 1)))[..., None]
+        inv = np.float32(1) / np.float32(max(hidden, 1))
+        mg, mgx = (sums[0] * inv)[..., None], (sums[1] * inv)[..., None]
         dx = rstd[..., None] * ((g - mg) - xhat * mgx)
         if dresidual is not None:
             dx = dx + _numpy(dresidual).astype(np.float32)
