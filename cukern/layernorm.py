@@ -422,9 +422,10 @@ def layer_norm_backward(dy: Any, x: Any, weight: Any = None, *, eps: float = 1e-
     With ``xhat = (x - mean) * rstd`` and ``g = dy * weight``:
     ``dx = rstd * ((g - mean(g)) - xhat * mean(g * xhat)) (+ dresidual)``,
     ``dweight = sum over rows of dy * xhat``, ``dbias = sum over rows of dy``. Row sums in float32 over
-    rms_norm's fixed tree, means as the sums times ``1 / hidden`` (rounded once); dweight and dbias add chunks of :func:`chunk_rows` rows in row order, then
-    the chunks pairwise: no float atomics, the same bits on every GPU for the same row count, and a row's
-    dx does not depend on the other rows (:func:`cukern.reference.layer_norm_backward_emulated`).
+    rms_norm's fixed tree, means as the sums times ``1 / hidden`` (rounded once); dweight and dbias add
+    chunks of :func:`chunk_rows` rows in row order, then the chunks pairwise: no float atomics, the same bits
+    on every GPU for the same row count, and a row's dx does not depend on the other rows
+    (:func:`cukern.reference.layer_norm_backward_emulated`).
 
     Parameters
     ----------
