@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
 import cukern._check as _check
@@ -39,6 +37,7 @@ from ._launch import SEQUENCE_LOCK, LaunchConfig, Params, launch, on_device, ref
 from ._launch import cupy as _cupy
 from ._launch import struct_argument
 from ._layout import ArraySpec, rows_layout
+from ._typing import DeviceArray
 
 SOURCE = "layer_norm"
 # The longest row a thread group holds in registers on every path (the element path of float32 rows of 8192
@@ -339,8 +338,8 @@ def _address(a) -> int:
     return a if isinstance(a, int) else a.data.ptr
 
 
-def layer_norm(x: Any, weight: Any = None, bias: Any = None, *, eps: float = 1e-5, out: Any = None,
-               return_stats: bool = False) -> Any:
+def layer_norm(x: DeviceArray, weight: DeviceArray | None = None, bias: DeviceArray | None = None, *,
+               eps: float = 1e-5, out: DeviceArray | None = None, return_stats: bool = False) -> DeviceArray | tuple:
     """Layer normalization over the last axis.
 
     ``out = (x - mean) * rstd * weight + bias`` with ``mean`` and ``var`` the row's mean and (biased)
@@ -384,8 +383,9 @@ def layer_norm(x: Any, weight: Any = None, bias: Any = None, *, eps: float = 1e-
     return _forward(False, x, None, weight, bias, eps, out, bool(return_stats))
 
 
-def fused_add_layer_norm(x: Any, residual: Any, weight: Any = None, bias: Any = None, *, eps: float = 1e-5,
-                         out: Any = None) -> Any:
+def fused_add_layer_norm(x: DeviceArray, residual: DeviceArray, weight: DeviceArray | None = None,
+                         bias: DeviceArray | None = None, *, eps: float = 1e-5,
+                         out: DeviceArray | None = None) -> DeviceArray:
     """``residual = round(residual + x)`` in place, then ``out = layer_norm(residual, weight, bias)``.
 
     The sum is taken in float32 and rounded once to residual's dtype (x's); out has x's dtype. ``out=x`` is
@@ -415,8 +415,9 @@ def _contiguous(a, name: str, op: str):
     return _cupy().ascontiguousarray(a)
 
 
-def layer_norm_backward(dy: Any, x: Any, weight: Any = None, *, eps: float = 1e-5, mean: Any = None,
-                        rstd: Any = None, dresidual: Any = None, dx: Any = None) -> tuple:
+def layer_norm_backward(dy: DeviceArray, x: DeviceArray, weight: DeviceArray | None = None, *, eps: float = 1e-5,
+                        mean: DeviceArray | None = None, rstd: DeviceArray | None = None,
+                        dresidual: DeviceArray | None = None, dx: DeviceArray | None = None) -> tuple:
     """Gradients of :func:`layer_norm` (and of :func:`fused_add_layer_norm`, x then being the new residual).
 
     With ``xhat = (x - mean) * rstd`` and ``g = dy * weight``:

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._typing import Array, HostArray
 from ._common import _f64, _numpy, _xp
 from .reductions import _chan
 
 
-def layer_norm(x, weight=None, bias=None, eps=1e-5):
+def layer_norm(x: Array, weight: Array | None = None, bias: Array | None = None, eps: float = 1e-5) -> Array:
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last axis, in float64. Reads x, weight, bias;
-    writes out."""
+    writes out.
+
+    Examples
+    --------
+    >>> from cukern.reference import layer_norm
+    >>> print(layer_norm(np.array([[1.0, 3.0]]), eps=0.0))
+    [[-1.  1.]]
+    """
     xp = _xp(x)
     x = _f64(x)
     mean = xp.mean(x, axis=-1, keepdims=True)
@@ -20,9 +28,18 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     return y if bias is None else y + _f64(bias)
 
 
-def layer_norm_backward(dy, x, weight=None, eps=1e-5):
+def layer_norm_backward(dy: Array, x: Array, weight: Array | None = None, eps: float = 1e-5) -> tuple:
     """``(dx, dweight, dbias)`` of :func:`layer_norm` in float64 (dweight None without a weight). Reads dy, x,
-    weight; writes dx, dweight, dbias."""
+    weight; writes dx, dweight, dbias.
+
+    Examples
+    --------
+    >>> from cukern.reference import layer_norm_backward
+    >>> dx, dw, db = layer_norm_backward(np.ones((2, 2)), np.array([[1.0, 3.0], [0.0, 2.0]]), np.ones(2), 0.0)
+    >>> print(dx, dw, db)
+    [[0. 0.]
+     [0. 0.]] [-2.  2.] [2. 2.]
+    """
     xp = _xp(x)
     x, dy = _f64(x), _f64(dy)
     mean = xp.mean(x, axis=-1, keepdims=True)
@@ -57,13 +74,21 @@ def _pairwise(p, combine):
     return tuple(s[..., 0] for s in p)
 
 
-def layer_norm_stats_emulated(x, eps=1e-5):
+def layer_norm_stats_emulated(x: HostArray, eps: float = 1e-5) -> tuple[HostArray, HostArray]:
     """``(mean, rstd)``, float32, as every layer_norm kernel computes them from float32 rows ``x`` (NumPy):
     each class of the rms_norm tree forms its (count, mean, M2) at once (its sum in index order from -0,
     divided by its count; then the squares of its elements less that mean, summed in index order), the
     classes' states are merged by reduce.cu's Chan merge (:func:`cukern.reference.reductions._chan`) as a
     perfect binary tree, neighbours first, and ``rstd = 1 / sqrt(M2 / hidden + eps)``, each step one
-    float32 rounding."""
+    float32 rounding.
+
+    Examples
+    --------
+    >>> from cukern.reference import layer_norm_stats_emulated
+    >>> mean, rstd = layer_norm_stats_emulated(np.array([[1.0, 2.0, 3.0, 6.0]], np.float32), eps=0.0)
+    >>> print(mean, rstd)
+    [3.] [0.5345225]
+    """
     v = np.asarray(x, np.float32)
     hidden = v.shape[-1]
     cells, present = _classes(v)
@@ -92,11 +117,20 @@ def _normalized(v, weight, bias, mean, rstd):
         return y + (_numpy(bias).astype(np.float32) if bias is not None else np.float32(-0.0))
 
 
-def layer_norm_emulated(x, weight=None, bias=None, eps=1e-5, return_stats=False):
+def layer_norm_emulated(x: Array, weight: Array | None = None, bias: Array | None = None, eps: float = 1e-5,
+                        return_stats: bool = False) -> HostArray | tuple:
     """The bits :func:`cukern.layer_norm` writes, from the values, dtypes and eps alone: mean and rstd from
     :func:`layer_norm_stats_emulated` of x widened to float32, then ``((x - mean) * rstd) * weight + bias``
     in float32, each step rounded (no weight: no product; no bias: + -0, which changes nothing), rounded once
-    to x's dtype. With ``return_stats``: ``(out, mean, rstd)``. Reads x, weight, bias; writes out."""
+    to x's dtype. With ``return_stats``: ``(out, mean, rstd)``. Reads x, weight, bias; writes out.
+
+    Examples
+    --------
+    >>> from cukern.reference import layer_norm_emulated
+    >>> y = layer_norm_emulated(np.array([[1.0, 2.0, 3.0, 6.0]], np.float16), eps=0.0)
+    >>> print(y.dtype, y)
+    float16 [[-1.069 -0.5347  0.      1.604 ]]
+    """
     x = _numpy(x)
     v = x.astype(np.float32)
     if v.shape[-1] == 0:
@@ -107,15 +141,26 @@ def layer_norm_emulated(x, weight=None, bias=None, eps=1e-5, return_stats=False)
     return (out, mean, rstd) if return_stats else out
 
 
-def fused_add_layer_norm_emulated(x, residual, weight=None, bias=None, eps=1e-5):
+def fused_add_layer_norm_emulated(x: Array, residual: Array, weight: Array | None = None,
+                                  bias: Array | None = None, eps: float = 1e-5) -> tuple[HostArray, HostArray]:
     """``(new_residual, out)`` as :func:`cukern.fused_add_layer_norm` writes them: ``residual + x`` in float32
-    rounded once to residual's dtype, then :func:`layer_norm_emulated` of that."""
+    rounded once to residual's dtype, then :func:`layer_norm_emulated` of that.
+
+    Examples
+    --------
+    >>> from cukern.reference import fused_add_layer_norm_emulated
+    >>> r, y = fused_add_layer_norm_emulated(np.ones((1, 2), np.float32), np.array([[0.0, 2.0]], np.float32), eps=0.0)
+    >>> print(r, y)
+    [[1. 3.]] [[-1.  1.]]
+    """
     residual = _numpy(residual)
     r = (residual.astype(np.float32) + _numpy(x).astype(np.float32)).astype(residual.dtype)
     return r, layer_norm_emulated(r, weight, bias, eps)
 
 
-def layer_norm_backward_emulated(dy, x, weight=None, eps=1e-5, mean=None, rstd=None, dresidual=None):
+def layer_norm_backward_emulated(dy: Array, x: Array, weight: Array | None = None, eps: float = 1e-5,
+                                 mean: Array | None = None, rstd: Array | None = None,
+                                 dresidual: Array | None = None) -> tuple:
     """``(dx, dweight, dbias)`` as :func:`cukern.layer_norm_backward` writes them (dweight None without a
     weight). In float32, each step rounded: mean and rstd as given, else :func:`layer_norm_stats_emulated`;
     ``xhat = (x - mean) * rstd``, ``g = dy * weight`` (dy without a weight); ``sum(g)`` and ``sum(g * xhat)``
@@ -125,7 +170,17 @@ def layer_norm_backward_emulated(dy, x, weight=None, eps=1e-5, mean=None, rstd=N
     and dbias: the rows (leading axes flattened in C order) in chunks of
     :func:`cukern.layernorm.chunk_rows` rows, each chunk adding ``dy * xhat`` and ``dy`` in row order from -0,
     the chunks' partials then added pairwise, neighbours first, padded with -0 to a power of two; rounded to
-    weight's dtype (x's without one)."""
+    weight's dtype (x's without one).
+
+    Examples
+    --------
+    >>> from cukern.reference import layer_norm_backward_emulated
+    >>> x = np.array([[1.0, 3.0], [0.0, 2.0]], np.float32)
+    >>> dx, dw, db = layer_norm_backward_emulated(np.ones_like(x), x, np.ones(2, np.float32), eps=0.0)
+    >>> print(dx, dw, db)
+    [[0. 0.]
+     [0. 0.]] [-2.  2.] [2. 2.]
+    """
     from ..layernorm import chunk_rows
 
     x, dy = _numpy(x), _numpy(dy)
