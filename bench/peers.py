@@ -126,6 +126,8 @@ def peers(case):
                 return torch.nn.functional.rms_norm(r, (hidden,), w, 1e-6)
 
             out.append(("torch", fused))
+    elif case.op in ("layer_norm", "fused_add_layer_norm", "layer_norm_backward"):
+        out += _quiet(_torch_layer_norm, torch, case, dt)
     elif case.op in ("rms_norm_fp8", "fused_add_rms_norm_fp8"):
         out += _torch_rms_norm_fp8(torch, case, dt)
     elif case.op.startswith("rotary_embedding"):
@@ -158,6 +160,61 @@ def peers(case):
         cuts = torch.sort(torch.randint(0, rows + 1, (segments - 1,), device="cuda")).values
         offsets = torch.cat([cuts.new_zeros(1), cuts, cuts.new_full((1,), rows)])
         out.append(("torch", lambda: torch.segment_reduce(x, "sum", offsets=offsets, axis=0, unsafe=True)))
+    return out
+
+
+def _liger_layer_norm():
+    try:
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+    except ImportError:
+        return None
+    return LigerLayerNormFunction
+
+
+def _torch_layer_norm(torch, case, dt):
+    """LayerNorm as PyTorch users run it: eager (``F.layer_norm``; the backward aten's own kernel, given the
+    forward's statistics), ``torch.compile`` of the same forward and of the backward's formula, and
+    Liger-Kernel's Triton forward and backward (through autograd) where it is installed."""
+    hidden, eps = case.shape[-1], 1e-5
+    x = torch.randn(case.shape, device="cuda", dtype=dt)
+    w = torch.randn(hidden, device="cuda", dtype=dt)
+    b = torch.randn(hidden, device="cuda", dtype=dt)
+    F = torch.nn.functional
+    out = []
+    if case.op == "layer_norm":
+        out.append(("torch", lambda: F.layer_norm(x, (hidden,), w, b, eps)))
+        compiled = torch.compile(lambda x, w, b: F.layer_norm(x, (hidden,), w, b, eps))
+        out.append(("torch.compile", lambda: compiled(x, w, b)))
+        liger = _liger_layer_norm()
+        if liger is not None:
+            out.append(("liger", lambda: liger.apply(x, w, b, eps)))
+    elif case.op == "fused_add_layer_norm":
+        r = torch.randn(case.shape, device="cuda", dtype=dt)
+
+        def fused():
+            r.add_(x)
+            return F.layer_norm(r, (hidden,), w, b, eps)
+
+        out.append(("torch", fused))
+    else:
+        dy = torch.randn(case.shape, device="cuda", dtype=dt)
+        _, mean, rstd = torch.ops.aten.native_layer_norm(x, (hidden,), w, b, eps)
+        out.append(("torch", lambda: torch.ops.aten.native_layer_norm_backward(
+            dy, x, (hidden,), mean, rstd, w, b, [True, True, True])))
+
+        def formula(dy, x, w, mean, rstd):
+            xf, g = x.float(), dy.float() * w.float()
+            xhat = (xf - mean) * rstd
+            dx = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+            return dx.to(dt), (dy.float() * xhat).sum(0).to(dt), dy.float().sum(0).to(dt)
+
+        compiled = torch.compile(formula)
+        out.append(("torch.compile", lambda: compiled(dy, x, w, mean, rstd)))
+        liger = _liger_layer_norm()
+        if liger is not None:
+            xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
+            y = liger.apply(xg, wg, bg, eps)
+            out.append(("liger", lambda: torch.autograd.grad(y, (xg, wg, bg), dy, retain_graph=True)))
     return out
 
 

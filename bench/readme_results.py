@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 START, END = "<!-- results -->", "<!-- /results -->"
 CARDS = ("h200", "h100")  # results files, in the order of the table's columns; the absent ones are skipped
-IMPLS = {"cupy": "CuPy", "torch": "PyTorch", "torch.compile": "torch.compile", "triton": "Triton"}
+IMPLS = {"cupy": "CuPy", "torch": "PyTorch", "torch.compile": "torch.compile", "triton": "Triton",
+         "liger": "Liger-Kernel"}
 
 # (label, op, shape, dtype): the cases the README shows, at most 15
 HEADLINE = [

@@ -60,6 +60,7 @@
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
 #include "common/complex.cuh"
+#include "common/moments.cuh"
 #include "common/reduce.cuh"
 
 namespace cukern {
@@ -136,13 +137,11 @@ template <> struct Store<Count> {
 
 // Correctly rounded and never fused: the default -fmad=true would otherwise turn a square and an add into
 // one FMA on some paths and not on others.
-// (float and double add_rn, sub_rn, mul_rn: common/complex.cuh)
+// (float and double add_rn, sub_rn, mul_rn, div_rn: common/complex.cuh)
 __device__ __forceinline__ long long add_rn(long long a, long long b) { return a + b; }
 __device__ __forceinline__ long long mul_rn(long long a, long long b) {  // wraps, as NumPy's int64
   return static_cast<long long>(static_cast<unsigned long long>(a) * static_cast<unsigned long long>(b));
 }
-__device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
 
 template <typename A> __device__ __forceinline__ bool is_negative_zero(A) { return false; }
 __device__ __forceinline__ bool is_negative_zero(float a) { return __float_as_uint(a) == 0x80000000u; }
@@ -175,37 +174,7 @@ struct Min {
   }
 };
 
-// var and std: (count, mean, M2) of the values less a shift (the slice's first element: subtracting it
-// leaves the data's spread and removes the offset, without which a float32 mean of 1e4 leaves M2 only a few
-// correct digits), count in S as well (exact to 2^24 in float; rounded, deterministically, above).
-template <typename S> struct Moments {
-  S n, mean, m2;
-};
-
-template <typename S> __device__ __forceinline__ Moments<S> shuffle_xor(Moments<S> v, int m) {
-  return Moments<S>{__shfl_xor_sync(0xffffffffu, v.n, m), __shfl_xor_sync(0xffffffffu, v.mean, m),
-                    __shfl_xor_sync(0xffffffffu, v.m2, m)};
-}
-
-// Chan's merge, commutative bit for bit as the shuffle trees need: the operands are first put in a fixed
-// order (the larger count first, then the larger mean), and the merge is then a fixed sequence of correctly
-// rounded steps. An empty operand (the identity) returns the other one exactly, so padding and idle lanes
-// change nothing. Any NaN stays in the mean, where finish turns it into the NaN result.
-struct Chan {
-  template <typename A> __device__ __forceinline__ static A identity() { return A{0, 0, 0}; }
-  template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
-    const bool swap = b.n > a.n || (b.n == a.n && b.mean > a.mean);
-    const A hi = swap ? b : a;
-    const A lo = swap ? a : b;
-    if (lo.n == 0) return hi;
-    const auto n = add_rn(hi.n, lo.n);
-    const auto d = sub_rn(lo.mean, hi.mean);
-    const auto f = div_rn(lo.n, n);
-    return A{n, add_rn(hi.mean, mul_rn(d, f)), add_rn(add_rn(hi.m2, lo.m2), mul_rn(mul_rn(d, d), mul_rn(hi.n, f)))};
-  }
-};
-
-
+// var and std: Moments and the Chan merge, common/moments.cuh.
 
 // The complex product (mul_rn of Complex): common/complex.cuh.
 

@@ -39,31 +39,9 @@
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
+#include "common/rows.cuh"
 
 namespace cukern {
-
-// Rows are addressed through two leading dimensions (outer, inner) with free strides, so views into a
-// fused buffer and per-head layouts need no copy. All offsets are 64-bit. A row number is split once per
-// row for all arrays; a 64-bit division costs about a hundred instructions, so the split skips it for
-// one-level layouts (inner == rows) and uses 32-bit division whenever the numbers fit.
-struct RowSplit {
-  long long outer, inner;
-};
-
-__device__ __forceinline__ RowSplit split_row(long long row, long long inner) {
-  if (row < inner) return {0, row};
-  if (row <= 0xffffffffLL) {
-    const unsigned q = static_cast<unsigned>(row) / static_cast<unsigned>(inner);
-    return {q, row - static_cast<long long>(q) * inner};
-  }
-  return {row / inner, row % inner};
-}
-
-struct RowAddress {
-  long long inner;
-  long long s0, s1;
-  __device__ __forceinline__ long long operator()(RowSplit r) const { return r.outer * s0 + r.inner * s1; }
-};
 
 // Every scalar of a launch, passed by value as one struct (cukern/rmsnorm.py `PARAMS` packs it once per plan:
 // one kernel argument where separate scalars would cost the host a conversion each). Strides are in
@@ -166,23 +144,9 @@ __device__ __forceinline__ unsigned e4m3x2(float lo, float hi) {
 
 __device__ __forceinline__ float square_add(float acc, float v) { return __fadd_rn(acc, __fmul_rn(v, v)); }
 
-// 1 / sqrt(ss / hidden + eps), each operation rounded to nearest: one formula for both kernels.
-__device__ __forceinline__ float inverse_rms(float ss, int hidden, float eps) {
-  return __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(hidden)), eps)));
-}
 
 // (x * inv) * scale, scale = offset + weight: the one scaling of both kernels, rounded once more to T.
 __device__ __forceinline__ float scaled(float x, float inv, float scale) { return __fmul_rn(__fmul_rn(x, inv), scale); }
-
-template <typename T, int VEC>
-__device__ __forceinline__ Pack<T, VEC> residual_sum(const Pack<T, VEC>& x, const Pack<T, VEC>& r) {
-  // In float32 and rounded once to T: exact for float32, and for 16-bit types the float32 sum is close
-  // enough (24 >= 2 * 11 + 2 bits) that rounding it again gives the correctly rounded sum in T.
-  Pack<T, VEC> s;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) s.v[j] = from_float<T>(__fadd_rn(to_float(x.v[j]), to_float(r.v[j])));
-  return s;
-}
 
 // The float8 bytes of one vector: y = t * inv, then q = e4m3(y * rcp), rcp = 1 / s (division by the scale
 // as a product with its correctly rounded reciprocal: one division a row, not one an element), each

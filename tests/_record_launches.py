@@ -20,10 +20,11 @@ import cupy
 import numpy as np
 
 import cukern
-from cukern import _convert, _launch, _tuned, argreduce, ladder, qknorm, reduce, rmsnorm, rotary, scan, segment
+from cukern import (_convert, _launch, _tuned, argreduce, ladder, layernorm, qknorm, reduce, rmsnorm, rotary, scan,
+                    segment)
 from cukern._dtypes import BFLOAT16
 
-MODULES = (_convert, argreduce, ladder, qknorm, reduce, rmsnorm, rotary, scan, segment)
+MODULES = (_convert, argreduce, ladder, layernorm, qknorm, reduce, rmsnorm, rotary, scan, segment)
 
 allocations = []  # (address, bytes) of every allocation
 freed = set()  # the addresses of those whose memory went back
@@ -214,6 +215,18 @@ def cases():
                         lambda h=hidden, t=t, wt=wt, s=scale: cukern.fused_add_rms_norm(
                             _a((64, h), t), _a((64, h), t), None if wt is None else _a((h,), wt),
                             out_dtype="float8_e4m3fn", scale=s)))
+    for hidden, t, w in itertools.product((7, 128, 4096, 5000, 8192), (f16, bf16, f32), (None, "same", f32)):
+        wt = None if w is None else t if w == "same" else w
+        par = (lambda h, wt: None if wt is None else _a((h,), wt))
+        out.append((f"layer_norm {hidden} {np.dtype(t).name} {wt}", lambda h=hidden, t=t, wt=wt: cukern.layer_norm(
+            _a((64, h), t), par(h, wt), par(h, wt), return_stats=wt is not None)))
+        out.append((f"fused_add_layer_norm {hidden} {np.dtype(t).name} {wt}", lambda h=hidden, t=t, wt=wt:
+                    cukern.fused_add_layer_norm(_a((64, h), t), _a((64, h), t), par(h, wt), par(h, wt))))
+        for rows, stats, dres in ((64, True, False), (3000, False, True), (1, True, True)):
+            out.append((f"layer_norm_backward {rows}x{hidden} {np.dtype(t).name} {wt} stats={stats} dres={dres}",
+                        lambda h=hidden, t=t, wt=wt, n=rows, st=stats, dr=dres: cukern.layer_norm_backward(
+                            _a((n, h), t), _a((n, h), t), par(h, wt), mean=_a((n,), f32) if st else None,
+                            rstd=_a((n,), f32) if st else None, dresidual=_a((n, h), t) if dr else None)))
     for t, neox, dim, key, ct in itertools.product((f16, bf16, f32), (True, False), (None, 64), (True, False),
                                                   (f32, "same")):
         cache_t = t if ct == "same" else ct
@@ -367,8 +380,66 @@ def bad_cases():
                      ("out is residual", "out", lambda: dict(zip(("residual", "out"), _views((T, H), 0, 0))))]
         cases += _overlaps(op, fn, good, rows)
         cases += _overlaps(f"{op} float8", fn, fp8, [("out overlaps x", "out", fp8_out_over_x)])
+    cases += _layer_norm_cases(T, H, eps[:-1] + (("past float32", -1e39),))
     cases += _rotary_cases(T)
     cases += _reduction_cases()
+    return cases
+
+
+def _layer_norm_cases(T, H, eps):
+    """:func:`bad_cases`' of layer_norm, fused_add_layer_norm and layer_norm_backward, over float32 (T, H)."""
+    f32, floats = np.dtype(np.float32), tuple(np.dtype(t) for t in (np.float32, np.float16, BFLOAT16))
+    cases = []
+    param = _array_values((H,), (f32,), optional=True, shapes=[(H - 1,), (1, H), ()], unit_last=True)
+    for fused in (False, True):
+        op = "fused_add_layer_norm" if fused else "layer_norm"
+
+        def good(fused=fused):
+            return {"x": _a((T, H)), "weight": _a((H,)), "bias": _a((H,)),
+                    **({"residual": _a((T, H))} if fused else {})}
+
+        bad = {"x": _array_values((T, H), floats, shapes=[()], unit_last=True), "weight": param, "bias": param,
+               "out": _array_values((T, H), (f32,), optional=True, shapes=[(T, H - 1), (H,)], unit_last=True,
+                                    written=True),
+               "eps": eps}
+        if fused:
+            bad["residual"] = _array_values((T, H), (f32,), shapes=[(T, H + 1), (H,)], unit_last=True, written=True)
+        cases += _sweep(op, getattr(cukern, op), good, bad)
+
+        def bias_over_residual():
+            buf = _a((T, H))
+            return {"residual": buf, "bias": buf[2]}
+
+        rows = [("out partially overlaps x", "out", lambda: dict(zip(("x", "out"), _views((T, H), 0, 1))))]
+        if fused:
+            rows += [("residual overlaps x", "residual", lambda: dict(zip(("x", "residual"), _views((T, H), 0, 1)))),
+                     ("bias in residual", "bias", bias_over_residual),
+                     ("out is residual", "out", lambda: dict(zip(("residual", "out"), _views((T, H), 0, 0))))]
+        cases += _overlaps(op, getattr(cukern, op), good, rows)
+    cases += [("layer_norm hidden over the limit", "x",
+               lambda: cukern.layer_norm(_a((2, layernorm.MAX_HIDDEN + 1))))]
+
+    def backward():
+        return {"dy": _a((T, H)), "x": _a((T, H)), "weight": _a((H,)), "mean": _a((T,)), "rstd": _a((T,))}
+
+    stat = _array_values((T,), (f32,), optional=True, shapes=[(T + 1,), (T, 1)])
+    bad = {"dy": _array_values((T, H), (f32,), shapes=[(T, H - 1), (H,)], unit_last=True),
+           "x": _array_values((T, H), floats, shapes=[()], unit_last=True), "weight": param,
+           "mean": stat, "rstd": stat, "eps": eps,
+           "dresidual": _array_values((T, H), (f32,), optional=True, shapes=[(T, H + 1)], unit_last=True),
+           "dx": _array_values((T, H), (f32,), optional=True, shapes=[(T, H - 1)], unit_last=True, written=True)}
+    fn = cukern.layer_norm_backward
+    cases += _sweep("layer_norm_backward", fn, backward, bad)
+
+    def dx_over(name):
+        def make():
+            buf = _a((2 * T, H))
+            return {name: buf[:T], "dx": buf[1:T + 1]}
+        return make
+
+    cases += _overlaps("layer_norm_backward", fn, backward, [
+        ("dx partially overlaps dy", "dx", dx_over("dy")), ("dx overlaps x", "dx", dx_over("x")),
+        ("dx is x", "dx", lambda: dict(zip(("x", "dx"), _views((T, H), 0, 0))))])
     return cases
 
 
