@@ -1,4 +1,4 @@
-"""A pytest plugin that routes CuPy's reductions to cukern while CuPy's own tests run (issue 14).
+"""A pytest plugin that routes CuPy's reductions to cukern while CuPy's own tests run, a check of NumPy semantics.
 
 Load it with ``python -m pytest -p bench.cupy_routing .cupy_tests`` (``bench/fetch_cupy_tests.sh`` copies the
 tests). While it is loaded, ``cupy.sum``, ``cupy.mean``, ``cupy.amax`` / ``cupy.max``, ``cupy.amin`` /
@@ -13,10 +13,11 @@ test as
 
 With ``CUKERN_ROUTING_OPS=all`` the plugin also routes ``prod``, ``var``, ``std``, ``nansum``, ``nanmean``,
 ``nanmax``, ``nanmin``, ``argmax``, ``argmin``, ``nanargmax``, ``nanargmin``, ``cumsum``, ``cumprod``,
-``count_nonzero``, ``any`` and ``all`` (the functions and the ``ndarray`` methods CuPy has; a CuPy-only
-argument, such as argmax's ``dtype``, leaves the call to CuPy). Calls cukern makes while answering one go
-to CuPy unrouted. Every count is also kept per op (``answered:var``, ...), and a call both raise in which
-cukern's exception is not of CuPy's type is counted as ``raised_otherwise:<op>:<cukern's>/<CuPy's>``.
+``count_nonzero``, ``any`` and ``all`` (the functions and the ``ndarray`` methods CuPy has; argmax's
+``dtype``, CuPy's index dtype, goes to cukern too), and ``cupyx.scipy.special.logsumexp`` (SciPy's
+signature: ``b`` and ``return_sign`` too). Calls cukern makes while answering one go to CuPy unrouted.
+Every count is also kept per op (``answered:var``, ...), and a call both raise in which cukern's exception
+is not of CuPy's type is counted as ``raised_otherwise:<op>:<cukern's>/<CuPy's>``.
 
 Tests whose node id matches ``CUKERN_ROUTING_SKIP`` (a regular expression; by default the classes that mock
 CuPy's CUB internals, which check CuPy's code path rather than results) run unrouted. The counts are printed
@@ -88,7 +89,7 @@ _MORE_OPS = {
     "count_nonzero": ("axis",), "any": _AXIS_OUT_KEEPDIMS, "all": _AXIS_OUT_KEEPDIMS,
 }
 _METHOD_KEYS = {"argmax": ("axis", "out", "dtype", "keepdims"), "argmin": ("axis", "out", "dtype", "keepdims")}
-_CUPY_ONLY = {"argmax": "dtype", "argmin": "dtype", "nanargmax": "dtype", "nanargmin": "dtype"}
+_LOGSUMEXP = ("axis", "b", "keepdims", "return_sign")
 
 
 def _reduction(name: str, theirs, keys: tuple):
@@ -104,9 +105,6 @@ def _reduction(name: str, theirs, keys: tuple):
             return theirs(a, *args, **kwargs)
         kw = dict(zip(keys, args))
         kw.update(kwargs)
-        if kw.get(_CUPY_ONLY.get(name)) is not None:
-            return theirs(a, *args, **kwargs)
-        kw.pop(_CUPY_ONLY.get(name), None)
         if "keepdims" in kw and kw["keepdims"] is None:  # ndarray.prod's default
             kw["keepdims"] = False
         axis = kw.pop("axis", None)
@@ -154,6 +152,10 @@ def pytest_configure(config):
         if name in ops and hasattr(cupy.ndarray, attr) and attr not in ("amax", "amin"):
             _patch(cupy.ndarray, attr, lambda f, n=name: _reduction(n, f, _METHOD_KEYS.get(n, ops[n])))
     _patch(cupy.linalg, "norm", _norm)
+    if os.environ.get("CUKERN_ROUTING_OPS") == "all":
+        import cupyx.scipy.special
+
+        _patch(cupyx.scipy.special, "logsumexp", lambda f: _reduction("logsumexp", f, _LOGSUMEXP))
 
 
 def pytest_unconfigure(config):

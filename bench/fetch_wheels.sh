@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Wheels the device machine's image lacks (it reaches no registry): Dask with its distributed scheduler and
-# dask-cuda, and each package they need that the image does not have (the image's list: KINDS.md, "Python
-# packages already there"). Run here before a device call, then name .whl in the call's `carry`;
-# bench/run_h200.sh installs them when .whl exists. .whl is ignored by git (.git/info/exclude).
+# Wheels a GPU machine without a package index lacks: Dask with its distributed scheduler and dask-cuda,
+# Liger-Kernel (a training peer: it needs only torch and Triton), and each package they need that its image
+# does not have. Run on a machine with an index, then copy .whl with
+# the tree; bench/run_h200.sh installs them when .whl exists. .whl is ignored by git (.git/info/exclude).
 #
 # One consistent set: dask-cuda 26.10 takes its Dask through rapids-dask-dependency 26.10, which pins dask
 # and distributed to 2026.7.1 (it is carried too, though its import hook stays idle in a --target install).
@@ -18,6 +18,6 @@ rm -f .whl/*.whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
   dask==2026.7.1 distributed==2026.7.1 dask-cuda==26.10.0 rapids-dask-dependency==26.10.0 \
-  tornado==6.6.1 zict==3.0.0 tblib==3.2.2 locket==1.0.0 partd==1.4.2
+  tornado==6.6.1 zict==3.0.0 tblib==3.2.2 locket==1.0.0 partd==1.4.2 liger-kernel==0.8.5
 ls -la .whl
 du -ch .whl/*.whl | tail -n 1

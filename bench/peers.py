@@ -50,9 +50,11 @@ def _triton_rms_norm():
 
 
 def host_calls():
-    """The peers' host-cost records beside cukern's: ``(op, impl, shape, make)``, ``make()`` giving ``(fn,
-    args, kwargs)`` on fresh inputs (``cukern.lab.pipeline.HostCall``). torch's ``F.rms_norm`` on a decode
-    step's [1, 4096] bfloat16, recorded as ``host_overhead`` / ``torch``."""
+    """The peers' host-cost records beside cukern's: ``(op, impl, shape, make, dtype)``, ``make()`` giving
+    ``(fn, args, kwargs)`` on fresh inputs (``cukern.lab.pipeline.HostCall``): torch's ``F.rms_norm`` on a
+    decode step's [1, 4096] bfloat16 (``host_overhead``), its rotation and QK-norm + rotation of one token as
+    PyTorch users write them (eager and compiled), and ``torch.sum``, ``torch.argmax`` and ``torch.cumsum``
+    of 4096 floats."""
     torch = _torch()
     if torch is None:
         return []
@@ -63,7 +65,36 @@ def host_calls():
         w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
         return torch.nn.functional.rms_norm, (x, (hidden,), w, 1e-6), {}
 
-    return [("host_overhead", "torch", (1, hidden), rms_norm)]
+    def small(fn):
+        def make():
+            return fn, (torch.randn(hidden, device="cuda", dtype=torch.float32),), {}
+        return make
+
+    calls = [("host_overhead", "torch", (1, hidden), rms_norm, "bfloat16"),
+             ("host_overhead_sum", "torch", (hidden,), small(torch.sum), "float32"),
+             ("host_overhead_argmax", "torch", (hidden,), small(torch.argmax), "float32"),
+             ("host_overhead_cumsum", "torch", (hidden,), small(lambda x: torch.cumsum(x, 0)), "float32")]
+    for op, builder in (("host_overhead_rotary", _torch_rope), ("host_overhead_qk_norm_rope", _torch_qk_norm_rope)):
+        token = _DecodeCase(op.removeprefix("host_overhead_").replace("rotary", "rotary_embedding"))
+        for impl, fn in _quiet(builder, torch, token, torch.bfloat16):
+            calls.append((op, impl, token.shape, lambda fn=fn: (fn, (), {}), "bfloat16"))
+    return calls
+
+
+class _DecodeCase:
+    """A benchmark case's fields for one decode token: 32 query and 8 key heads of 128 (NeoX)."""
+
+    def __init__(self, op):
+        self.op, self.shape, self.dtype, self.params = op, (1, 32, 128), "bfloat16", (("kv_heads", 8),)
+
+
+def _quiet(builder, torch, case, dt):
+    """``builder``'s peers, or none where torch.compile cannot build them here."""
+    try:
+        return builder(torch, case, dt)
+    except Exception as err:  # a framework that cannot build the peer is reported, not fatal
+        print(f"  host-cost peers of {case.op} unavailable: {type(err).__name__}: {err}")
+        return []
 
 
 def peers(case):
@@ -95,6 +126,8 @@ def peers(case):
                 return torch.nn.functional.rms_norm(r, (hidden,), w, 1e-6)
 
             out.append(("torch", fused))
+    elif case.op in ("layer_norm", "fused_add_layer_norm", "layer_norm_backward"):
+        out += _quiet(_torch_layer_norm, torch, case, dt)
     elif case.op in ("rms_norm_fp8", "fused_add_rms_norm_fp8"):
         out += _torch_rms_norm_fp8(torch, case, dt)
     elif case.op == "rms_norm_backward":
@@ -129,6 +162,61 @@ def peers(case):
         cuts = torch.sort(torch.randint(0, rows + 1, (segments - 1,), device="cuda")).values
         offsets = torch.cat([cuts.new_zeros(1), cuts, cuts.new_full((1,), rows)])
         out.append(("torch", lambda: torch.segment_reduce(x, "sum", offsets=offsets, axis=0, unsafe=True)))
+    return out
+
+
+def _liger_layer_norm():
+    try:
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+    except ImportError:
+        return None
+    return LigerLayerNormFunction
+
+
+def _torch_layer_norm(torch, case, dt):
+    """LayerNorm as PyTorch users run it: eager (``F.layer_norm``; the backward aten's own kernel, given the
+    forward's statistics), ``torch.compile`` of the same forward and of the backward's formula, and
+    Liger-Kernel's Triton forward and backward (through autograd) where it is installed."""
+    hidden, eps = case.shape[-1], 1e-5
+    x = torch.randn(case.shape, device="cuda", dtype=dt)
+    w = torch.randn(hidden, device="cuda", dtype=dt)
+    b = torch.randn(hidden, device="cuda", dtype=dt)
+    F = torch.nn.functional
+    out = []
+    if case.op == "layer_norm":
+        out.append(("torch", lambda: F.layer_norm(x, (hidden,), w, b, eps)))
+        compiled = torch.compile(lambda x, w, b: F.layer_norm(x, (hidden,), w, b, eps))
+        out.append(("torch.compile", lambda: compiled(x, w, b)))
+        liger = _liger_layer_norm()
+        if liger is not None:
+            out.append(("liger", lambda: liger.apply(x, w, b, eps)))
+    elif case.op == "fused_add_layer_norm":
+        r = torch.randn(case.shape, device="cuda", dtype=dt)
+
+        def fused():
+            r.add_(x)
+            return F.layer_norm(r, (hidden,), w, b, eps)
+
+        out.append(("torch", fused))
+    else:
+        dy = torch.randn(case.shape, device="cuda", dtype=dt)
+        _, mean, rstd = torch.ops.aten.native_layer_norm(x, (hidden,), w, b, eps)
+        out.append(("torch", lambda: torch.ops.aten.native_layer_norm_backward(
+            dy, x, (hidden,), mean, rstd, w, b, [True, True, True])))
+
+        def formula(dy, x, w, mean, rstd):
+            xf, g = x.float(), dy.float() * w.float()
+            xhat = (xf - mean) * rstd
+            dx = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+            return dx.to(dt), (dy.float() * xhat).sum(0).to(dt), dy.float().sum(0).to(dt)
+
+        compiled = torch.compile(formula)
+        out.append(("torch.compile", lambda: compiled(dy, x, w, mean, rstd)))
+        liger = _liger_layer_norm()
+        if liger is not None:
+            xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
+            y = liger.apply(xg, wg, bg, eps)
+            out.append(("liger", lambda: torch.autograd.grad(y, (xg, wg, bg), dy, retain_graph=True)))
     return out
 
 

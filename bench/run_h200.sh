@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # The GPU job: the GPU test suite, then compute-sanitizer over bench/sanitize.py, then the benchmark, writing
 # bench/results/<card>.json, the two plots, the rms_norm card and bench/results/sanitizer_<card>.json, <card>
-# being h200 or h100 as nvidia-smi names the GPU (and copies of the results and logs.tar.gz under $OUT when
-# the device tool runs it).
+# being h200 or h100 as nvidia-smi names the GPU (and copies of the results and logs.tar.gz under $OUT, a
+# folder a remote machine hands back).
 # Usage: bench/run_h200.sh [all|PART[,PART...]] [pytest args...], PART one of tests, sanitize, bench
-# (default all; e.g. tests,bench for the suite and the benchmark in one call; the parts fit one
-# device call each when a call's time limit is too short for all; SANITIZE_TOOLS="memcheck racecheck"
+# (default all; e.g. tests,bench for the suite and the benchmark in one run; each part also runs alone, for
+# a machine whose time limit is too short for all; SANITIZE_TOOLS="memcheck racecheck"
 # runs a subset of the four tools)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if [ -d .whl ]; then  # optional packages the device image lacks (dask), carried as wheels
+if [ -d .whl ]; then  # optional packages the machine's image lacks (dask), brought as wheels (bench/fetch_wheels.sh)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 out=${OUT:-/tmp/cukern-out}
-logs=$out/logs  # every log here, packed into $out/logs.tar.gz at the end (the device tool returns 8 files)
+logs=$out/logs  # every log here, packed into $out/logs.tar.gz at the end (a remote machine may hand back only a few files)
 mkdir -p "$logs"
 part=${1:-all}
 [ $# -gt 0 ] && shift
@@ -64,7 +64,7 @@ if want sanitize; then
     [ "${outcomes[-1]#*=}" = clean ] || sanitize=1
     echo "sanitize $tool: ${outcomes[-1]#*=} ($(tail -n 1 "$log"))"
   done
-  # Outcomes of this tree add to those already recorded for it (a subset per call, SANITIZE_TOOLS).
+  # Outcomes of this tree add to those already recorded for it (a subset per run, SANITIZE_TOOLS).
   python3 -c 'import json, os, sys
 from cukern._compile import source_sha256
 path, sha = sys.argv[1], source_sha256()

@@ -157,7 +157,8 @@ NEWER_REDUCTIONS = {
 
 
 def newer_reduction_cases():
-    """var, std, the NaN-aware ops, counts, prod and logsumexp on the full, row, column and strided layouts."""
+    """var, std, the NaN-aware ops, counts, prod and logsumexp (with weights too) on the full, row, column and
+    strided layouts."""
     for name, dtypes in NEWER_REDUCTIONS.items():
         fn = getattr(cukern, name)
         for dtype in dtypes:
@@ -170,6 +171,10 @@ def newer_reduction_cases():
             run(fn, m[:, 1:], axis=1)
             run(fn, m, axis=0)
             run(fn, dev((7, 3, 257), dtype), axis=(0, 2))
+            if name == "logsumexp":  # weights: one row broadcast over the rows, a strided column, copied layouts
+                run(fn, m[:, 1:], axis=1, b=dev(1031, dtype), return_sign=True)
+                run(fn, m, axis=0, b=dev((33, 1), dtype)[::-1])
+                run(fn, dev((4, 5, 6, 7), dtype).transpose(1, 0, 2, 3), axis=3, b=dev(7, dtype), return_sign=True)
 
 
 def fused_and_quantized_cases():

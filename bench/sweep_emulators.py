@@ -4,7 +4,7 @@ NaN beside normal ones: random float, integer, bool and complex dtypes, shapes o
 (transposed, reversed, offset, stepped), axes (None, one, negative, a tuple), keepdims, dtype= (bfloat16
 among them; complex ones for the scans) and segment offsets with empty segments. A call the emulator
 refuses must be refused by cukern too. What the CUDA-event benchmarks never draw, and what found the
-flush to zero of 2026-12-04 (bench/NOTES.md).
+flush to zero of CuPy-compiled kernels (docs/design/verification.md).
 
 Run from the repository root on a GPU: ``PYTHONPATH=. python3 bench/sweep_emulators.py SECONDS [SEED
 [PROCESSES]]``; prints one line a mismatch (at most 20 a process) and a summary a process.

@@ -1,5 +1,5 @@
 """Sweep the RMSNorm tuning space (``cukern.rmsnorm.Knobs``) on the GPU and print µs and % of the copy
-peak per shape and knob setting; the evidence behind ``DEFAULT_KNOBS`` (see bench/NOTES.md)."""
+peak per shape and knob setting; the evidence behind ``DEFAULT_KNOBS`` (see docs/design/rms_norm.md)."""
 
 import itertools
 import time

@@ -74,17 +74,30 @@ def test_cupy_positional_arguments_reach_cukern_by_name(routing, monkeypatch):
     assert calls[-1] == ((a, 0), {"keepdims": False})
 
 
-def test_argmax_methods_and_cupy_only_arguments(routing, monkeypatch):
+def test_argmax_methods_and_their_index_dtype(routing, monkeypatch):
     calls, theirs = [], []
     monkeypatch.setattr(cukern, "argmax", _recorder(calls))
     method = R._reduction("argmax", _recorder(theirs, "theirs"), R._METHOD_KEYS["argmax"])
     a = FakeArray()
     assert method(a, 1, None) == "ours"  # ndarray.argmax(axis, out, dtype, keepdims)
     assert calls[-1] == ((a, 1), {"out": None})
-    # CuPy's own dtype argument (NumPy's argmax has none): the call is CuPy's, and not counted
-    assert method(a, 1, None, "int32") == "theirs"
-    assert R._reduction("argmax", _recorder(theirs, "theirs"), R._WITH_DTYPE)(a, None, "int32") == "theirs"
-    assert len(calls) == 1 and len(theirs) == 2 and routing.current["answered"] == 1
+    # CuPy's index dtype (NumPy's argmax has none) goes to cukern as well
+    assert method(a, 1, None, "int32") == "ours"
+    assert calls[-1] == ((a, 1), {"out": None, "dtype": "int32"})
+    assert R._reduction("argmax", _recorder(theirs, "theirs"), R._WITH_DTYPE)(a, None, "int32") == "ours"
+    assert calls[-1] == ((a, None), {"dtype": "int32"})
+    assert not theirs and routing.current["answered:argmax"] == 3
+
+
+def test_logsumexp_takes_scipys_arguments(routing, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cukern, "logsumexp", _recorder(calls))
+    routed = R._reduction("logsumexp", _recorder([], "theirs"), R._LOGSUMEXP)
+    a, b = FakeArray(), FakeArray()
+    assert routed(a, 0, b, True, True) == "ours"  # logsumexp(a, axis, b, keepdims, return_sign)
+    assert calls[-1] == ((a, 0), {"b": b, "keepdims": True, "return_sign": True})
+    routed(a, axis=(1, 3), b=b, return_sign=True)
+    assert calls[-1] == ((a, (1, 3)), {"b": b, "return_sign": True})
 
 
 def test_inactive_or_foreign_calls_go_to_cupy(routing, monkeypatch):

@@ -21,7 +21,7 @@
 //    indices (one span unless the row is longer than a 32-bit count allows), and `ways` blocks search each
 //    span together, interleaved: block w takes its span's steps w, w + ways, w + 2 ways, ..., a step being
 //    BLOCK x UNROLL vectors, so the whole grid sweeps memory as one front (thousands of blocks each
-//    streaming a distant contiguous run read slower: bench/NOTES.md). The last block of a row to finish
+//    streaming a distant contiguous run read slower: docs/design/argreduce.md). The last block of a row to finish
 //    combines the row's partials. argreduce_cols: one row per thread, for rows that lie next to each other in memory
 //    (a reduction over the leading axis of a C-ordered array), walking its row index by index.
 // 2. Input traffic: every element read once, the int64 result written once. A span of a unit-stride row
@@ -146,7 +146,7 @@ __device__ __forceinline__ key_t<BYTES> element_key(typename Bits<BYTES>::type b
     } else {
       // No branch: -0 becomes +0, then one shift of the sign makes the mask (all ones for a negative
       // number, the sign bit alone else) and the NaN test is a select. The same keys as a test-and-branch
-      // form, whose early return for a NaN cost argmax fp32 2^28 3% of the copy (bench/NOTES.md).
+      // form, whose early return for a NaN cost argmax fp32 2^28 3% of the copy (docs/design/argreduce.md).
       const U mag = static_cast<U>(b & static_cast<U>(~kSign));
       const U c = mag ? b : U(0);
       const U mask = static_cast<U>(static_cast<U>(U(0) - static_cast<U>(c >> (8 * BYTES - 1))) | kSign);

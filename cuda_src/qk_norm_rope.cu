@@ -38,6 +38,7 @@
 #include "common/dtype.cuh"
 #include "common/reduce.cuh"
 #include "common/rms.cuh"
+#include "common/rows.cuh"
 #include "common/rope.cuh"
 #include "common/vec.cuh"
 

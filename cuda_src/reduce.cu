@@ -1,7 +1,7 @@
 // The production reductions behind cukern.sum / amax / amin / mean / sum_of_squares / norm / var / std /
 // nansum / nanmax / nanmin / nanmean / count_nonzero / any / all / prod / logsumexp. The teaching ladder (ten rungs from the textbook first try to reduce_full) is cuda_src/reduce_ladder.cu.
 //
-// One tree per reduced length (issue 13). Each output reduces n values v_i = lift(x_i), i the C-order index
+// One tree per reduced length. Each output reduces n values v_i = lift(x_i), i the C-order index
 // over the reduced axes of x as the caller sees them (strides, alignment and memory order play no part):
 //   * leaves of LEAF = 256 consecutive indices; in leaf k, chain c (c < 32) adds v_{256k + c + 32m},
 //     m = 0..7, one after another into the identity (0 for sums, 1 for products, -inf / +inf for max /
@@ -34,7 +34,8 @@
 //    group for rows of one chunk, else tpr / 32 warps, each with its span of chunks); reduce_cols: a strip
 //    of columns by a span of leaves per block, 32 / Q row lanes each owning Q chains, and reduce_cols_fold
 //    for the spans' partials when a column has more than one span; reduce_strided: one output per warp,
-//    one chain per lane.
+//    one chain per lane; so does reduce_lse_weighted (logsumexp with weights), reading x and the weights
+//    through strides of their own (a broadcast weight, zero strides, is read again for each output).
 // 2. Input traffic: every element read once. Contiguous spans whose start is 16-byte aligned are read as
 //    16-byte vectors (each lane's vector holds its next CV chains); any other start or stride reads the
 //    same elements one by one into the same chains. Columns: each thread owns VEC adjacent columns, so a
@@ -59,6 +60,7 @@
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
 #include "common/complex.cuh"
+#include "common/moments.cuh"
 #include "common/reduce.cuh"
 
 namespace cukern {
@@ -135,13 +137,11 @@ template <> struct Store<Count> {
 
 // Correctly rounded and never fused: the default -fmad=true would otherwise turn a square and an add into
 // one FMA on some paths and not on others.
-// (float and double add_rn, sub_rn, mul_rn: common/complex.cuh)
+// (float and double add_rn, sub_rn, mul_rn, div_rn: common/complex.cuh)
 __device__ __forceinline__ long long add_rn(long long a, long long b) { return a + b; }
 __device__ __forceinline__ long long mul_rn(long long a, long long b) {  // wraps, as NumPy's int64
   return static_cast<long long>(static_cast<unsigned long long>(a) * static_cast<unsigned long long>(b));
 }
-__device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
 
 template <typename A> __device__ __forceinline__ bool is_negative_zero(A) { return false; }
 __device__ __forceinline__ bool is_negative_zero(float a) { return __float_as_uint(a) == 0x80000000u; }
@@ -174,37 +174,7 @@ struct Min {
   }
 };
 
-// var and std: (count, mean, M2) of the values less a shift (the slice's first element: subtracting it
-// leaves the data's spread and removes the offset, without which a float32 mean of 1e4 leaves M2 only a few
-// correct digits), count in S as well (exact to 2^24 in float; rounded, deterministically, above).
-template <typename S> struct Moments {
-  S n, mean, m2;
-};
-
-template <typename S> __device__ __forceinline__ Moments<S> shuffle_xor(Moments<S> v, int m) {
-  return Moments<S>{__shfl_xor_sync(0xffffffffu, v.n, m), __shfl_xor_sync(0xffffffffu, v.mean, m),
-                    __shfl_xor_sync(0xffffffffu, v.m2, m)};
-}
-
-// Chan's merge, commutative bit for bit as the shuffle trees need: the operands are first put in a fixed
-// order (the larger count first, then the larger mean), and the merge is then a fixed sequence of correctly
-// rounded steps. An empty operand (the identity) returns the other one exactly, so padding and idle lanes
-// change nothing. Any NaN stays in the mean, where finish turns it into the NaN result.
-struct Chan {
-  template <typename A> __device__ __forceinline__ static A identity() { return A{0, 0, 0}; }
-  template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
-    const bool swap = b.n > a.n || (b.n == a.n && b.mean > a.mean);
-    const A hi = swap ? b : a;
-    const A lo = swap ? a : b;
-    if (lo.n == 0) return hi;
-    const auto n = add_rn(hi.n, lo.n);
-    const auto d = sub_rn(lo.mean, hi.mean);
-    const auto f = div_rn(lo.n, n);
-    return A{n, add_rn(hi.mean, mul_rn(d, f)), add_rn(add_rn(hi.m2, lo.m2), mul_rn(mul_rn(d, d), mul_rn(hi.n, f)))};
-  }
-};
-
-
+// var and std: Moments and the Chan merge, common/moments.cuh.
 
 // The complex product (mul_rn of Complex): common/complex.cuh.
 
@@ -235,7 +205,8 @@ template <> struct ExpLog<float> {
   // e^r for |r| <= ln2 / 2: a degree-5 polynomial fitted to e^r's relative error (1 + r + c2 r^2 + ..., the
   // c_k rounded to float; Lawson's weighted least squares, probe/expfit.py), six terms where the Taylor series
   // needs eight: two fused multiply-adds an element fewer, and the exp within 2.3 ulp of e^d for d > -11
-  // (0.98 with degree 6; a row's logsumexp of 16384 normal values 1.4 ulp from float64's, 1.2; bench/NOTES.md)
+  // (0.98 with degree 6; a row's logsumexp of 16384 normal values 1.4 ulp from float64's, 1.2;
+  // docs/design/reductions.md)
   static constexpr int kExpTerms = 6;
   static constexpr float kExp[kExpTerms] = {0x1p+0f, 0x1p+0f, 0x1.fffdfcp-2f, 0x1.5557aep-3f, 0x1.5729e6p-5f,
                                             0x1.10625ap-7f};
@@ -688,7 +659,7 @@ template <typename A> __device__ __forceinline__ bool last_block_done(A* partial
 // equal aligned spans (a power of two each): every group, every block's span and the grid are subtrees of
 // the one tree, whatever the grid. A block reads one contiguous run of memory, a group a round: each warp
 // takes its chunk of the group and lane 0 leaves the chunk's value in a shared slot. (Warps streaming spans
-// of their own, thousands of narrow fronts far apart, drew less from DRAM: bench/NOTES.md.)
+// of their own, thousands of narrow fronts far apart, drew less from DRAM: docs/design/reductions.md.)
 // Rounds come in batches of up to FULL_BATCH groups (an aligned subtree): one barrier a batch, after which
 // warp 0 combines the batch (lane g the tree of group g over its warps, then the lanes' tree) and thread
 // 0 pushes it onto the block's stack, while the other warps go on loading the next batch. The block
@@ -819,7 +790,7 @@ template <typename T, typename O, int OP, typename I> __host__ __device__ conste
   if (sizeof(I) == 8) return 1;
   if (OP == OP_VAR && sizeof(state_t<O, OP>) == 24) return min_blocks > 4 ? min_blocks / 4 : 1;
   // float32 var in 128-thread blocks (its default): seven, not four (71 registers, no spill; 28 warps an SM
-  // instead of 20, faster than four or six: bench/NOTES.md; eight spill)
+  // instead of 20, faster than four or six: docs/design/reductions.md; eight spill)
   if (OP == OP_VAR && sizeof(T) == 4 && sizeof(state_t<O, OP>) == 12 && min_blocks == 8) return 7;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // before sm_90: int64 products of bool and int32 spill at 64 registers (sm_90 fits them); seven fit (72)
@@ -1133,6 +1104,132 @@ __global__ void __launch_bounds__(BLOCK)
     if (lane == 0) {
       const A v = tree_result<Comb>(stacks[warp], static_cast<unsigned long long>(leaves));
       out[o] = finish<O, F>(v, finalize, divisor);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Weighted logsumexp: log|sum_i w_i e^(x_i)| and the sum's sign (scipy.special.logsumexp's b and
+// return_sign), the weights w read beside x through strides of their own (a broadcast weight has zero
+// strides). One warp an output, as reduce_strided: the same tree over the same chains, each chain's state
+// formed at once (weighted_chain), the states merged by WeightedLse. x and w are of the result's type T and
+// accumulate in acc_t<T>.
+
+// Its scalars (cukern/reduce_plan.py LSE_WEIGHTED_PARAMS, the same fields in the same order). Output o's
+// elements start at (o / o_inner) * o_s0 + (o % o_inner) * o_s1 of x (ow_s0, ow_s1 in w), element r of an
+// output (r / r_inner) * r_s0 + (r % r_inner) * r_s1 further on (rw_s0, rw_s1 in w), r < count.
+struct LseWeightedParams {
+  long long outputs, o_inner, o_s0, o_s1, ow_s0, ow_s1;
+  long long count, r_inner, r_s0, r_s1, rw_s0, rw_s1;
+  int signed_result;  // 1: sgn receives the sum's sign; 0: sgn is not written and a negative sum gives NaN
+};
+
+// The state (m, s): m the NaN-propagating maximum of the elements of non-zero weight (-inf for none), s the
+// signed sum of their terms w e^(x - m), any value, 0 included. An element of x = +inf (so m = +inf) adds
+// w itself, not w e^(inf - inf): at m = +inf, s is the sum of the weights of the +inf elements, whose sign is
+// the result's. The merge is LogSumExp's, s = s_hi + s_lo e^(m_lo - m_hi), but two maxima of +inf add their
+// sums (a factor 1, where exp_nonpositive's clamp of the NaN difference gives 0); equal finite maxima give
+// e^0 = 1 exactly anyway. Commutative bit for bit (equal maxima add s_a + s_b; the identity (-inf, 0) adds
+// s_lo 0 = 0, or keeps a NaN s), as the shuffle trees need.
+struct WeightedLse {
+  template <typename A> __device__ __forceinline__ static A identity() { return LogSumExp::identity<A>(); }
+  template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
+    using S = decltype(A::m);
+    const bool swap = b.m > a.m || b.m != b.m;
+    const A hi = swap ? b : a;
+    const A lo = swap ? a : b;
+    const bool infinite = hi.m == lo.m && hi.m == Limits<S>::highest();
+    const S e = infinite ? S(1) : exp_nonpositive(sub_rn(lo.m, hi.m));
+    return A{chain_max(a.m, b.m), add_rn(hi.s, mul_rn(lo.s, e))};
+  }
+};
+
+// One chain's state from its eight (x, w) pairs in m order; a pair past the end has w = 0. A zero weight drops
+// its element whatever x is (+inf and NaN included), as SciPy's logsumexp; a NaN weight is not zero, and
+// its NaN term makes s NaN. s = ((t_0 + t_1) + t_2) + ... over the kept elements, from 0 (0 + t_0 = t_0).
+template <typename A, typename S>
+__device__ __forceinline__ A weighted_chain(const S (&x)[CHAIN_LENGTH], const S (&w)[CHAIN_LENGTH]) {
+  S m = Limits<S>::lowest();
+#pragma unroll
+  for (int k = 0; k < CHAIN_LENGTH; ++k) {
+    if (w[k] != S(0)) m = chain_max(m, x[k]);
+  }
+  S s = S(0);
+#pragma unroll
+  for (int k = 0; k < CHAIN_LENGTH; ++k) {
+    if (w[k] != S(0)) {
+      s = add_rn(s, x[k] == Limits<S>::highest() ? w[k] : mul_rn(w[k], exp_nonpositive(sub_rn(x[k], m))));
+    }
+  }
+  return A{m, s};
+}
+
+// The result of a state: m + log|s| (log_at_least_one's steps hold for any finite s > 0, not only s >= 1)
+// and sign(s); NaN (and a NaN sign) for a NaN m or s; -inf and 0 for s == 0 (a cancelled sum, no element
+// of non-zero weight, or every such element -inf), but NaN for s == 0 under m = +inf (+inf - inf);
+// +inf for m = +inf or an infinite s. Without signed_result a negative sum gives NaN, as SciPy's.
+template <typename O, typename S>
+__device__ __forceinline__ void finish_weighted(O* out, O* sgn, long long o, MaxSum<S> v, int signed_result) {
+  const S nan = Limits<S>::highest() - Limits<S>::highest();
+  const S inf = Limits<S>::highest();
+  S r, g;
+  if (v.m != v.m || v.s != v.s) {
+    r = nan, g = nan;
+  } else if (v.s == S(0)) {
+    r = v.m == inf ? nan : -inf;
+    g = v.m == inf ? nan : S(0);
+  } else {
+    g = v.s > S(0) ? S(1) : S(-1);
+    const S a = fabs(v.s);
+    r = v.m == inf || a == inf ? inf : add_rn(v.m, log_at_least_one(a));
+  }
+  if (signed_result) {
+    sgn[o] = Store<O>::from(g);
+  } else if (g < S(0)) {
+    r = nan;
+  }
+  out[o] = Store<O>::from(r);
+}
+
+// Instantiated as the family's other kernels are, (input, result, op, block): x and w are converted to the
+// result type first, so T is O, and the op is logsumexp's.
+template <typename T, typename O, int OP, int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+    reduce_lse_weighted(O* out, O* sgn, const T* x, const T* w, LseWeightedParams p) {
+  static_assert(Same<T, O>::value && OP == OP_LSE, "weighted logsumexp reads x and w in the result's type");
+  using S = acc_t<O>;
+  using A = MaxSum<S>;
+  constexpr int kWarps = BLOCK / 32;
+  __shared__ A stacks[kWarps][STACK_DEPTH];
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const long long leaves = (p.count + LEAF - 1) / LEAF;
+  const long long step_q = CHAINS / p.r_inner, step_r = CHAINS % p.r_inner;
+  for (long long first = static_cast<long long>(blockIdx.x) * kWarps; first < p.outputs;
+       first += static_cast<long long>(gridDim.x) * kWarps) {
+    const long long o = first + warp;
+    if (o >= p.outputs) break;
+    const long long oq = o / p.o_inner, orem = o % p.o_inner;
+    const T* xo = x + oq * p.o_s0 + orem * p.o_s1;
+    const T* wo = w + oq * p.ow_s0 + orem * p.ow_s1;
+    for (long long k = 0; k < leaves; ++k) {
+      long long q = (k * LEAF + lane) / p.r_inner, rem = (k * LEAF + lane) % p.r_inner;
+      S xs[CHAIN_LENGTH], ws[CHAIN_LENGTH];
+#pragma unroll
+      for (int m = 0; m < CHAIN_LENGTH; ++m) {
+        const bool present = k * LEAF + m * CHAINS + lane < p.count;
+        xs[m] = present ? to_acc<S>(xo[q * p.r_s0 + rem * p.r_s1]) : S(0);
+        ws[m] = present ? to_acc<S>(wo[q * p.rw_s0 + rem * p.rw_s1]) : S(0);
+        q += step_q;
+        rem += step_r;
+        if (rem >= p.r_inner) rem -= p.r_inner, ++q;
+      }
+      const A v = group_tree_reduce<32, WeightedLse>(weighted_chain<A>(xs, ws));
+      if (lane == 0) tree_push<WeightedLse>(stacks[warp], v, static_cast<unsigned long long>(k));
+    }
+    if (lane == 0) {
+      finish_weighted(out, sgn, o, tree_result<WeightedLse>(stacks[warp], static_cast<unsigned long long>(leaves)),
+                      p.signed_result);
     }
   }
 }

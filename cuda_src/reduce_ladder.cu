@@ -15,7 +15,7 @@
 //
 // The production file is included, not copied: v9 finishes with its last-block counter, and v10 is its
 // full-reduction body itself, so the last rung measures the kernel cukern.sum runs. v8 and v9 read with
-// thread_span below, the grid-stride share the production kernel used before its fixed tree (issue 13).
+// thread_span below, the grid-stride share the production kernel used before its fixed tree.
 #include "reduce.cu"
 
 namespace cukern {

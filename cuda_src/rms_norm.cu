@@ -42,6 +42,7 @@
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
 #include "common/rms.cuh"
+#include "common/rows.cuh"
 
 namespace cukern {
 
@@ -149,16 +150,6 @@ __device__ __forceinline__ unsigned e4m3x2(float lo, float hi) {
 
 // (x * inv) * scale, scale = offset + weight: the one scaling of both kernels, rounded once more to T.
 __device__ __forceinline__ float scaled(float x, float inv, float scale) { return __fmul_rn(__fmul_rn(x, inv), scale); }
-
-template <typename T, int VEC>
-__device__ __forceinline__ Pack<T, VEC> residual_sum(const Pack<T, VEC>& x, const Pack<T, VEC>& r) {
-  // In float32 and rounded once to T: exact for float32, and for 16-bit types the float32 sum is close
-  // enough (24 >= 2 * 11 + 2 bits) that rounding it again gives the correctly rounded sum in T.
-  Pack<T, VEC> s;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) s.v[j] = from_float<T>(__fadd_rn(to_float(x.v[j]), to_float(r.v[j])));
-  return s;
-}
 
 // The float8 bytes of one vector: y = t * inv, then q = e4m3(y * rcp), rcp = 1 / s (division by the scale
 // as a product with its correctly rounded reciprocal: one division a row, not one an element), each

@@ -44,6 +44,7 @@
 #include "common/partials.cuh"
 #include "common/reduce.cuh"
 #include "common/rms.cuh"
+#include "common/rows.cuh"
 #include "common/vec.cuh"
 
 namespace cukern {

@@ -28,7 +28,7 @@
 // S_{g-1}, combined from B_j forward: exactly the fold that defines B_g, whichever j it found. So the tile
 // and group sizes are part of the result's definition, fixed in this file by the dtypes, and never knobs.
 // Why float32's tile is the smaller: scan_ahead's speed follows the tiles in flight an SM, and half the
-// values a thread leaves room for six resident blocks, not five (bench/NOTES.md); the half types lost with
+// values a thread leaves room for six resident blocks, not five (docs/design/scan.md); the half types lost with
 // 8 (a tile of 4 KiB: twice the look-backs for the bytes), and the other pairs were not measured.
 //
 // The six questions (cukern/scan.py `plan` keeps the launch math as a pure plan; the card in
@@ -50,7 +50,7 @@
 //    takes its ITEMS consecutive elements from shared memory. 4- and 8-byte elements go from global to shared
 //    memory by cp.async (sm_80 on), which holds no register: the whole tile is in flight at once. Through
 //    registers, at the 32 a thread that eight resident blocks allow, the loads went out a few at a time
-//    and a block spent half its life loading, with or without the look-back's waits (bench/NOTES.md).
+//    and a block spent half its life loading, with or without the look-back's waits (docs/design/scan.md).
 //    scan_ahead reads a thread's ITEMS elements as 16-byte vectors into registers, twice (the second time a
 //    round later, from L1 or L2, streaming), and stores them the same way. scan_columns loads 32
 //    neighbouring elements a warp (its lanes' lines), column_runs<T, O>() runs of them at once into
@@ -371,7 +371,7 @@ __device__ __forceinline__ A group_base(unsigned long long* group_status, const 
 // Blocks and resident blocks. A tile spends much of its life in its look-back and its two passes over the
 // stage, moving no data, so the scan's speed follows how many tiles are in flight at once: with 256-thread
 // blocks, eight an SM (all thread slots), the memory sat half idle even with every look-back wait removed
-// (bench/NOTES.md). So float32, float64 and int64 (x and the result of one size, cp.async loads) run
+// (docs/design/scan.md). So float32, float64 and int64 (x and the result of one size, cp.async loads) run
 // 128-thread blocks: twelve float32 tiles an SM (40 registers; eight before sm_90, as many as its shared
 // memory held of the 4096-element tiles float32 had before). The half types (loads through registers, slower in
 // smaller blocks) and results wider than x (each thread would hold both its halves' values through the
@@ -396,7 +396,7 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
   constexpr int SCAN_THREADS = THREADS;
   constexpr int ITEMS = scan_items<T, O>(), TILE = SCAN_BLOCK * ITEMS;
   // A block takes a span of TILES consecutive tiles of a row, 4096 elements whatever the tile (float32's
-  // tiles of 2048 one a block ran 62% -> 47% of the copy, bench/NOTES.md: the same fixed costs a block for
+  // tiles of 2048 one a block ran 62% -> 47% of the copy, docs/design/scan.md: the same fixed costs a block for
   // half the elements). Its definition threads d = 0 .. 256 TILES - 1 hold elements ITEMS d .. of the span,
   // tile d / 256 of it; the launch's thread h stands for d = h + THREADS r, r < RUNS.
   constexpr int TILES = 16 / ITEMS, SPAN = TILES * TILE;
@@ -565,7 +565,7 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
 // float32), their starts 16-byte aligned. scan_tiles holds a tile in shared memory from its loads through
 // its look-back, whose waits (on the group's earlier tiles, drawn just before it and still loading, then on
 // the group prefixes) took half a tile's life, so its speed followed how many tiles an SM could hold
-// (bench/NOTES.md). Here a block stays resident and walks tiles in the order it draws them, one tile
+// (docs/design/scan.md). Here a block stays resident and walks tiles in the order it draws them, one tile
 // behind: in each round it reads the tile just drawn into registers and publishes its aggregate at once
 // (phase A), then looks back for the tile of the round before, whose predecessors have by then had a round
 // to publish theirs, and writes that tile's results from a second read of its elements (phase B: L1 or L2
@@ -575,7 +575,7 @@ __global__ void __launch_bounds__(THREADS, scan_min_blocks<T, O, THREADS>())
 // h (256 threads), so the same bits.
 // Resident blocks an SM (cukern/scan.py `ahead_blocks`): six for float32 (8 elements a thread, 40 registers;
 // seven spill), five for the half types (16 elements a thread; float32's 16 ran slower at six and more,
-// bench/NOTES.md).
+// docs/design/scan.md).
 template <typename T> __host__ __device__ constexpr int scan_ahead_blocks() { return sizeof(T) == 4 ? 6 : 5; }
 
 // Definition thread h's ITEMS consecutive elements of a tile of `count` (e0 = ITEMS h), widened to float:
@@ -732,7 +732,7 @@ __global__ void __launch_bounds__(SCAN_BLOCK, arch_min_blocks(scan_ahead_blocks<
 // scan_columns: lines side by side in memory (line r + 1 starts one element after line r, in x and in
 // out) with a stride along their length, as the columns of a C-ordered matrix scanned along axis 0, and
 // accumulated in float (float32, float16, bfloat16). scan_tiles reads such a line at its stride, a sector
-// for every element a warp loads (float32 [16384, 4096] along axis 0: 7.7% of the copy, bench/NOTES.md).
+// for every element a warp loads (float32 [16384, 4096] along axis 0: 7.7% of the copy, docs/design/scan.md).
 // Here a warp's lanes are 32 neighbouring lines, so each load is 32 consecutive elements of x, and each
 // thread evaluates its own line's expression: warp w forms the 32 run totals of definition warp w into
 // shared memory, then the lanes' ladder over them in registers; the warps' totals meet in shared memory,
@@ -749,7 +749,7 @@ template <int OP, int D, typename A> __device__ __forceinline__ void ladder_step
 // Runs whose loads scan_columns issues together, into registers, before combining any: 64 elements a thread
 // for float32, 32 for the half types. Measured on whole tiles (unchecked loads at 32-bit offsets), % of the
 // copy: float32 [16384, 4096] 56% with 64 against 53% with 32 (13% with the loads left to the compiler, which
-// issued them a few at a time); float16 [16384, 8192] 45% with 32 against 39% with 16 (bench/NOTES.md).
+// issued them a few at a time); float16 [16384, 8192] 45% with 32 against 39% with 16 (docs/design/scan.md).
 // column_tiles' launches (a block a tile, many blocks) take 16 elements a thread at two blocks an SM (48-92
 // registers; float32's 32 spilled 56 B at the 128-register bound on sm_80 and sm_90), so that one block's
 // loads are in flight while the other forms its ladder: the walk's one block an SM left them at about 40%

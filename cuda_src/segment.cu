@@ -3,7 +3,7 @@
 //
 //   out[s, j] = reduce(x[offsets[s] : offsets[s + 1], j])      (mean: the sum / the segment's length)
 //
-// One tree per segment length (issue 13): a segment's L values v_i = x[offsets[s] + i, j] are reduced by the
+// One tree per segment length: a segment's L values v_i = x[offsets[s] + i, j] are reduced by the
 // tree of cuda_src/reduce.cu over L elements (cukern.reduce_plan's TREE_CHAINS, TREE_CHAIN_LENGTH):
 //   * leaves of 256 consecutive indices; in leaf k, chain c (c < 32) combines v_{256k + c + 32m}, m = 0..7,
 //     one after another into the identity (0 for sums, -inf / +inf for max / min);
@@ -41,7 +41,7 @@
 // 6. Profile: one combine an element against sizeof(T) bytes, so memory-bound for long segments; short ones
 //    cost a leaf's instructions (its tree, the segment's bounds and result) for few bytes, and Nsight Compute
 //    had segment_warp issuing 3 warp instructions a cycle an SM on random lengths: its instruction count
-//    sets the speed there (bench/NOTES.md). The target is the copy bandwidth.
+//    sets the speed there (docs/design/segment.md). The target is the copy bandwidth.
 #include "common/bounds.cuh"
 #include "common/dtype.cuh"
 #include "common/reduce.cuh"
@@ -53,7 +53,7 @@ constexpr int SEG_CHAIN_LENGTH = 8;
 constexpr int SEG_LEAF = SEG_CHAINS * SEG_CHAIN_LENGTH;
 constexpr int SEG_STACK_DEPTH = 35;  // groups of 8 chains of segments up to 2^40 rows
 // Two warps a block: runs of random-length segments end at different times, and a block's slot frees only
-// when its last warp ends; 256-thread blocks left 67.6% of the copy, 64-thread ones 71.2% (bench/NOTES.md).
+// when its last warp ends; 256-thread blocks left 67.6% of the copy, 64-thread ones 71.2% (docs/design/segment.md).
 constexpr int SEG_WARP_BLOCK = 64;  // cukern/segment.py WARP_BLOCK
 constexpr int SEG_COL_BLOCK = 128;   // cukern/segment.py COL_BLOCK
 constexpr int SEG_GROUP = 8;         // chains segment_cols holds at once
@@ -198,7 +198,7 @@ __device__ __forceinline__ A seg_full_chain(const T* at, Index step) {
 // One segment's tree for a warp (its value in lane 0): leaf k's chain c in lane c, the leaf by the shuffle
 // tree, the leaves by lane 0's stack (a one-leaf segment's value, most of them, kept off it). `Index` is int
 // for a unit-stride segment shorter than 2^31 - 2^9 rows, so that the leaf loop is 32-bit counts and a
-// pointer step, a load's offset a constant (Nsight Compute had the kernel issue-bound; bench/NOTES.md),
+// pointer step, a load's offset a constant (Nsight Compute had the kernel issue-bound; docs/design/segment.md),
 // long long otherwise.
 template <typename Index> struct SegCount { using type = unsigned long long; };
 template <> struct SegCount<int> { using type = unsigned; };
@@ -235,7 +235,7 @@ __device__ __forceinline__ A seg_warp_tree(A* stack, const T* col, Index length,
 // leaf is the shuffle tree over the lanes, and lane 0 pushes it onto the warp's stack. Without runs (a warp
 // a segment) each warp waited for its offsets, then for its data: two memory latencies for a segment of
 // 256 values on average (runs helped; loading the next segment's first leaf ahead as well gave no more,
-// bench/NOTES.md). Nsight Compute then showed the kernel issue-bound, not short of loads in flight: so a
+// docs/design/segment.md). Nsight Compute then showed the kernel issue-bound, not short of loads in flight: so a
 // load's offset is a constant for unit strides, a full leaf's loads have no test, a short leaf's chain takes
 // only its steps, and a unit-stride segment's leaf loop counts in 32 bits.
 // segment_warp's resident blocks: none stated for floats (ptxas chooses); integer and bool x state sixteen,

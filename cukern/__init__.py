@@ -23,6 +23,7 @@ from .reduce import (
     sum_of_squares,
     var,
 )
+from .layernorm import fused_add_layer_norm, layer_norm, layer_norm_backward
 from .rmsnorm import fused_add_rms_norm, rms_norm
 from .rmsnorm_backward import rms_norm_backward
 from .rope_cache import rope_cache
@@ -30,12 +31,13 @@ from .rotary import rotary_embedding, rotary_embedding_mrope, rotary_embedding_p
 from .scan import cumprod, cumsum
 from .segment import segment_max, segment_mean, segment_min, segment_sum
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
-    "all", "amax", "amin", "any", "argmax", "argmin", "count_nonzero", "cumprod", "cumsum", "fused_add_rms_norm",
-    "logsumexp", "mean", "nanargmax", "nanargmin", "nanmax", "nanmean", "nanmin", "nansum", "norm", "prod",
-    "qk_norm_rope", "qk_norm_rope_backward", "reduce_ladder", "reference", "rms_norm", "rms_norm_backward",
-    "rope_cache", "rotary_embedding", "rotary_embedding_mrope", "rotary_embedding_positions", "segment_max",
-    "segment_mean", "segment_min", "segment_sum", "std", "sum", "sum_of_squares", "timing", "var",
+    "all", "amax", "amin", "any", "argmax", "argmin", "count_nonzero", "cumprod", "cumsum", "fused_add_layer_norm",
+    "fused_add_rms_norm", "layer_norm", "layer_norm_backward", "logsumexp", "mean", "nanargmax", "nanargmin",
+    "nanmax", "nanmean", "nanmin", "nansum", "norm", "prod", "qk_norm_rope", "qk_norm_rope_backward",
+    "reduce_ladder", "reference", "rms_norm", "rms_norm_backward", "rope_cache", "rotary_embedding",
+    "rotary_embedding_mrope", "rotary_embedding_positions", "segment_max", "segment_mean", "segment_min",
+    "segment_sum", "std", "sum", "sum_of_squares", "timing", "var",
 ]

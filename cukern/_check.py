@@ -82,7 +82,9 @@ def shares_elements(a, b) -> bool:
     """Whether two arrays share a byte, decided exactly (views of one buffer interleaved, such as ``buf[:, 0]``
     and ``buf[:, 1]``, share none though their extents meet)."""
     try:
-        return bool(np.shares_memory(np.asarray(_Addresses(a)), np.asarray(_Addresses(b)), max_work=_SHARE_WORK))
+        # NumPy's stubs name only max_work's constants, -1 and 0; a positive bound is documented too
+        return bool(np.shares_memory(np.asarray(_Addresses(a)), np.asarray(_Addresses(b)),
+                                     max_work=_SHARE_WORK))  # type: ignore[arg-type]
     except np.exceptions.TooHardError:
         return True
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ._dtypes import BFLOAT16, COUNT
+from ._launch import cupy as _cupy
 
 _HERE = Path(__file__).resolve().parent
 
@@ -105,8 +106,7 @@ _kernels: dict = {}
 
 def get_kernel(inst: Instantiation, options: tuple = ()):
     """The :class:`cupy.RawKernel` for ``inst`` on the current device, compiled on first use."""
-    import cupy
-
+    cupy = _cupy()
     device = cupy.cuda.Device().id
     key = (device, inst, tuple(options))
     kernel = _kernels.get(key)
@@ -124,9 +124,8 @@ def target(device: int) -> str:
     """What NVRTC compiles for ``device``: its own machine code (``sm_90``) where this NVRTC knows the
     architecture, else the PTX of the newest one it knows below it (``compute_90``), which the driver
     compiles on loading."""
-    import cupy
-    from cupy.cuda import nvrtc
-
+    cupy = _cupy()
+    nvrtc = cupy.cuda.nvrtc
     cc = int(cupy.cuda.Device(device).compute_capability)
     known = [a for a in nvrtc.getSupportedArchs() if a <= cc]
     if cc in known or not known:
@@ -238,7 +237,7 @@ def compile_program(source: str, instantiations, arch: str = "sm_90", options: t
     architecture (``compute_90``) stops at the PTX: no ptxas, no cubin, no resources (half the time).
     ``report``: ptxas' resource report in the log (:meth:`Compiled.resources`)."""
     machine_code = not arch.startswith("compute_")
-    from cupy.cuda import nvrtc
+    nvrtc = _cupy().cuda.nvrtc
 
     prog = nvrtc.createProgram(read_source(source), f"{source}.cu", [], [])
     try:
@@ -264,9 +263,7 @@ def compile_program(source: str, instantiations, arch: str = "sm_90", options: t
 
 
 def nvrtc_version() -> str:
-    from cupy.cuda import nvrtc
-
-    return ".".join(map(str, nvrtc.getVersion()))
+    return ".".join(map(str, _cupy().cuda.nvrtc.getVersion()))
 
 
 def source_sha256() -> str:

@@ -26,7 +26,7 @@ def parse_dtype(name) -> np.dtype:
     long double), so a ``dtype=`` fails with the op's checks rather than inside CuPy after a launch."""
     try:
         t = BFLOAT16 if str(name) == "bfloat16" else np.dtype(name)
-    except TypeError as err:
+    except (TypeError, ValueError, SyntaxError) as err:  # NumPy parses text with commas as a struct's fields
         raise TypeError(f"dtype={name!r} is not a dtype ({err})") from None
     if not t.isnative or t.type in (np.longdouble, np.clongdouble):
         raise TypeError(f"dtype {t.str} ({t.name}) is not one a CuPy array can hold; use a native-order float, "

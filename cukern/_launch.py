@@ -9,7 +9,7 @@ packed) keyed by what they depend on, bounded.
 
 Kernels on a hot host path (RMSNorm, rotary) take their scalars as one struct passed by value instead,
 declared by :class:`Params`: CuPy converts every NumPy scalar argument on every call (a cost per argument
-measured in bench/NOTES.md), while a struct packed once per plan is passed as one
+measured in docs/design/timing.md), while a struct packed once per plan is passed as one
 pointer to its bytes.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -98,6 +99,8 @@ def launch(kernel, config: LaunchConfig, args, signature: Signature | None = Non
 
 _NO_SWITCH = nullcontext()
 _cupy = None
+# CuPy is an extra rather than a dependency because its wheel is built per CUDA major version
+NEEDS_CUPY = 'cukern needs CuPy: pip install "cukern[cuda12]" (or "cukern[cuda13]" for CUDA 13)'
 _runtime = None
 
 
@@ -106,8 +109,12 @@ def cupy():
     one lazy import the ops' hot paths share."""
     global _cupy
     if _cupy is None:
-        import cupy as module
-
+        try:
+            import cupy as module
+        except ModuleNotFoundError as err:
+            if err.name != "cupy":
+                raise
+            raise ModuleNotFoundError(NEEDS_CUPY, name="cupy") from None
         _cupy = module
     return _cupy
 
@@ -143,7 +150,8 @@ class CallCache:
     maps to its value or to None (a call with nothing to launch); :meth:`get` answers ``MISSING`` for a key
     never stored. Only validated preparations are stored, so a hit skips validation and planning."""
 
-    MISSING = object()
+    # Any to the type checker: an op's ``call`` variable starts as this and then holds the cached value
+    MISSING: Any = object()
 
     def __init__(self, limit: int = 4096):
         self.limit = limit

@@ -52,16 +52,24 @@ class _Address:
         self.ptr = ptr
 
 
+class _Device:
+    __slots__ = ("id",)
+
+    def __init__(self, id: int):
+        self.id = id
+
+
 @dataclass(frozen=True)
 class ArraySpec:
-    """What planning reads of an array, without the array: shape, byte strides, dtype and address (for
-    alignment). It answers ``.shape``, ``.strides``, ``.itemsize``, ``.dtype``, ``.ndim``, ``.size`` and
-    ``.data.ptr`` like a ``cupy.ndarray``, so a planner takes either. :meth:`fresh` is an output not allocated
+    """What planning and validation read of an array, without the array: shape, byte strides, dtype and
+    address (for alignment). It answers ``.shape``, ``.strides``, ``.itemsize``, ``.dtype``, ``.ndim``,
+    ``.size``, ``.data.ptr`` and ``.device.id`` (0: stand-ins share one device) like a ``cupy.ndarray``, so a
+    planner or an op's checks take either. :meth:`fresh` is an output not allocated
     yet: C-contiguous at an allocation-aligned address (CuPy's allocations are 256-byte aligned)."""
 
     shape: tuple
     strides: tuple
-    dtype: object
+    dtype: np.dtype
     ptr: int = 0
 
     @classmethod
@@ -88,6 +96,10 @@ class ArraySpec:
     @property
     def data(self) -> _Address:
         return _Address(self.ptr)
+
+    @property
+    def device(self) -> _Device:
+        return _Device(0)
 
 
 @dataclass(frozen=True)

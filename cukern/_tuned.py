@@ -64,7 +64,9 @@ def rows_bucket(rows: int) -> int:
 
 
 def knobs_dict(knobs) -> dict:
-    return dataclasses.asdict(knobs) if dataclasses.is_dataclass(knobs) else dict(knobs)
+    if dataclasses.is_dataclass(knobs) and not isinstance(knobs, type):
+        return dataclasses.asdict(knobs)
+    return dict(knobs)
 
 
 def cache_dir() -> Path:

@@ -37,6 +37,7 @@ import math
 import operator
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,7 @@ import cukern._check as _check
 import cukern._tuned as _tuned
 
 from ._compile import Instantiation, get_kernel
-from ._dtypes import BFLOAT16, dtype_name
+from ._dtypes import BFLOAT16, dtype_name, parse_dtype
 from ._launch import (
     OUT_STRIDED,
     X_COPIED,
@@ -60,6 +61,7 @@ from ._launch import (
 )
 from ._launch import cupy as _cupy
 from ._layout import collapse
+from ._typing import DeviceArray, DTypeLike
 
 SOURCE = "argreduce"
 BLOCK = 256  # ARG_BLOCK in cuda_src/argreduce.cu
@@ -108,7 +110,7 @@ class Knobs:
     span kernel's target grid, in blocks per SM, when rows are too few to fill it one block a row;
     ``min_span``: the least number of indices a block searches when a row takes several. The default grid is
     two full waves: the span kernel's registers leave room for 6 blocks of 256 an SM on sm_90, and the H200
-    sweep (bench/NOTES.md, "Arg-reductions") put 12 blocks an SM ahead of 6 and 4 at 2^28 float32 elements."""
+    sweep (docs/design/argreduce.md) put 12 blocks an SM ahead of 6 and 4 at 2^28 float32 elements."""
 
     blocks_per_sm: int = 12
     min_span: int = 8192
@@ -273,8 +275,8 @@ def bytes_moved(shape, dtype, axis=None, *, keepdims: bool = False) -> int:
 
 @dataclass
 class Workspace:
-    counters: object
-    partials: object
+    counters: DeviceArray
+    partials: DeviceArray
     outgrown: list = field(default_factory=list)  # earlier partials, kept for graphs that may still use them
 
 
@@ -381,6 +383,28 @@ def _prepare(op: str, x, axis, keepdims, knobs: Knobs | None, sm: int | None) ->
 
 # Why a call into an out of another integer type cannot be captured (its indices go through a temporary).
 OUT_CAST = "out is not int64 (the indices go through an int64 temporary); pass an int64 out"
+DTYPE_CAST = "dtype= is not int64 (the indices go through an int64 temporary); leave dtype=None"
+# The index dtypes ``dtype=`` takes: CuPy's (its arg-reductions write signed integers only).
+INDEX_DTYPES = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
+
+
+def index_dtype(dtype, shape, axis) -> np.dtype | None:
+    """``dtype=`` of an arg-reduction over ``axis`` (None or a normalized int) of an array of ``shape``: None
+    for None, else one of :data:`INDEX_DTYPES` that holds the largest index, ``n - 1`` (n the axis's length,
+    the size for None); TypeError for another dtype, ValueError for one too narrow."""
+    if dtype is None:
+        return None
+    t = parse_dtype(dtype)
+    if t not in INDEX_DTYPES:
+        raise TypeError(f"dtype={dtype_name(t)} is not an index dtype; use one of "
+                        + ", ".join(dtype_name(d) for d in INDEX_DTYPES))
+    n = math.prod(shape) if axis is None or not shape else shape[axis]
+    if n - 1 > np.iinfo(t).max:
+        wide = next(d for d in INDEX_DTYPES if np.iinfo(d).max >= n - 1)
+        where = "x" if axis is None else f"axis {axis}"
+        raise ValueError(f"dtype={dtype_name(t)} holds indices up to {np.iinfo(t).max}, and {where} has {n} "
+                         f"elements; use {dtype_name(wide)} or wider")
+    return t
 
 
 def _validate_out(out, shape, x):
@@ -402,7 +426,7 @@ def _check_all_nan(flag: np.ndarray) -> None:
         raise ValueError("All-NaN slice encountered")
 
 
-def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | None = None):
+def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | None = None, dtype=None):
     cp = _cupy()
     nd = cp.ndarray
     key = None
@@ -422,6 +446,15 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
             _calls.put(key, call)
     if out is not None:
         out = _validate_out(out, call.shape, x)
+    if dtype is not None:
+        x = _check.as_array(x, "x")
+        a = normalize_axis(axis, x.ndim)
+        dtype = index_dtype(dtype, x.shape, None if x.ndim == 0 else a)
+        if out is not None and out.dtype != dtype:
+            raise TypeError(f"dtype={dtype_name(dtype)} and out's dtype {dtype_name(out.dtype)} differ; "
+                            "pass one of them")
+        if out is None and dtype != np.int64:
+            refuse_temporary_in_capture(op, DTYPE_CAST)
     if call.check_nan and cp.cuda.get_current_stream().is_capturing():
         raise RuntimeError(f"{op} waits for the GPU to learn whether a slice is all NaN, which a CUDA graph "
                            "capture cannot do; capture argmax / argmin instead")
@@ -433,6 +466,7 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
         if call.kernel is not None:
             src = cp.ascontiguousarray(x) if call.copy else x
             ws = call.workspace
+            flag: Any
             flag, flag_ptr = _flag() if call.check_nan else (None, _NO_FLAG)  # (only nanarg's kernels write it)
             if call.span:
                 launch(call.kernel, call.config, (dst, ws.partials, ws.counters, flag_ptr, src, call.params))
@@ -441,13 +475,13 @@ def _run(op: str, x, axis, keepdims, out, knobs: Knobs | None = None, sm: int | 
             if call.check_nan:
                 _check_all_nan(flag)
         if out is None:
-            return dst
+            return dst if dtype is None or dtype == np.int64 else dst.astype(dtype)
         if not direct:
             cp.copyto(out, dst, casting="unsafe")
         return out
 
 
-_DOC = """``out = {formula}``, int64: {title}{into}.
+_DOC = """``out = {formula}``, int64 (or ``dtype``): {title}{into}.
 
 {nan} Ties give the first index. Complex x is ordered as NumPy orders it:
 by the real parts, then the imaginary parts (a NaN in either part makes a NaN). The result depends only on
@@ -460,6 +494,11 @@ x : cupy.ndarray of float64, float32, float16, bfloat16, complex64, complex128, 
     integer type, or bool; any strides.
 axis : None or int
     The axis searched (negative counts from the end); None searches the flattened array (C order).
+dtype : None or a signed integer dtype (int8, int16, int32, int64), as CuPy's ``dtype``
+    The index dtype (NumPy's arg-reductions have no such argument). It must hold the largest index, the
+    searched axis's length less one (the size less one for None); a narrower one is a ValueError. The
+    indices are found in int64 and converted (through a temporary unless int64: not under a CUDA-graph
+    capture). With ``out`` it must be ``out``'s dtype.
 keepdims : bool
     Keep the searched axis (every axis, for None) as size 1.
 out : cupy.ndarray of int64 with the result's shape, optional; must not overlap x. Or of bool or an integer
@@ -468,17 +507,49 @@ out : cupy.ndarray of int64 with the result's shape, optional; must not overlap 
 
 Returns
 -------
-out : int64 indices along ``axis`` (flat indices for None).
+out : int64 (or ``dtype``) indices along ``axis`` (flat indices for None).
 
 Raises
 ------
 TypeError
-    For a dtype outside those above, a non-int axis, or an ``out`` of a float, complex or 64-bit unsigned
-    type.
+    For a dtype outside those above, a non-int axis, an ``out`` of a float, complex or 64-bit unsigned
+    type, a ``dtype=`` that is not a signed integer type, or one that is not ``out``'s.
 ValueError
     For an empty search{all_nan}, or an ``out`` of the wrong shape or overlapping x. AxisError (a
-    ValueError) for an axis out of range. Every check runs before anything is launched{after}.
+    ValueError) for an axis out of range, or a ``dtype`` too narrow for the indices. Every check runs before
+    anything is launched{after}.
+
+Examples
+--------
+{examples}
 """
+
+_EXAMPLES = {
+    "argmax": """\
+>>> import cupy as cp
+>>> import cukern
+>>> x = cp.array([[1, 7, 7], [9, 0, 9]])
+>>> print(cukern.argmax(x), cukern.argmax(x, axis=1))
+3 [1 0]
+>>> cukern.argmax(x, axis=1, dtype=cp.int8).dtype
+dtype('int8')""",
+    "argmin": """\
+>>> import cupy as cp
+>>> import cukern
+>>> x = cp.array([[3.0, -1.0], [-1.0, 5.0]], dtype=cp.float32)
+>>> print(cukern.argmin(x), cukern.argmin(x, axis=0, keepdims=True))
+1 [[1 0]]""",
+    "nanargmax": """\
+>>> import cupy as cp
+>>> import cukern
+>>> print(cukern.nanargmax(cp.array([cp.nan, 2.0, 5.0])))
+2""",
+    "nanargmin": """\
+>>> import cupy as cp
+>>> import cukern
+>>> print(cukern.nanargmin(cp.array([[cp.nan, 1.0], [2.0, cp.nan]]), axis=1))
+[1 0]""",
+}
 
 _NAN = {False: "A NaN beats every number (the first NaN's index is the result), as in NumPy.",
         True: "NaNs are skipped; a slice holding nothing but NaNs is an error. For float and complex dtypes the "
@@ -496,20 +567,24 @@ def extreme_index(op: str, x, axis: int):
     return _run(op, x, axis, False, None)
 
 
-def argmax(x, axis=None, *, keepdims=False, out=None):
-    return _run("argmax", x, axis, keepdims, out)
+def argmax(x: DeviceArray, axis: int | None = None, *, dtype: DTypeLike | None = None, keepdims: bool = False,
+           out: DeviceArray | None = None) -> DeviceArray:
+    return _run("argmax", x, axis, keepdims, out, dtype=dtype)
 
 
-def argmin(x, axis=None, *, keepdims=False, out=None):
-    return _run("argmin", x, axis, keepdims, out)
+def argmin(x: DeviceArray, axis: int | None = None, *, dtype: DTypeLike | None = None, keepdims: bool = False,
+           out: DeviceArray | None = None) -> DeviceArray:
+    return _run("argmin", x, axis, keepdims, out, dtype=dtype)
 
 
-def nanargmax(x, axis=None, *, keepdims=False, out=None):
-    return _run("nanargmax", x, axis, keepdims, out)
+def nanargmax(x: DeviceArray, axis: int | None = None, *, dtype: DTypeLike | None = None, keepdims: bool = False,
+              out: DeviceArray | None = None) -> DeviceArray:
+    return _run("nanargmax", x, axis, keepdims, out, dtype=dtype)
 
 
-def nanargmin(x, axis=None, *, keepdims=False, out=None):
-    return _run("nanargmin", x, axis, keepdims, out)
+def nanargmin(x: DeviceArray, axis: int | None = None, *, dtype: DTypeLike | None = None, keepdims: bool = False,
+              out: DeviceArray | None = None) -> DeviceArray:
+    return _run("nanargmin", x, axis, keepdims, out, dtype=dtype)
 
 
 for _fn, _title, _formula in (
@@ -522,4 +597,5 @@ for _fn, _title, _formula in (
                               nan=_NAN[_nan], op=_fn.__name__,
                               all_nan=", an all-NaN slice (found after the launch; out may then hold that "
                                       "slice's first NaN index)" if _nan else "",
-                              after=" (but the all-NaN check, which needs the kernel's answer)" if _nan else "")
+                              after=" (but the all-NaN check, which needs the kernel's answer)" if _nan else "",
+                              examples=_EXAMPLES[_fn.__name__])

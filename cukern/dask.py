@@ -30,6 +30,7 @@ import math
 import operator
 from contextlib import nullcontext
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 import cukern._convert as _convert
 import cukern.reduce as _reduce
@@ -38,6 +39,10 @@ import cukern.rmsnorm as _rmsnorm
 import cukern.rotary as _rotary
 
 from ._dtypes import dtype_name
+from ._typing import Axis, DeviceArray, DTypeLike
+
+if TYPE_CHECKING:  # Dask is an optional extra, imported when an op is first called
+    from dask.array import Array as DaskArray
 
 # The eager ops the chunk functions call, looked up at run time (tests stand in NumPy versions).
 _eager = SimpleNamespace(
@@ -137,18 +142,43 @@ def _weight(weight, hidden: int) -> tuple:
     return (w,)
 
 
-def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0):
+def rms_norm(x: DaskArray | DeviceArray, weight: DaskArray | DeviceArray | None = None, eps: float = 1e-6, *,
+             offset: float = 0.0) -> DaskArray:
     """:func:`cukern.rms_norm` over a dask array ``x`` (``[..., hidden]``, the last axis one chunk), chunk
-    by chunk. ``weight``: a CuPy or dask array of ``[hidden]``, or None. Returns a dask array like ``x``."""
+    by chunk. ``weight``: a CuPy or dask array of ``[hidden]``, or None. Returns a dask array like ``x``.
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import dask.array as da
+    >>> import cukern.dask
+    >>> x = da.from_array(cp.ones((4, 8), dtype=cp.float32), chunks=(2, 8))
+    >>> y = cukern.dask.rms_norm(x, eps=0.0)
+    >>> y.chunks, float(y.sum().compute())
+    (((2, 2), (8,)), 32.0)
+    """
     da = _da()
     x = _rows(x, "x")
     return da.map_blocks(_rms_chunk, x, *_weight(weight, x.shape[-1]), eps=eps, offset=offset, dtype=x.dtype,
                          meta=x._meta)
 
 
-def fused_add_rms_norm(x, residual, weight=None, eps: float = 1e-6, *, offset: float = 0.0):
+def fused_add_rms_norm(x: DaskArray | DeviceArray, residual: DaskArray | DeviceArray,
+                       weight: DaskArray | DeviceArray | None = None, eps: float = 1e-6, *,
+                       offset: float = 0.0) -> tuple[DaskArray, DaskArray]:
     """:func:`cukern.fused_add_rms_norm` over dask arrays: returns ``(out, residual + x)`` as new dask arrays
-    (the eager op's ``out`` and updated ``residual``). ``residual`` is rechunked like ``x``."""
+    (the eager op's ``out`` and updated ``residual``). ``residual`` is rechunked like ``x``.
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import dask.array as da
+    >>> import cukern.dask
+    >>> x = da.from_array(cp.ones((4, 8), dtype=cp.float32), chunks=(2, 8))
+    >>> out, residual = cukern.dask.fused_add_rms_norm(x, cp.ones((4, 8), dtype=cp.float32), eps=0.0)
+    >>> float(out.sum().compute()), float(residual.sum().compute())
+    (32.0, 64.0)
+    """
     da = _da()
     x = _rows(x, "x")
     residual = _as_dask(residual, "residual")
@@ -162,14 +192,28 @@ def fused_add_rms_norm(x, residual, weight=None, eps: float = 1e-6, *, offset: f
     return out, new_residual
 
 
-def rotary_embedding(positions, query, key, cos_sin_cache, *, is_neox: bool = True, rotary_dim: int | None = None,
-                     inverse: bool = False, check_positions: bool = True):
+def rotary_embedding(positions: DaskArray | DeviceArray, query: DaskArray | DeviceArray,
+                     key: DaskArray | DeviceArray | None, cos_sin_cache: DeviceArray, *, is_neox: bool = True,
+                     rotary_dim: int | None = None, inverse: bool = False,
+                     check_positions: bool = True) -> tuple[DaskArray, DaskArray | None]:
     """:func:`cukern.rotary_embedding` over dask arrays: returns ``(query, key)`` rotated, as new dask arrays
     (key None stays None).
 
     ``query`` and ``key`` are ``[tokens, heads, head_size]`` with ``head_size`` one chunk; tokens and heads
     may be chunked (query and key each their own way). ``positions`` (``[tokens]``) is rechunked to each
     one's token chunks; ``cos_sin_cache`` (CuPy or dask) is one chunk, shared by every task.
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import dask.array as da
+    >>> import cukern.dask
+    >>> import cukern
+    >>> q = da.from_array(cp.ones((4, 2, 8), dtype=cp.float32), chunks=(2, 1, 8))
+    >>> positions = cp.zeros(4, dtype=cp.int32)  # position 0 turns by angle 0
+    >>> q_rot, k_rot = cukern.dask.rotary_embedding(positions, q, None, cukern.rope_cache(16, 8))
+    >>> k_rot is None, bool((q_rot.compute() == 1).all())
+    (True, True)
     """
     da = _da()
     options = dict(is_neox=is_neox, rotary_dim=rotary_dim, inverse=inverse, check_positions=check_positions)
@@ -179,7 +223,7 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, is_neox: bool = Tr
         raise ValueError(f"positions has shape {positions.shape}; it must be 1-D [tokens]")
     if cache.ndim != 2:
         raise ValueError(f"cos_sin_cache has shape {cache.shape}; it must be [max_position, width]")
-    out = []
+    out: list[Any] = []
     for name, a in (("query", query), ("key", key)):
         if a is None:
             out.append(None)
@@ -320,32 +364,99 @@ def _reduction(name: str, x, axis, dtype, keepdims: bool, split_every):
                         meta=meta_from_array(x._meta, ndim=ndim, dtype=final))
 
 
-def sum(x, axis=None, *, dtype=None, keepdims: bool = False, split_every=None):  # noqa: A001 - mirrors numpy
+def sum(  # noqa: A001 - mirrors numpy
+        x: DaskArray | DeviceArray, axis: Axis = None, *, dtype: DTypeLike | None = None, keepdims: bool = False,
+        split_every: int | dict[int, int] | None = None) -> DaskArray:
     """:func:`cukern.sum` as a Dask reduction: per-chunk sums in the accumulator type, combined and finished
-    with cukern kernels. ``split_every``: Dask's fan-in per combine step."""
+    with cukern kernels. ``split_every``: Dask's fan-in per combine step.
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import dask.array as da
+    >>> import cukern.dask
+    >>> x = da.from_array(cp.arange(12, dtype=cp.float32).reshape(4, 3), chunks=(2, 3))
+    >>> print(cukern.dask.sum(x, axis=0).compute())
+    [18. 22. 26.]
+    """
     return _reduction("sum", x, axis, dtype, keepdims, split_every)
 
 
-def mean(x, axis=None, *, dtype=None, keepdims: bool = False, split_every=None):
-    """:func:`cukern.mean` as a Dask reduction: a tree of sums, divided by the count at the end."""
+def mean(x: DaskArray | DeviceArray, axis: Axis = None, *, dtype: DTypeLike | None = None, keepdims: bool = False,
+         split_every: int | dict[int, int] | None = None) -> DaskArray:
+    """:func:`cukern.mean` as a Dask reduction: a tree of sums, divided by the count at the end.
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import dask.array as da
+    >>> import cukern.dask
+    >>> x = da.from_array(cp.arange(12, dtype=cp.float32).reshape(4, 3), chunks=(2, 3))
+    >>> print(cukern.dask.mean(x, axis=0).compute())
+    [4.5 5.5 6.5]
+    """
     return _reduction("mean", x, axis, dtype, keepdims, split_every)
 
 
-def sum_of_squares(x, axis=None, *, dtype=None, keepdims: bool = False, split_every=None):
-    """:func:`cukern.sum_of_squares` as a Dask reduction."""
+def sum_of_squares(x: DaskArray | DeviceArray, axis: Axis = None, *, dtype: DTypeLike | None = None,
+                   keepdims: bool = False, split_every: int | dict[int, int] | None = None) -> DaskArray:
+    """:func:`cukern.sum_of_squares` as a Dask reduction.
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import dask.array as da
+    >>> import cukern.dask
+    >>> x = da.from_array(cp.arange(12, dtype=cp.float32).reshape(4, 3), chunks=(2, 3))
+    >>> print(cukern.dask.sum_of_squares(x, axis=1).compute())
+    [  5.  50. 149. 302.]
+    """
     return _reduction("sum_of_squares", x, axis, dtype, keepdims, split_every)
 
 
-def norm(x, axis=None, *, dtype=None, keepdims: bool = False, split_every=None):
-    """:func:`cukern.norm` as a Dask reduction: a tree of sums of squares, square-rooted at the end."""
+def norm(x: DaskArray | DeviceArray, axis: Axis = None, *, dtype: DTypeLike | None = None, keepdims: bool = False,
+         split_every: int | dict[int, int] | None = None) -> DaskArray:
+    """:func:`cukern.norm` as a Dask reduction: a tree of sums of squares, square-rooted at the end.
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import dask.array as da
+    >>> import cukern.dask
+    >>> x = da.from_array(cp.array([[3.0, 4.0], [0.0, 0.0]]), chunks=(1, 2))
+    >>> print(cukern.dask.norm(x).compute())
+    5.0
+    """
     return _reduction("norm", x, axis, dtype, keepdims, split_every)
 
 
-def amax(x, axis=None, *, dtype=None, keepdims: bool = False, split_every=None):
-    """:func:`cukern.amax` as a Dask reduction (NaN propagates)."""
+def amax(x: DaskArray | DeviceArray, axis: Axis = None, *, dtype: DTypeLike | None = None, keepdims: bool = False,
+         split_every: int | dict[int, int] | None = None) -> DaskArray:
+    """:func:`cukern.amax` as a Dask reduction (NaN propagates).
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import dask.array as da
+    >>> import cukern.dask
+    >>> x = da.from_array(cp.arange(12, dtype=cp.float32).reshape(4, 3), chunks=(2, 3))
+    >>> print(cukern.dask.amax(x, axis=1).compute())
+    [ 2.  5.  8. 11.]
+    """
     return _reduction("amax", x, axis, dtype, keepdims, split_every)
 
 
-def amin(x, axis=None, *, dtype=None, keepdims: bool = False, split_every=None):
-    """:func:`cukern.amin` as a Dask reduction (NaN propagates)."""
+def amin(x: DaskArray | DeviceArray, axis: Axis = None, *, dtype: DTypeLike | None = None, keepdims: bool = False,
+         split_every: int | dict[int, int] | None = None) -> DaskArray:
+    """:func:`cukern.amin` as a Dask reduction (NaN propagates).
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import dask.array as da
+    >>> import cukern.dask
+    >>> x = da.from_array(cp.arange(12, dtype=cp.float32).reshape(4, 3), chunks=(2, 3))
+    >>> print(cukern.dask.amin(x, axis=0).compute())
+    [0. 1. 2.]
+    """
     return _reduction("amin", x, axis, dtype, keepdims, split_every)

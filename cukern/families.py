@@ -6,6 +6,7 @@ from __future__ import annotations
 import cukern._convert as convert
 import cukern.argreduce as argreduce
 import cukern.ladder as ladder
+import cukern.layernorm as layernorm
 import cukern.qknorm as qknorm
 import cukern.reduce as reduce
 import cukern.rmsnorm as rmsnorm
@@ -16,7 +17,7 @@ import cukern.segment as segment
 
 
 def all_families():
-    return [rmsnorm, rmsnorm_backward, rotary, reduce, ladder, argreduce, qknorm, segment, scan, convert]
+    return [rmsnorm, rmsnorm_backward, rotary, reduce, ladder, argreduce, qknorm, segment, scan, convert, layernorm]
 
 
 def named(source: str):

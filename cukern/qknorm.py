@@ -34,6 +34,7 @@ from ._launch import cupy as _cupy
 from ._launch import NULL as _NULL
 from ._launch import CallCache, LaunchConfig, Params, launch, on_device, sm_count, struct_argument
 from ._layout import extent
+from ._typing import DeviceArray
 from .rmsnorm import _scalars, check_like_x, tree_classes
 from .rotary import CHECK_PARAMS, _check_key_apart, _check_positions, _check_reads_apart, _elem_strides
 from .rotary import _validate as _validate_rotary
@@ -57,8 +58,7 @@ class Knobs:
     """The tuning space; no knob changes a head's bits. ``block``: threads per block (a multiple of 32, the
     kernel's launch bound), ``block / lanes`` heads at a time; ``waves``: grid cap in waves of resident
     blocks (``sm_count x 2048 / block``), blocks then walking further heads; None: a block per group of
-    heads. The defaults are the H200 tuner's pick at 16384 tokens, 32 + 8 heads of 128 (bench/NOTES.md,
-    "QK-norm + RoPE")."""
+    heads. The defaults are the H200 tuner's pick at 16384 tokens, 32 + 8 heads of 128 (docs/design/qk_norm_rope.md)."""
 
     block: int = 128
     waves: int | None = 4
@@ -366,7 +366,8 @@ def _plan_call(ck, positions, query, key, q_weight, k_weight, cache, eps, offset
     return _calls.put(ck, _Call(device, cache.shape[0], check, inst, p.config, struct, k is not None, meet))
 
 
-def qk_norm_rope(positions, query, key, q_weight, k_weight, cos_sin_cache, *, eps: float = 1e-6,
+def qk_norm_rope(positions: DeviceArray, query: DeviceArray, key: DeviceArray | None, q_weight: DeviceArray | None,
+                 k_weight: DeviceArray | None, cos_sin_cache: DeviceArray, *, eps: float = 1e-6,
                  offset: float = 0.0, is_neox: bool = True, rotary_dim: int | None = None,
                  check_positions: bool = True) -> None:
     """Per-head RMSNorm then rotary position embedding, in place on ``query`` and ``key``, one launch for both.
@@ -408,6 +409,16 @@ def qk_norm_rope(positions, query, key, q_weight, k_weight, cos_sin_cache, *, ep
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import cukern
+    >>> q = cp.array([[[3.0, 0.0, 0.0, 4.0]]], dtype=cp.float32)
+    >>> k = cp.ones((1, 1, 4), dtype=cp.float32)
+    >>> cukern.qk_norm_rope(cp.array([1]), q, k, None, None, cukern.rope_cache(4, 4, base=100.0), eps=0.0)
+    >>> print(q[0, 0], k[0, 0])
+    [ 0.64836276 -0.15973346  1.0097651   1.5920067 ] [-0.30116868  0.89517075  1.3817732   1.0948375 ]
     """
     return _run(positions, query, key, q_weight, k_weight, cos_sin_cache, eps, offset, is_neox, rotary_dim,
                 check_positions, None)

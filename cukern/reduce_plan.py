@@ -1,7 +1,7 @@
 """Reductions, planned: dtype rules, the op table, how a layout maps onto the kernels, launch plans and the
 instantiations they need. Pure: nothing here touches a GPU, so all of it is tested on a CPU.
 
-The tree (issue 13). Every result is one fixed tree over its n reduced elements, numbered in C order over
+The tree. Every result is one fixed tree over its n reduced elements, numbered in C order over
 the reduced axes as the caller sees them: leaves of :data:`TREE_LEAF` = 256 consecutive elements; in each
 leaf, chain c of :data:`TREE_CHAINS` = 32 adds elements c, c + 32, ... (:data:`TREE_CHAIN_LENGTH` = 8 of
 them) one after another (var and logsumexp form a chain's state from its elements at once: reduce.cu
@@ -39,13 +39,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
 
 from ._compile import Instantiation
 from ._dtypes import BFLOAT16, COUNT, dtype_name, parse_dtype
-from ._launch import LaunchConfig
+from ._launch import LaunchConfig, Params
 from ._layout import collapse, contiguous_strides, k_order
 
 SOURCE = "reduce"
@@ -91,8 +92,8 @@ class Knobs:
     (1024: 64 registers). ``row_waves``: grid cap in waves of those resident blocks, the blocks then
     looping over rows (None: a block per row group).
 
-    The defaults are the H200 sweep's winners: the rows' from bench/NOTES.md, "Reductions" (their unroll
-    counts the loads of one chain step batch, "Reductions: one tree"), the full kernel's from "Full sum in
+    The defaults are the H200 sweep's winners: the rows' in docs/design/reductions.md: the rows' from "Rows and columns"
+    (their unroll counts the loads of one chain step batch), the full kernel's from "Groups combined in
     batches" (the best at 2^20 and 2^24 elements, within 1% of the best at 2^29 and 2^30).
     """
 
@@ -122,8 +123,8 @@ class Knobs:
 DEFAULT_KNOBS = Knobs()
 # var and std's own point (any point gives the same bits): rows of at most 128 threads, so that their rows
 # kernels come in two blocks, not three (the instantiation table stays small); a full grid of 8 blocks an SM
-# and rows capped at 16 waves (blocks walking about two long rows), measured on the H200 (bench/NOTES.md,
-# "var: the grid"): fp32 2^28 101.1% -> 102.1% of the copy, rows [32768, 16384] 98.7% -> 102.2%,
+# and rows capped at 16 waves (blocks walking about two long rows), measured on the H200 (docs/design/reductions.md,
+# "var and std"): fp32 2^28 101.1% -> 102.1% of the copy, rows [32768, 16384] 98.7% -> 102.2%,
 # [131072, 1024] 88.0% -> 95.0%, [32768, 4096] 73.3% -> 79.6%.
 VAR_KNOBS = Knobs(full_blocks_per_sm=8, row_max_tpr=128, row_waves=16)
 # prod and logsumexp's point: rows of at most 32 threads (one rows block size), and no column kernel (their
@@ -286,7 +287,8 @@ def check_input(op: str, dtype) -> np.dtype:
 def real_of(dtype) -> np.dtype:
     """The dtype of a complex dtype's real and imaginary parts; other dtypes as they are."""
     t = np.dtype(dtype)
-    return {C64: F32, C128: F64}.get(t, t)
+    parts: dict[np.dtype, np.dtype] = {C64: F32, C128: F64}
+    return parts.get(t, t)
 
 
 def default_dtype(op: str, dtype) -> np.dtype:
@@ -646,6 +648,9 @@ def _pow2_ceil(n: int) -> int:
 class _OneLaunch:
     """A plan launching ``grid`` blocks of ``block`` threads (fields of the dataclasses below)."""
 
+    grid: int
+    block: int
+
     @property
     def config(self) -> LaunchConfig:
         return LaunchConfig(grid=(self.grid,), block=(self.block,))
@@ -837,6 +842,12 @@ def _strided_inst(t, o, op: int) -> Instantiation:
     return Instantiation(SOURCE, "reduce_strided", (t, o, op, STRIDED_BLOCK))
 
 
+def weighted_instantiation(t) -> Instantiation:
+    """The weighted logsumexp kernel of result dtype ``t`` (x and b converted to it)."""
+    t = np.dtype(t)
+    return Instantiation(SOURCE, "reduce_lse_weighted", (t, t, OP_LSE, STRIDED_BLOCK))
+
+
 def lift_modes(t, o, kernel_op: int) -> int:
     """reduce.cu ``lift_modes``: the lift modes (bits 1 << LIFT_*) that the kernels for input ``t``, kernel
     result ``o`` and ``kernel_op`` implement: non-zero counting alone for count results (int64 counts and
@@ -905,6 +916,8 @@ def instantiations() -> list:
             out.add(_cols_inst(t, o, op, vec, q))
             out.add(_cols_inst(t, a, op, vec, q))
         out.add(_fold_inst(a, o, _combine_op(op)))
+    for t in FLOATS:
+        out.add(weighted_instantiation(t))
     return sorted(out, key=lambda i: (i.name, i.expression))
 
 
@@ -929,7 +942,7 @@ class Plan:
 
     layout: Layout
     copy: bool
-    kernel: object  # FullPlan, RowsPlan, ColsPlan, StridedPlan; None for "empty", "fill" and "none"
+    kernel: Any  # FullPlan, RowsPlan, ColsPlan, StridedPlan; None for "empty", "fill" and "none"
     fold: FoldPlan | None = None
     partials: int = 0
 
@@ -1003,6 +1016,90 @@ def plan_instantiations(pl: Plan, t, o, op: int) -> list:
         a = acc_dtype(o)
         return [_cols_inst(t, a, op, p.vec, p.q), _fold_inst(a, o, _combine_op(op))]
     return []
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Weighted logsumexp (reduce.cu reduce_lse_weighted): x and the weights b, broadcast to one shape, reduced by
+# one warp an output over at most two kept and two reduced levels that both arrays share; deeper layouts are
+# first copied (x and b, kept axes then reduced ones, the broadcast b made whole).
+
+LSE_WEIGHTED_PARAMS = Params((("outputs", "i64"), ("o_inner", "i64"), ("o_s0", "i64"), ("o_s1", "i64"),
+                              ("ow_s0", "i64"), ("ow_s1", "i64"), ("count", "i64"), ("r_inner", "i64"),
+                              ("r_s0", "i64"), ("r_s1", "i64"), ("rw_s0", "i64"), ("rw_s1", "i64"),
+                              ("signed_result", "i32")))
+
+
+def weighted_dtype(x_dtype, b_dtype) -> np.dtype:
+    """The result dtype of logsumexp of ``x_dtype`` weighted by ``b_dtype``: SciPy's, the two promoted, integer
+    and bool results made float64; bfloat16 promotes as float32 would, but with bool or itself it stays."""
+    t, u = np.dtype(x_dtype), np.dtype(b_dtype)
+    if BFLOAT16 in (t, u):
+        other = u if t == BFLOAT16 else t
+        if other in (BFLOAT16, BOOL):
+            return BFLOAT16
+        r = np.result_type(F32, other)
+    else:
+        r = np.result_type(t, u)
+    return r if r.kind == "f" else F64
+
+
+def _shared_levels(shape, x_strides, b_strides) -> tuple:
+    """The (size, x stride, b stride) levels of dimensions ``shape`` merged where both arrays allow."""
+    sizes, (xs, bs) = collapse(tuple(shape), [tuple(x_strides), tuple(b_strides)])
+    return tuple(zip(sizes, xs, bs))
+
+
+def _two_levels(levels) -> tuple:
+    """(inner, x s0, x s1, b s0, b s1) of at most two shared levels; no level is one element at offset 0."""
+    if not levels:
+        return 1, 0, 0, 0, 0
+    if len(levels) == 1:
+        (n, xs, bs), = levels
+        return n, 0, xs, 0, bs
+    (_, x0, b0), (n, x1, b1) = levels
+    return n, x0, x1, b0, b1
+
+
+@dataclass(frozen=True)
+class WeightedPlan(_OneLaunch):
+    """reduce_lse_weighted's launch: ``copy`` (x and b first copied to contiguous, kept axes then reduced ones),
+    ``outputs`` results of ``count`` elements each, ``kept`` and ``red`` as (inner, x s0, x s1, b s0, b s1)."""
+
+    copy: bool
+    outputs: int
+    count: int
+    kept: tuple
+    red: tuple
+    block: int
+    grid: int
+
+    def params(self, signed_result: bool) -> np.ndarray:
+        (oi, o0, o1, ow0, ow1), (ri, r0, r1, rw0, rw1) = self.kept, self.red
+        return LSE_WEIGHTED_PARAMS.struct(outputs=self.outputs, o_inner=oi, o_s0=o0, o_s1=o1, ow_s0=ow0,
+                                          ow_s1=ow1, count=self.count, r_inner=ri, r_s0=r0, r_s1=r1, rw_s0=rw0,
+                                          rw_s1=rw1, signed_result=int(signed_result))
+
+
+def plan_weighted(shape, x_strides, b_strides, axes, sm_count: int = 132) -> WeightedPlan:
+    """The launch reducing ``axes`` (normalized) of x and b, both of ``shape`` (b broadcast: zero strides), with
+    strides in elements; outputs and count above zero. The tree numbers each output's elements in C order
+    over ``axes``, as every reduction's, whatever the strides."""
+    shape = tuple(shape)
+    kept_axes = [i for i in range(len(shape)) if i not in axes]
+    kept = _shared_levels([shape[i] for i in kept_axes], [x_strides[i] for i in kept_axes],
+                          [b_strides[i] for i in kept_axes])
+    red = _shared_levels([shape[i] for i in axes], [x_strides[i] for i in axes], [b_strides[i] for i in axes])
+    outputs = math.prod(shape[i] for i in kept_axes)
+    count = math.prod(shape[i] for i in axes)
+    copy = len(kept) > 2 or len(red) > 2
+    if copy:
+        moved = [shape[i] for i in kept_axes] + [shape[i] for i in axes]
+        contiguous = contiguous_strides(tuple(moved))
+        nk = len(kept_axes)
+        kept = _shared_levels(moved[:nk], contiguous[:nk], contiguous[:nk])
+        red = _shared_levels(moved[nk:], contiguous[nk:], contiguous[nk:])
+    sp = plan_strided(outputs, sm_count)
+    return WeightedPlan(copy, outputs, count, _two_levels(kept), _two_levels(red), sp.block, sp.grid)
 
 
 def temporary(pl: Plan, *, converts: bool, out_direct: bool | None) -> str | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -38,6 +39,7 @@ from ._launch import cupy as _cupy
 from ._launch import NULL as _NULL
 from ._launch import CallCache, LaunchConfig, Params, launch, on_device, sm_count, struct_argument
 from ._layout import ArraySpec, extent, rows_layout
+from ._typing import DeviceArray, DTypeLike
 
 SOURCE = "rms_norm"
 MAX_TPR = 512
@@ -119,6 +121,7 @@ class Plan:
         alike: the kernel takes the choice at run time); ``rstd``: the plain or fused kernel that also stores
         each row's rstd."""
         name = ("fused_add_rms_norm_" if fused else "rms_norm_") + ("fp8_" if fp8 else "") + self.kernel
+        args: tuple
         if self.kernel == "rows":
             args = (dtype, weight_dtype, self.vec, self.tpr, self.groups, self.items, self.block)
         else:
@@ -133,7 +136,7 @@ class Knobs:
     of each class it owns (a class is never split), more by owning more classes (fewer threads per row);
     ``small_block``: threads per block when several rows share one; ``waves``: grid cap in waves of
     resident blocks (None: a block per row group). The defaults are what the H200 measurements chose
-    (bench/NOTES.md, RMSNorm)."""
+    (docs/design/rms_norm.md)."""
 
     items_target: int = 4
     small_block: int = 128
@@ -143,7 +146,7 @@ class Knobs:
 DEFAULT_KNOBS = Knobs()
 # rms_norm to float8 (no residual) where no tuning cache entry says otherwise: a grid of 4 waves, each block
 # walking two rows or so, measured faster than 8 at [16384, 4096] bf16 (84.0% of the copy against 81.2%
-# per token, 86.4% against 84.0% static; 2 waves 83.5%, 1 81.2%: bench/NOTES.md)
+# per token, 86.4% against 84.0% static; 2 waves 83.5%, 1 81.2%: docs/design/rms_norm.md)
 FP8_DEFAULT_KNOBS = Knobs(waves=4)
 
 
@@ -313,8 +316,13 @@ def _validate(fused: bool, x, weight, out, residual):
         raise TypeError("residual is None; fused_add_rms_norm adds x into residual in place, so pass an array "
                         "shaped like x (or call rms_norm)")
     names = {"x": x, "weight": weight, "out": out, "residual": residual}
-    arrays = {n: as_array(a, n, writable=n in ("out", "residual")) for n, a in names.items()
-              if a is not None or n == "x"}
+    return check_arrays({n: as_array(a, n, writable=n in ("out", "residual")) for n, a in names.items()
+                         if a is not None or n == "x"})
+
+
+def check_arrays(arrays: dict) -> dict:
+    """Every check of the arrays by name (``x``, and any of ``weight``, ``out`` and ``residual``), already
+    converted; reads only shape, strides, dtype and device, so the ``explain`` card's stand-ins go through it."""
     x = arrays["x"]
     check_like_x(arrays, ("out", "residual"))
     _check.check_same_device(arrays)
@@ -368,7 +376,7 @@ def _aliasing(out, residual, x, weight) -> tuple:
     a cached call compares one pointer offset per pair instead of two extents (None: an array not given,
     or not written; empty arrays overlap nothing)."""
     arrays = (out, residual, x, weight)
-    spans = [None if a is None or a.size == 0 else extent(0, a.shape, a.strides, a.itemsize) for a in arrays]
+    spans: list[Any] = [None if a is None or a.size == 0 else extent(0, a.shape, a.strides, a.itemsize) for a in arrays]
     pairs = []
     for i, j, same_ok, message in _ALIASING:
         if spans[i] is None or spans[j] is None:
@@ -682,8 +690,10 @@ def _rstd_flag(return_rstd, out_dtype, scale) -> bool:
     return rstd
 
 
-def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None, out_dtype=None, scale=None,
-             return_rstd: bool = False):
+def rms_norm(x: DeviceArray, weight: DeviceArray | None = None, eps: float = 1e-6, *, offset: float = 0.0,
+             out: DeviceArray | None = None, out_dtype: DTypeLike | None = None,
+             scale: str | float | DeviceArray | None = None,
+             return_rstd: bool = False) -> DeviceArray | tuple[DeviceArray, DeviceArray]:
     """Root-mean-square normalization over the last axis.
 
     ``out = x / sqrt(mean(x**2, axis=-1) + eps) * (offset + weight)``, computed in float32 and rounded
@@ -716,7 +726,6 @@ def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None
         else ValueError before any launch. Or ``"per_token"``: each row gets ``s = max(amax / 448, 2^-126)``,
         amax the row's largest ``|y|`` (so an all-zero row gets ``s = 2^-126`` and zeros; a row holding a
         NaN or infinity gets a NaN scale and NaN bytes), each step correctly rounded in float32.
-
     return_rstd : bool
         True: also return each row's ``rstd = 1 / sqrt(mean(x**2) + eps)``, the float32 the kernel scaled
         by, for :func:`cukern.rms_norm_backward` to reuse (outputs in x's dtype only; TypeError otherwise).
@@ -740,11 +749,23 @@ def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None
 
     Examples
     --------
-    >>> import cupy, cukern
-    >>> x = cupy.arange(8, dtype=cupy.float32).reshape(2, 4)
-    >>> y, rstd = cukern.rms_norm(x, return_rstd=True)
-    >>> rstd.shape
-    (2,)
+    >>> import cupy as cp
+    >>> import cukern
+    >>> from cukern.reference import rms_norm_emulated
+    >>> x = cp.array([[3.0, 4.0], [1.0, -1.0]], dtype=cp.float32)
+    >>> y = cukern.rms_norm(x, eps=0.0)
+    >>> print(y)
+    [[ 0.84852815  1.1313709 ]
+     [ 1.         -1.        ]]
+    >>> bool((cp.asnumpy(y) == rms_norm_emulated(cp.asnumpy(x), eps=0.0)).all())
+    True
+    >>> q, scales = cukern.rms_norm(x, eps=0.0, out_dtype="float8_e4m3fn", scale="per_token")
+    >>> print(q.dtype, q, scales.shape)
+    uint8 [[122 126]
+     [126 254]] (2,)
+    >>> y, rstd = cukern.rms_norm(x, eps=0.0, return_rstd=True)
+    >>> print(rstd.dtype, rstd)
+    float32 [0.28284273 1.        ]
     """
     if _rstd_flag(return_rstd, out_dtype, scale):
         return _run(False, x, None, weight, eps, offset, out, rstd=True)
@@ -753,8 +774,10 @@ def rms_norm(x, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None
     return _run_fp8(False, x, None, weight, eps, offset, out, out_dtype, scale)
 
 
-def fused_add_rms_norm(x, residual, weight=None, eps: float = 1e-6, *, offset: float = 0.0, out=None,
-                       out_dtype=None, scale=None, return_rstd: bool = False):
+def fused_add_rms_norm(x: DeviceArray, residual: DeviceArray, weight: DeviceArray | None = None, eps: float = 1e-6,
+                       *, offset: float = 0.0, out: DeviceArray | None = None, out_dtype: DTypeLike | None = None,
+                       scale: str | float | DeviceArray | None = None, return_rstd: bool = False
+                       ) -> DeviceArray | tuple[DeviceArray, DeviceArray]:
     """``residual += x`` in place (rounded to residual's dtype), then ``out = rms_norm(residual)``.
 
     ``out=x`` is allowed (the in-place form LLM servers use). Same dtypes, layouts, eps and offset as
@@ -765,11 +788,19 @@ def fused_add_rms_norm(x, residual, weight=None, eps: float = 1e-6, *, offset: f
 
     Examples
     --------
-    >>> import cupy, cukern
-    >>> x, r = cupy.ones((2, 4), cupy.float32), cupy.ones((2, 4), cupy.float32)
-    >>> out = cukern.fused_add_rms_norm(x, r)
-    >>> float(r[0, 0])
-    2.0
+    >>> import cupy as cp
+    >>> import cukern
+    >>> x = cp.array([[3.0, 4.0], [1.0, -1.0]], dtype=cp.float32)
+    >>> residual = cp.array([[1.0, 1.0], [0.0, 2.0]], dtype=cp.float32)
+    >>> out, rstd = cukern.fused_add_rms_norm(x, residual, eps=0.0, return_rstd=True)
+    >>> print(residual)
+    [[4. 5.]
+     [1. 1.]]
+    >>> print(out)
+    [[0.8834522 1.1043153]
+     [1.        1.       ]]
+    >>> print(rstd)
+    [0.22086304 1.        ]
     """
     if _rstd_flag(return_rstd, out_dtype, scale):
         return _run(True, x, residual, weight, eps, offset, out, rstd=True)

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 import numpy as np
 
 from ._dtypes import FLOAT_TYPES, dtype_name, parse_dtype
+from ._launch import cupy as _cupy
 from ._launch import require_gpu
+from ._typing import DeviceArray, DTypeLike, HostArray
 
 _SCALING_KEYS = {
     "linear": ({"factor"}, set()),
@@ -38,7 +41,7 @@ _POSITIVE = ("factor", "original_max_position", "low_freq_factor", "high_freq_fa
 
 
 def _positive(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and float(value) > 0
 
 
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -69,7 +72,7 @@ def _check_scaling(scaling, max_position: int, rotary_dim: int, base) -> dict:
         return {}
     if not isinstance(scaling, dict):
         raise ValueError(f"scaling must be None or a dict (ours, or a config.json rope_scaling), got {scaling!r}")
-    given = {}
+    given: dict[Any, Any] = {}
     for key, value in scaling.items():
         name = _HF_KEYS.get(key, key)
         if value is None:
@@ -89,7 +92,8 @@ def _check_scaling(scaling, max_position: int, rotary_dim: int, base) -> dict:
     # YaRN's default factor, max_position_embeddings / original_max_position.
     model_length = given.pop("max_position_embeddings", None)
     if model_length is not None:
-        if not (isinstance(model_length, numbers.Integral) and not isinstance(model_length, bool) and model_length > 1):
+        if not (isinstance(model_length, numbers.Integral) and not isinstance(model_length, bool)
+                and int(model_length) > 1):
             raise ValueError(f"scaling's max_position_embeddings must be an int above 1, got {model_length!r}")
         if kind == "dynamic_ntk":
             given["original_max_position"] = int(model_length)
@@ -178,9 +182,16 @@ def _count(value, name: str) -> int:
     return int(value)
 
 
-def reads_length(scaling) -> bool:
+def reads_length(scaling: object) -> bool:
     """Whether a scaling's frequencies depend on the cache's length (dynamic NTK's base, LongRoPE's choice of
-    factors and attention factor); the others' do not."""
+    factors and attention factor); the others' do not.
+
+    Examples
+    --------
+    >>> from cukern.rope_cache import reads_length
+    >>> reads_length({"rope_type": "dynamic", "factor": 2.0}), reads_length({"type": "linear", "factor": 2.0})
+    (True, False)
+    """
     if not isinstance(scaling, dict):
         return False
     kind = scaling.get("type")
@@ -192,8 +203,19 @@ def reads_length(scaling) -> bool:
 _MAX_ELEMENTS = 1 << 62  # past this a table's size is not one NumPy can index (and nothing could hold it)
 
 
-def check_sizes(max_position, rotary_dim, base) -> tuple:
-    """``(max_position, rotary_dim, base)`` checked, as two ints and a float."""
+def check_sizes(max_position: int, rotary_dim: int, base: float) -> tuple[int, int, float]:
+    """``(max_position, rotary_dim, base)`` checked, as two ints and a float.
+
+    Examples
+    --------
+    >>> from cukern.rope_cache import check_sizes
+    >>> check_sizes(np.int64(4096), 128, 10000)
+    (4096, 128, 10000.0)
+    >>> check_sizes(4096, 127, 10000.0)
+    Traceback (most recent call last):
+        ...
+    ValueError: rotary_dim=127 must be a positive even number
+    """
     max_position, rotary_dim = _count(max_position, "max_position"), _count(rotary_dim, "rotary_dim")
     if rotary_dim < 2 or rotary_dim % 2:
         raise ValueError(f"rotary_dim={rotary_dim} must be a positive even number")
@@ -212,16 +234,28 @@ def check_sizes(max_position, rotary_dim, base) -> tuple:
     return max_position, rotary_dim, b
 
 
-def rope_frequencies(max_position: int, rotary_dim: int, base: float = 10000.0, scaling=None):
+def rope_frequencies(max_position: int, rotary_dim: int, base: float = 10000.0,
+                     scaling: dict[str, Any] | None = None) -> tuple[HostArray, float]:
     """``(inv_freq, attention)``: the ``rotary_dim / 2`` angular frequencies (float64 NumPy) and the factor
     cos and sin are scaled by (YaRN's or LongRoPE's attention factor, else 1), as the models that define each
-    scaling publish them (HF transformers ``_compute_*_rope_parameters``). Arguments as :func:`rope_cache`'s."""
+    scaling publish them (HF transformers ``_compute_*_rope_parameters``). Arguments as :func:`rope_cache`'s.
+
+    Examples
+    --------
+    >>> from cukern.rope_cache import rope_frequencies
+    >>> inv_freq, attention = rope_frequencies(4096, 8, base=10000.0)
+    >>> print(inv_freq, attention)
+    [1.    0.1   0.01  0.001] 1.0
+    >>> inv_freq, attention = rope_frequencies(4096, 8, scaling={"type": "linear", "factor": 4.0})
+    >>> print(inv_freq, attention)
+    [0.25    0.025   0.0025  0.00025] 1.0
+    """
     max_position, rot, base = check_sizes(max_position, rotary_dim, base)
     scaling = _check_scaling(scaling, max_position, rot, base)
     kind = scaling.get("type")
     exponents = np.arange(0, rot, 2, dtype=np.float64) / rot
     inv_freq = 1.0 / base**exponents
-    attention = 1.0
+    attention: Any = 1.0  # a scaling's factor, or None where its default applies
     if kind == "linear":
         inv_freq = inv_freq / scaling["factor"]
     elif kind == "dynamic_ntk":
@@ -270,7 +304,8 @@ def rope_frequencies(max_position: int, rotary_dim: int, base: float = 10000.0, 
     return inv_freq, float(attention)
 
 
-def rope_cache(max_position: int, rotary_dim: int, base: float = 10000.0, *, scaling=None, dtype=np.float32):
+def rope_cache(max_position: int, rotary_dim: int, base: float = 10000.0, *, scaling: dict[str, Any] | None = None,
+               dtype: DTypeLike = np.float32) -> DeviceArray:
     """The cos/sin cache :func:`cukern.rotary_embedding` reads: ``[max_position, rotary_dim]``, row ``p``
     holding ``a cos(p w_j)`` for ``j < rotary_dim / 2`` then ``a sin(p w_j)``, with
     ``w_j = base^(-2j / rotary_dim)`` adjusted by ``scaling`` and ``a`` YaRN's or LongRoPE's attention factor
@@ -320,22 +355,45 @@ def rope_cache(max_position: int, rotary_dim: int, base: float = 10000.0, *, sca
     Returns
     -------
     cupy.ndarray ``[max_position, rotary_dim]``
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import cukern
+    >>> from cukern.rope_cache import rope_cache_host
+    >>> llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    ...           "original_max_position_embeddings": 8192}
+    >>> cache = cukern.rope_cache(4096, 128, 500000.0, scaling=llama3)
+    >>> isinstance(cache, cp.ndarray), cache.shape, cache.dtype
+    (True, (4096, 128), dtype('float32'))
+    >>> host = rope_cache_host(4096, 128, 500000.0, scaling=llama3)
+    >>> bool((cp.asnumpy(cache) == host.astype(np.float32)).all())
+    True
     """
     dtype = parse_dtype(dtype)
     if dtype not in FLOAT_TYPES:
         raise TypeError(f"dtype {dtype_name(dtype)} is not supported; use float32, float16 or bfloat16")
     host = rope_cache_host(max_position, rotary_dim, base, scaling=scaling).astype(dtype)
     require_gpu()
-    import cupy
-
+    cupy = _cupy()
     if cupy.cuda.get_current_stream().is_capturing():
         raise RuntimeError("rope_cache uploads a table from the host, which a CUDA graph capture cannot record; "
                            "build the cache before capturing")
     return cupy.asarray(host)
 
 
-def rope_cache_host(max_position: int, rotary_dim: int, base: float = 10000.0, *, scaling=None) -> np.ndarray:
-    """:func:`rope_cache` in float64 on the host (NumPy), before rounding and upload."""
+def rope_cache_host(max_position: int, rotary_dim: int, base: float = 10000.0, *,
+                    scaling: dict[str, Any] | None = None) -> HostArray:
+    """:func:`rope_cache` in float64 on the host (NumPy), before rounding and upload.
+
+    Examples
+    --------
+    >>> from cukern.rope_cache import rope_cache_host
+    >>> print(rope_cache_host(3, 4, base=100.0).round(4))
+    [[ 1.      1.      0.      0.    ]
+     [ 0.5403  0.995   0.8415  0.0998]
+     [-0.4161  0.9801  0.9093  0.1987]]
+    """
     inv_freq, attention = rope_frequencies(max_position, rotary_dim, base, scaling)
     angles = np.outer(np.arange(int(max_position), dtype=np.float64), inv_freq)
     return np.concatenate([np.cos(angles), np.sin(angles)], axis=1) * attention

@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from types import SimpleNamespace
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from ._launch import cupy as _cupy
 from ._launch import NULL as _NULL
 from ._launch import CallCache, LaunchConfig, Params, launch, on_device, sm_count, struct_argument
 from ._layout import extent
+from ._typing import DeviceArray
 
 SOURCE = "rotary"
 MAX_BLOCK = 512  # launch bound and the most threads a block gets
@@ -178,7 +180,7 @@ def rotation_instantiation(dtype, cache_dtype, vec: int, is_neox: bool, items: i
 # rotary_embedding_positions' heads a thread loads at once: one where the launch fits in one wave of resident
 # threads (decode: the fewest registers and instructions), four past it (prefill: more loads in flight while
 # the block computes its cos and sin table). Measured on the H200 against the cached kernel's default of two
-# (bench/NOTES.md, "rotary_embedding_positions: one head or four a thread"): one token, 32 + 8 heads of 128,
+# (docs/design/rotary.md, "Heads a thread"): one token, 32 + 8 heads of 128,
 # bf16 5.38 -> 5.25 us (the cached kernel 5.31); [16384, 32 + 8, 128] 85.2% -> 89.2% of the copy.
 POSITIONS_ITEMS = (1, 4)
 
@@ -478,8 +480,9 @@ def _check_positions(call, positions) -> None:
             )
 
 
-def rotary_embedding(positions, query, key, cos_sin_cache, *, is_neox: bool = True, rotary_dim: int | None = None,
-                     inverse: bool = False, check_positions: bool = True) -> None:
+def rotary_embedding(positions: DeviceArray, query: DeviceArray, key: DeviceArray | None, cos_sin_cache: DeviceArray,
+                     *, is_neox: bool = True, rotary_dim: int | None = None, inverse: bool = False,
+                     check_positions: bool = True) -> None:
     """Rotary position embedding, in place on ``query`` and ``key``, one launch for both.
 
     For token ``t`` at ``p = positions[t]`` and each pair ``j < rotary_dim / 2`` of every head:
@@ -517,6 +520,20 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, is_neox: bool = Tr
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import cukern
+    >>> cache = cukern.rope_cache(4, 4, base=100.0)
+    >>> q = cp.array([[[1.0, 0.0, 0.0, 1.0]], [[1.0, 0.0, 0.0, 1.0]]], dtype=cp.float32)  # [tokens, heads, head_size]
+    >>> k = cp.ones((2, 1, 4), dtype=cp.float32)
+    >>> cukern.rotary_embedding(cp.array([0, 1]), q, k, cache)
+    >>> print(q[1, 0])
+    [ 0.5403023  -0.09983341  0.84147096  0.9950042 ]
+    >>> cukern.rotary_embedding(cp.array([0, 1]), q, k, cache, inverse=True)
+    >>> bool(cp.allclose(q[1, 0], cp.array([1.0, 0.0, 0.0, 1.0]), atol=1e-6))
+    True
     """
     return _run(positions, query, key, cos_sin_cache, is_neox, rotary_dim, inverse, check_positions, None)
 
@@ -677,7 +694,7 @@ class _NoCache:
 
 @functools.lru_cache(maxsize=256)
 def _no_cache(rot: int, device: int) -> _NoCache:
-    # one object per (rot, device): a call building its own spent about 12 µs of host time (bench/NOTES.md)
+    # one object per (rot, device): a call building its own spent about 12 µs of host time (docs/design/rotary.md)
     return _NoCache(rot, device)
 
 
@@ -735,8 +752,9 @@ def _frequency_table(device: int, rot: int, base, scaling, max_position):
 _positions_calls = CallCache()
 
 
-def rotary_embedding_positions(positions, query, key, *, rotary_dim: int, base: float = 10000.0, scaling=None,
-                               is_neox: bool = True, max_position: int | None = None) -> None:
+def rotary_embedding_positions(positions: DeviceArray, query: DeviceArray, key: DeviceArray | None, *, rotary_dim: int,
+                               base: float = 10000.0, scaling: dict[str, Any] | None = None, is_neox: bool = True,
+                               max_position: int | None = None) -> None:
     """Rotary position embedding with no cache: cos and sin computed in the kernel from each position, in place
     on ``query`` and ``key``, one launch.
 
@@ -773,6 +791,16 @@ def rotary_embedding_positions(positions, query, key, *, rotary_dim: int, base: 
     The frequencies are uploaded on the first call for each (device, rotary_dim, base, scaling,
     max_position); make that call before capturing a CUDA graph (under capture it raises RuntimeError
     before anything is recorded).
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import cukern
+    >>> q = cp.ones((2, 1, 4), dtype=cp.float32)
+    >>> cukern.rotary_embedding_positions(cp.array([0, 1]), q, None, rotary_dim=4, base=100.0)
+    >>> print(q[:, 0])
+    [[ 1.          1.          1.          1.        ]
+     [-0.30116868  0.89517075  1.3817732   1.0948375 ]]
     """
     is_neox = _check.check_flag(is_neox, "is_neox")
     positions, query, key, _ = _arrays(positions, query, key, None, takes_cache=False)
@@ -796,7 +824,7 @@ def positions_bytes_moved(tokens: int, num_heads: int, num_kv_heads: int, rotary
 
 # rotary_embedding_positions fills blocks to 160 threads, not 256: its kernel holds 108 registers (the
 # table's float64 work beside the first loads), and two tokens of 80 threads a block ran 86.3 µs against
-# 88.0 for three (240 threads) on bf16 [16384, 32 + 8, 128] (H200, bench/NOTES.md; one token a block: 91.1).
+# 88.0 for three (240 threads) on bf16 [16384, 32 + 8, 128] (H200, docs/design/rotary.md; one token a block: 91.1).
 POSITIONS_KNOBS = dataclasses.replace(DEFAULT_KNOBS, target_block=160)
 
 
@@ -907,7 +935,8 @@ class _Row:
 _mrope_calls = CallCache()
 
 
-def rotary_embedding_mrope(positions, query, key, cos_sin_cache, *, mrope_section, interleaved: bool = False,
+def rotary_embedding_mrope(positions: DeviceArray, query: DeviceArray, key: DeviceArray | None,
+                           cos_sin_cache: DeviceArray, *, mrope_section: Sequence[int], interleaved: bool = False,
                            is_neox: bool = True, rotary_dim: int | None = None, check_positions: bool = True) -> None:
     """Multimodal rotary embedding (Qwen2-VL, Qwen2.5-VL; ``interleaved`` for Qwen3-VL), in place on ``query``
     and ``key``, one launch.
@@ -934,10 +963,24 @@ def rotary_embedding_mrope(positions, query, key, cos_sin_cache, *, mrope_sectio
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> import cukern
+    >>> cache = cukern.rope_cache(4, 8)
+    >>> q, k = cp.ones((1, 1, 8), dtype=cp.float32), cp.ones((1, 2, 8), dtype=cp.float32)
+    >>> text = cp.array([[2], [2], [2]])  # [3, tokens]: a text token's three equal positions
+    >>> cukern.rotary_embedding_mrope(text, q, k, cache, mrope_section=(2, 1, 1))
+    >>> q_plain = cp.ones((1, 1, 8), dtype=cp.float32)
+    >>> cukern.rotary_embedding(cp.array([2]), q_plain, None, cache)
+    >>> bool((q == q_plain).all())
+    True
     """
     is_neox, interleaved = _check.check_flag(is_neox, "is_neox"), _check.check_flag(interleaved, "interleaved")
     check_positions = _check.check_flag(check_positions, "check_positions")
     positions, query, key, cos_sin_cache = _arrays(positions, query, key, cos_sin_cache)
+    sections: object
     try:
         sections = tuple(mrope_section)
     except TypeError:

@@ -38,10 +38,12 @@ each tile reads its elements before writing them, and touches no other tile's.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +57,7 @@ from ._launch import NULL, X_COPIED, CallCache, LaunchConfig, Params, launch, on
 from ._launch import SEQUENCE_LOCK, sm_count, stream_key, struct_argument
 from ._launch import cupy as _cupy
 from ._layout import collapse, k_order
+from ._typing import DeviceArray, DTypeLike
 
 SOURCE = "scan"
 BLOCK = 256  # SCAN_BLOCK in cuda_src/scan.cu: the definition's threads
@@ -62,8 +65,8 @@ GROUP = 32  # SCAN_GROUP: tiles a group
 SPAN = 4096  # elements a scan_tiles block takes: one tile, or two of float32's 2048
 # scan_columns walks each group of 32 lines whole in one block, so it takes lines of more than one tile only
 # with at least this many bytes of each row of lines an SM (float32: 0.36 column groups an SM, the half types
-# 0.73); below it, column_tiles spreads the tiles over blocks (bench/NOTES.md, "Landed: logsumexp's exp in
-# fewer steps; ...": at 46.5 bytes an SM float32 43% walked against 45%, float16 34% against 35%; at 62, 53%
+# 0.73); below it, column_tiles spreads the tiles over blocks (docs/design/scan.md,
+# "Columns": at 46.5 bytes an SM float32 43% walked against 45%, float16 34% against 35%; at 62, 53%
 # against 44% and 41% against 34%)
 COLUMN_WALK_BYTES_PER_SM = 48
 # scan_columns' modes (cuda_src/scan.cu): a block walking a column group's tiles; a block a column group's tile,
@@ -209,7 +212,7 @@ class Plan:
             return column_groups(self.rows, self.inner) * self.tiles_per_row
         return self.rows * -(-self.tiles_per_row // (SPAN // self.tile))
 
-    @property
+    @functools.cached_property  # read on every call of a cached plan
     def config(self) -> LaunchConfig:
         return LaunchConfig(grid=(self.grid,), block=(self.threads,), shared_mem=self.shared)
 
@@ -369,9 +372,10 @@ def bytes_moved(shape, dtype, out_dtype=None) -> int:
 
 @dataclass
 class Workspace:
-    counter: object  # uint32[1], zero between launches (the block drawing the last tile resets it)
-    status: object  # uint64[2 * tiles], epoch-tagged words: the tiles', then the groups'
-    values: object  # uint64[6 * tiles]: the tiles' aggregates, the groups' totals, the groups' prefixes (16 bytes each)
+    counter: DeviceArray  # uint32[1], zero between launches (the block drawing the last tile resets it)
+    status: DeviceArray  # uint64[2 * tiles], epoch-tagged words: the tiles', then the groups'
+    # uint64[6 * tiles]: the tiles' aggregates, the groups' totals, the groups' prefixes (16 bytes each)
+    values: DeviceArray
     epoch: int = 0
     outgrown: list = field(default_factory=list)  # buffers a graph captured before may still use
 
@@ -425,10 +429,10 @@ def workspace(tiles: int):
 class _Call:
     kernel: object
     plan: Plan
-    fields: dict  # PARAMS but the epoch
+    struct: np.ndarray  # PARAMS packed once, epoch 0: a look-back call copies it and sets its epoch
     out_dtype: np.dtype
     shape: tuple  # the result's
-    params: object = None  # the column kernels' PARAMS, packed once (no look-back: no epoch)
+    params: object = None  # the column kernels' PARAMS argument, made once (no look-back: no epoch)
 
 
 _calls = CallCache()
@@ -459,6 +463,7 @@ def _prepare(op: str, x, axis, dtype, out) -> _Call:
     fields = {"inner": pl.inner, "x_s0": x_s0, "x_s1": x_s1, "x_step": x_step, "o_s0": o_s0, "o_s1": o_s1,
               "o_step": o_step, "n": pl.n, "tiles_per_row": pl.tiles_per_row, "tiles": pl.tiles}
     with on_device(x.data.device_id):
+        kernel: Any
         if not pl.tiles:
             kernel = None
         elif pl.kernel == "column_tiles":
@@ -467,8 +472,9 @@ def _prepare(op: str, x, axis, dtype, out) -> _Call:
             kernel = get_kernel(instantiation(x.dtype, o, OPS[op], pl.kernel))
         if kernel is not None and pl.shared:
             kernel.max_dynamic_shared_size_bytes = pl.shared
-    params = struct_argument(PARAMS.struct(**fields, epoch=0)) if pl.kernel in ("columns", "column_tiles") else None
-    return _Call(kernel, pl, fields, o, shape, params)
+    struct = PARAMS.struct(**fields, epoch=0)
+    params = struct_argument(struct) if pl.kernel in ("columns", "column_tiles") else None
+    return _Call(kernel, pl, struct, o, shape, params)
 
 
 def _validate_out(out, call: _Call, x):
@@ -592,7 +598,8 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
             dtype = None  # cumprod of complex into its own dtype: a pair of the complex kernels
         how = route(x.dtype, dtype) if dtype is not None or x.dtype not in DEFAULT_DTYPE else None
         if how is not None:
-            return _routed(op, x, axis, *how, out)
+            via, final = how
+            return _routed(op, x, axis, via, final, out)
         if out is not None:
             out = _check.as_array(out, "out", writable=True)
             if x.dtype in DTYPES and out.dtype != result_dtype(x.dtype, dtype):  # NumPy casts into out
@@ -627,7 +634,10 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
                     launch(call.kernel[1], pl.prefix_config, (values, call.params))
                     launch(call.kernel[2], pl.config, (dst, src, values, call.params))
             else:
-                params = struct_argument(PARAMS.struct(**call.fields, epoch=epoch))
+                # a copy a call (packing the struct field by field cost more than the rest of the call)
+                struct = call.struct.copy()
+                struct["epoch"] = epoch
+                params = struct_argument(struct)
                 status, values, size = ws.status.data.ptr, ws.values.data.ptr, ws.tiles
                 launch(call.kernel, pl.config,
                        (dst, src, ws.counter, np.uint64(status), np.uint64(values), np.uint64(status + 8 * size),
@@ -679,16 +689,39 @@ ValueError
 RuntimeError
     Under CUDA-graph capture, for a call that would go through a temporary or whose stream has no workspace
     large enough yet (module notes).
+
+Examples
+--------
+{examples}
 """
 
+_EXAMPLES = {
+    "cumsum": """\
+>>> import cupy as cp
+>>> import cukern
+>>> y = cukern.cumsum(cp.array([1, 2, 3, 4], dtype=cp.int8))
+>>> print(y.dtype, y)
+int64 [ 1  3  6 10]
+>>> print(cukern.cumsum(cp.array([[1.0, 2.0], [3.0, 4.0]]), axis=0))
+[[1. 2.]
+ [4. 6.]]""",
+    "cumprod": """\
+>>> import cupy as cp
+>>> import cukern
+>>> print(cukern.cumprod(cp.array([1.5, 2.0, -1.0], dtype=cp.float16)))
+[ 1.5  3.  -3. ]""",
+}
 
-def cumsum(x, axis=None, dtype=None, out=None):
+
+def cumsum(x: DeviceArray, axis: int | None = None, dtype: DTypeLike | None = None,
+           out: DeviceArray | None = None) -> DeviceArray:
     return _run("cumsum", x, axis, dtype, out)
 
 
-def cumprod(x, axis=None, dtype=None, out=None):
+def cumprod(x: DeviceArray, axis: int | None = None, dtype: DTypeLike | None = None,
+            out: DeviceArray | None = None) -> DeviceArray:
     return _run("cumprod", x, axis, dtype, out)
 
 
-cumsum.__doc__ = _DOC.format(formula="cumsum(x, axis)", sym="+", op="cumsum")
-cumprod.__doc__ = _DOC.format(formula="cumprod(x, axis)", sym="*", op="cumprod")
+cumsum.__doc__ = _DOC.format(formula="cumsum(x, axis)", sym="+", op="cumsum", examples=_EXAMPLES["cumsum"])
+cumprod.__doc__ = _DOC.format(formula="cumprod(x, axis)", sym="*", op="cumprod", examples=_EXAMPLES["cumprod"])

@@ -59,6 +59,7 @@ from ._launch import (
 )
 from ._launch import cupy as _cupy
 from ._layout import collapse
+from ._typing import DeviceArray
 
 SOURCE = "segment"
 WARP_BLOCK = 64  # SEG_WARP_BLOCK in cuda_src/segment.cu: two runs a block (see there)
@@ -67,7 +68,7 @@ COLS_KERNEL_MIN = 32  # columns from which a thread per column reads whole 32-co
 MAX_GRID_Y = 65535
 # The warp kernel takes runs of consecutive segments, a run's bounds in one load (at most 32: a lane each),
 # as long as the launch keeps at least RUN_WARPS warps: several waves on any GPU (an H200 holds 6,600; runs
-# of 16 rather than 32 for 2^20 segments measured 0.5% faster, bench/NOTES.md).
+# of 16 rather than 32 for 2^20 segments measured 0.5% faster, docs/design/segment.md).
 RUN_MAX = 32
 RUN_WARPS = 1 << 16
 
@@ -320,22 +321,38 @@ TypeError
 ValueError
     For offsets that are not 1-D with at least one value, decrease or leave ``[0, rows]`` (checked on the
     GPU before the launch), an x without dimensions, or an out of the wrong shape or overlapping an input.
+
+Examples
+--------
+>>> import cupy as cp
+>>> import cukern
+>>> x = cp.array([1.0, 2.0, 3.0, 4.0, 5.0])
+>>> offsets = cp.array([0, 2, 2, 5])  # x[0:2], x[2:2] (empty) and x[2:5]
+>>> print(cukern.{op}(x, offsets))
+{example_result}
 """
 
+_EXAMPLE_RESULTS = {"segment_sum": "[ 3.  0. 12.]", "segment_max": "[  2. -inf   5.]",
+                    "segment_min": "[ 1. inf  3.]", "segment_mean": "[1.5 nan 4. ]"}
 
-def segment_sum(x, offsets, *, out=None, check_offsets=True):
+
+def segment_sum(x: DeviceArray, offsets: DeviceArray, *, out: DeviceArray | None = None,
+                check_offsets: bool = True) -> DeviceArray:
     return _run("segment_sum", x, offsets, out, check_offsets)
 
 
-def segment_max(x, offsets, *, out=None, check_offsets=True):
+def segment_max(x: DeviceArray, offsets: DeviceArray, *, out: DeviceArray | None = None,
+                check_offsets: bool = True) -> DeviceArray:
     return _run("segment_max", x, offsets, out, check_offsets)
 
 
-def segment_min(x, offsets, *, out=None, check_offsets=True):
+def segment_min(x: DeviceArray, offsets: DeviceArray, *, out: DeviceArray | None = None,
+                check_offsets: bool = True) -> DeviceArray:
     return _run("segment_min", x, offsets, out, check_offsets)
 
 
-def segment_mean(x, offsets, *, out=None, check_offsets=True):
+def segment_mean(x: DeviceArray, offsets: DeviceArray, *, out: DeviceArray | None = None,
+                 check_offsets: bool = True) -> DeviceArray:
     return _run("segment_mean", x, offsets, out, check_offsets)
 
 
@@ -353,4 +370,4 @@ for _fn, _formula, _what, _empty, _rdtype, _ints in (
          "x's dtype for floats, float64 for integers and bool", "integer and bool values are summed as float64")):
     _fn.__doc__ = _DOC.format(formula=_formula, what=_what, empty=_empty, op=_fn.__name__, rdtype=_rdtype,
                               ints=_ints, mean64=" and for the means of integers and bool" if _fn is segment_mean
-                              else "")
+                              else "", example_result=_EXAMPLE_RESULTS[_fn.__name__])

@@ -20,11 +20,11 @@ import cupy
 import numpy as np
 
 import cukern
-from cukern import (_convert, _launch, _tuned, argreduce, ladder, qknorm, reduce, rmsnorm, rmsnorm_backward, rotary,
-                    scan, segment)
+from cukern import (_convert, _launch, _tuned, argreduce, ladder, layernorm, qknorm, reduce, rmsnorm,
+                    rmsnorm_backward, rotary, scan, segment)
 from cukern._dtypes import BFLOAT16
 
-MODULES = (_convert, argreduce, ladder, qknorm, reduce, rmsnorm, rmsnorm_backward, rotary, scan, segment)
+MODULES = (_convert, argreduce, ladder, layernorm, qknorm, reduce, rmsnorm, rmsnorm_backward, rotary, scan, segment)
 
 allocations = []  # (address, bytes) of every allocation
 freed = set()  # the addresses of those whose memory went back
@@ -172,6 +172,14 @@ def cases():
     for op, (lay, (shape, order, axis)), t in itertools.product(reductions, layouts.items(), dtypes):
         out.append((f"{op} {lay} {np.dtype(t).name}", lambda op=op, s=shape, o=order, ax=axis, t=t:
                     getattr(cukern, op)(_a(s, t, o), axis=ax)))
+    weighted = {  # x's shape and axis, b's shape: rows with one weight row, a full reduction, columns, copied
+        "rows": ((64, 1000), -1, (1000,)), "full": ((1 << 16,), None, (1 << 16,)), "cols": ((1000, 64), 0, (1000, 1)),
+        "merged": ((4, 4, 4, 50), 3, (50,))}
+    for (lay, (shape, axis, b_shape)), t in itertools.product(weighted.items(), (f32, f16, bf16, f64)):
+        out.append((f"logsumexp weighted {lay} {np.dtype(t).name}", lambda s=shape, ax=axis, bs=b_shape, t=t:
+                    cukern.logsumexp(_a(s, t), axis=ax, b=_a(bs, t), return_sign=True)))
+    out.append(("logsumexp weighted transposed float32", lambda: cukern.logsumexp(
+        _a((4, 4, 4, 50)).transpose(1, 0, 2, 3), axis=3, b=_a((50,)))))
     for op in ("sum", "mean", "var", "norm"):
         for t, d in ((f32, f64), (bf16, f32), (np.int32, f64), (f16, f32)):
             out.append((f"{op} dtype {np.dtype(t).name}->{np.dtype(d).name}",
@@ -220,6 +228,18 @@ def cases():
                         lambda h=hidden, n=rows, t=t, wt=wt, g=given: cukern.rms_norm_backward(
                             _a((n, h), t), _a((n, h), t), None if wt is None else _a((h,), wt),
                             rstd=_a((n,), f32) if g else None, dresidual=_a((n, h), t) if g else None)))
+    for hidden, t, w in itertools.product((7, 128, 4096, 5000, 8192), (f16, bf16, f32), (None, "same", f32)):
+        wt = None if w is None else t if w == "same" else w
+        par = (lambda h, wt: None if wt is None else _a((h,), wt))
+        out.append((f"layer_norm {hidden} {np.dtype(t).name} {wt}", lambda h=hidden, t=t, wt=wt: cukern.layer_norm(
+            _a((64, h), t), par(h, wt), par(h, wt), return_stats=wt is not None)))
+        out.append((f"fused_add_layer_norm {hidden} {np.dtype(t).name} {wt}", lambda h=hidden, t=t, wt=wt:
+                    cukern.fused_add_layer_norm(_a((64, h), t), _a((64, h), t), par(h, wt), par(h, wt))))
+        for rows, stats, dres in ((64, True, False), (3000, False, True), (1, True, True)):
+            out.append((f"layer_norm_backward {rows}x{hidden} {np.dtype(t).name} {wt} stats={stats} dres={dres}",
+                        lambda h=hidden, t=t, wt=wt, n=rows, st=stats, dr=dres: cukern.layer_norm_backward(
+                            _a((n, h), t), _a((n, h), t), par(h, wt), mean=_a((n,), f32) if st else None,
+                            rstd=_a((n,), f32) if st else None, dresidual=_a((n, h), t) if dr else None)))
     for t, neox, dim, key, ct in itertools.product((f16, bf16, f32), (True, False), (None, 64), (True, False),
                                                   (f32, "same")):
         cache_t = t if ct == "same" else ct
@@ -374,6 +394,7 @@ def bad_cases():
         cases += _overlaps(op, fn, good, rows)
         cases += _overlaps(f"{op} float8", fn, fp8, [("out overlaps x", "out", fp8_out_over_x)])
     cases += _backward_cases(T, H)
+    cases += _layer_norm_cases(T, H, eps[:-1] + (("past float32", -1e39),))
     cases += _rotary_cases(T)
     cases += _reduction_cases()
     return cases
@@ -416,6 +437,63 @@ def _backward_cases(T, H):
             ("out partially overlaps dresidual", "out", out_over("dresidual", False)),
             ("out overlaps weight", "out", out_over_weight), ("out overlaps rstd", "out", out_over_rstd)]
     return cases + _overlaps("rms_norm_backward", fn, good, rows)
+
+
+def _layer_norm_cases(T, H, eps):
+    """:func:`bad_cases`' of layer_norm, fused_add_layer_norm and layer_norm_backward, over float32 (T, H)."""
+    f32, floats = np.dtype(np.float32), tuple(np.dtype(t) for t in (np.float32, np.float16, BFLOAT16))
+    cases = []
+    param = _array_values((H,), (f32,), optional=True, shapes=[(H - 1,), (1, H), ()], unit_last=True)
+    for fused in (False, True):
+        op = "fused_add_layer_norm" if fused else "layer_norm"
+
+        def good(fused=fused):
+            return {"x": _a((T, H)), "weight": _a((H,)), "bias": _a((H,)),
+                    **({"residual": _a((T, H))} if fused else {})}
+
+        bad = {"x": _array_values((T, H), floats, shapes=[()], unit_last=True), "weight": param, "bias": param,
+               "out": _array_values((T, H), (f32,), optional=True, shapes=[(T, H - 1), (H,)], unit_last=True,
+                                    written=True),
+               "eps": eps}
+        if fused:
+            bad["residual"] = _array_values((T, H), (f32,), shapes=[(T, H + 1), (H,)], unit_last=True, written=True)
+        cases += _sweep(op, getattr(cukern, op), good, bad)
+
+        def bias_over_residual():
+            buf = _a((T, H))
+            return {"residual": buf, "bias": buf[2]}
+
+        rows = [("out partially overlaps x", "out", lambda: dict(zip(("x", "out"), _views((T, H), 0, 1))))]
+        if fused:
+            rows += [("residual overlaps x", "residual", lambda: dict(zip(("x", "residual"), _views((T, H), 0, 1)))),
+                     ("bias in residual", "bias", bias_over_residual),
+                     ("out is residual", "out", lambda: dict(zip(("residual", "out"), _views((T, H), 0, 0))))]
+        cases += _overlaps(op, getattr(cukern, op), good, rows)
+    cases += [("layer_norm hidden over the limit", "x",
+               lambda: cukern.layer_norm(_a((2, layernorm.MAX_HIDDEN + 1))))]
+
+    def backward():
+        return {"dy": _a((T, H)), "x": _a((T, H)), "weight": _a((H,)), "mean": _a((T,)), "rstd": _a((T,))}
+
+    stat = _array_values((T,), (f32,), optional=True, shapes=[(T + 1,), (T, 1)])
+    bad = {"dy": _array_values((T, H), (f32,), shapes=[(T, H - 1), (H,)], unit_last=True),
+           "x": _array_values((T, H), floats, shapes=[()], unit_last=True), "weight": param,
+           "mean": stat, "rstd": stat, "eps": eps,
+           "dresidual": _array_values((T, H), (f32,), optional=True, shapes=[(T, H + 1)], unit_last=True),
+           "dx": _array_values((T, H), (f32,), optional=True, shapes=[(T, H - 1)], unit_last=True, written=True)}
+    fn = cukern.layer_norm_backward
+    cases += _sweep("layer_norm_backward", fn, backward, bad)
+
+    def dx_over(name):
+        def make():
+            buf = _a((2 * T, H))
+            return {name: buf[:T], "dx": buf[1:T + 1]}
+        return make
+
+    cases += _overlaps("layer_norm_backward", fn, backward, [
+        ("dx partially overlaps dy", "dx", dx_over("dy")), ("dx overlaps x", "dx", dx_over("x")),
+        ("dx is x", "dx", lambda: dict(zip(("x", "dx"), _views((T, H), 0, 0))))])
+    return cases
 
 
 def _reduction_cases():
@@ -708,6 +786,12 @@ def layout_cases(seed=0, draws=1600):
                 kept = shape if family == "scan" else shape[:axis % len(shape)] + shape[axis % len(shape) + 1:]
                 o = _view(r, kept, np.int64 if family == "argreduce" else f32) if r.random() < 0.4 else None
                 op = op[int(r.integers(len(op)))]
+                if family == "reduce" and r.random() < 0.3:  # weights: a suffix of x's shape, some axes broadcast
+                    b = _view(r, tuple(n if r.random() < 0.6 else 1 for n in shape)[int(r.integers(len(shape) + 1)):],
+                              f32)
+                    got = cukern.logsumexp(x, axis=axis, b=b, return_sign=bool(r.random() < 0.5))
+                    views = {"x": x, "b": b, "axis": axis, "op": "logsumexp weighted"}
+                    return (dict(views, sign=got[1]) if isinstance(got, tuple) else views), got
                 return {"x": x, "axis": axis, "op": op}, getattr(cukern, op)(x, axis=axis, out=o)
             shape = (int(r.integers(0, 40)),) + dims(int(r.integers(0, 3)), 1, 5)
             if r.random() < 0.3:

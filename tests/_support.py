@@ -1,5 +1,6 @@
 """What several test modules share: NVRTC compilations made once per test run (started in worker processes
-when the selected tests ask for them), one closeness rule per dtype, and the one stand-in array."""
+when the selected tests ask for them), one closeness rule per dtype, the one stand-in array, and the lines
+that hide CuPy from a process."""
 
 from __future__ import annotations
 
@@ -294,7 +295,7 @@ def struct_fields(source: str, struct: str) -> tuple:
     return tuple(fields)
 
 
-# CUDA-graph capture (issue 12's recipe): capture, then allocate "victim" arrays that would be handed any
+# CUDA-graph capture: capture, then allocate "victim" arrays that would be handed any
 # memory the capture freed, replay, and check the victims are untouched.
 
 
@@ -399,3 +400,18 @@ def replayed_alone(stream, step, refill):
     assert not freed, f"the capture freed blocks of {freed} bytes that its replays may still write"
     assert all(bool((v == 0x5A).all()) for v in later), "a replay wrote into a later allocation"
     return got
+
+
+# Python lines that hide CuPy from the process that runs them first, as a wheel installed without an extra
+# has none (cupy_backends too: CuPy's compiled half, which NVRTC is reached through)
+NO_CUPY = """
+import sys
+
+class NoCupy:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("cupy", "cupyx", "cupy_backends"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoCupy())
+"""
+NEEDS_CUPY = 'cukern needs CuPy: pip install "cukern[cuda12]"'

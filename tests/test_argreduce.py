@@ -235,6 +235,32 @@ def test_bad_input(op, shape, dtype, axis, err, match):
         A._prepare(op, fake_array(shape, dtype), axis, False, A.DEFAULT_KNOBS, 132)
 
 
+@pytest.mark.parametrize("dtype", ["int8", np.int16, np.dtype(np.int32), "q", "l"])
+def test_index_dtypes_are_cupys_signed_integers(dtype):
+    assert A.index_dtype(dtype, (3, 4), 1) == np.dtype(dtype)
+    assert A.index_dtype(None, (3, 4), 1) is None
+    assert A.index_dtype(dtype, (), None) == np.dtype(dtype)  # a 0-d x: one index, 0
+
+
+@pytest.mark.parametrize("dtype, shape, axis, err, match", [
+    (np.uint8, (3, 4), 1, TypeError, "dtype=uint8 is not an index dtype; use one of int8, int16"),
+    (np.float32, (3, 4), None, TypeError, "not an index dtype"),
+    (np.bool_, (3, 4), 0, TypeError, "not an index dtype"),
+    ("int8", (2, 129), 1, ValueError, "dtype=int8 holds indices up to 127, and axis 1 has 129 elements; use int16"),
+    ("int8", (16, 16), None, ValueError, "and x has 256 elements; use int16 or wider"),
+    (np.int16, (40000,), 0, ValueError, "up to 32767.*use int32"),
+    (np.int32, (2**31 + 1,), None, ValueError, "use int64"),
+])
+def test_index_dtype_too_narrow_or_not_an_index(dtype, shape, axis, err, match):
+    with pytest.raises(err, match=match):
+        A.index_dtype(dtype, shape, axis)
+
+
+def test_the_largest_index_decides_not_the_length():
+    assert A.index_dtype(np.int8, (128,), 0) == np.int8  # indices 0..127
+    assert A.index_dtype(np.int8, (5, 128, 7), 1) == np.int8
+
+
 def test_the_call_cache_answers_for_x_on_the_current_device_only(monkeypatch):
     """A cached call holds its stream's workspace on x's device; the key reads the current device's stream (and
     waits for that device on the per-thread stream's first call), so x on another device is planned afresh
@@ -544,3 +570,46 @@ def test_capture_refuses_a_temporary_and_replays_the_rest(rng):
     xh = x.get()
     assert int(got[0]) == int(np.argmax(xh)) and got[2] is out
     assert np.array_equal(got[1].get(), np.argmin(xh.T, axis=1)) and np.array_equal(out.get(), np.argmax(xh, axis=1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+def test_index_dtype_results_and_checks_before_launch(op, rng):
+    """``dtype=`` gives the same indices in CuPy's signed integer types, for every axis and keepdims; a
+    dtype too narrow or not an index type raises before anything runs, leaving out as it was."""
+    import cupy
+
+    xh = rng.standard_normal((7, 130)).astype(np.float32)
+    x = cupy.asarray(xh)
+    emulated = getattr(R, f"{op}_emulated")
+    for axis, t in ((0, np.int8), (None, np.int16), (1, np.int16), (-1, np.int32), (1, np.int64)):
+        for keepdims in (False, True):
+            got = getattr(A, op)(x, axis, dtype=t, keepdims=keepdims)
+            assert got.dtype == t, (axis, t)
+            np.testing.assert_array_equal(got.get(), emulated(xh, axis, keepdims).astype(t))
+    scalar = getattr(A, op)(cupy.asarray(np.float32(3.0)), dtype=np.int8)
+    assert scalar.shape == () and scalar.dtype == np.int8 and int(scalar) == 0
+    out = cupy.full(7, -5, np.int16)
+    assert getattr(A, op)(x, 1, dtype=np.int16, out=out) is out
+    np.testing.assert_array_equal(out.get(), emulated(xh, 1, False))
+    out.fill(-5)
+    with pytest.raises(ValueError, match="int8 holds indices up to 127, and axis 1 has 130"):
+        getattr(A, op)(x, 1, dtype=np.int8)
+    with pytest.raises(TypeError, match="not an index dtype"):
+        getattr(A, op)(x, 1, dtype=np.uint32)
+    with pytest.raises(TypeError, match="dtype=int32 and out's dtype int16 differ"):
+        getattr(A, op)(x, 1, dtype=np.int32, out=out)
+    assert (out == -5).all()
+
+
+@pytest.mark.gpu
+def test_a_narrow_index_dtype_is_refused_under_capture():
+    import cupy
+
+    from _support import refused_in_capture
+
+    x = cupy.arange(12, dtype=np.float32).reshape(3, 4)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        assert A.argmax(x, axis=1, dtype=np.int32).dtype == np.int32
+    refused_in_capture(stream, lambda: A.argmax(x, axis=1, dtype=np.int32))

@@ -1,4 +1,4 @@
-"""Complex arg-reductions and complex maxima (issue 14): argmax, argmin, nanargmax, nanargmin of complex64 /
+"""Complex arg-reductions and complex maxima: argmax, argmin, nanargmax, nanargmin of complex64 /
 complex128 (cuda_src/argreduce.cu's lexicographic keys) and amax, amin, nanmax, nanmin of complex x (the
 element at that index, gathered in NumPy's visiting order). On the host: the key order, the emulators
 against NumPy's own functions, the visiting order, the compiled kernels; on a GPU: bits against NumPy."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from _support import NEEDS_CUPY, NO_CUPY
 from conftest import HAS_GPU
 
 
@@ -146,6 +147,42 @@ MISTAKES = [
     (["bench", "--repeat", "0"], ["--repeat 0 must be at least 1"]),
     (["ladder", "--n", "0"], ["--n 0 must be at least 1"]),
     (["bench", "--results", "{tmp}/partial.json"], ["record 0 lacks impl, shape, dtype, median_us"]),
+    (["explain", "rotary_embedding", "--shape", "16"], ["rotary_embedding takes a shape of 3 dimensions", "got 16"]),
+    (["explain", "rotary_embedding", "--shape", "1x1"], ["rotary_embedding takes a shape of 3 dimensions"]),
+    (["explain", "rotary_embedding", "--shape", "5x3"], ["rotary_embedding takes a shape of 3 dimensions"]),
+    (["explain", "rotary_embedding", "--shape", "2x3x4x5"], ["rotary_embedding takes a shape of 3 dimensions"]),
+    (["explain", "rotary_embedding_gptj", "--shape", "16x32"], ["rotary_embedding_gptj takes a shape of 3"]),
+    (["explain", "rotary_embedding_qkv_view", "--shape", "16x32"], ["rotary_embedding_qkv_view takes a shape of 3"]),
+    (["explain", "qk_norm_rope", "--shape", "16x32"], ["qk_norm_rope takes a shape of 3 dimensions"]),
+    (["explain", "sum", "--param", "dtype=int8", "--shape", "3x4"], ["sum takes params axis, not dtype"]),
+    (["explain", "sum", "--param", "shape=3"], ["sum takes params axis, not shape"]),
+    (["explain", "sum", "--param", "op=1"], ["sum takes params axis, not op"]),
+    (["explain", "sum", "--param", "measure=1"], ["sum takes params axis, not measure"]),
+    (["explain", "sum", "--param", "device=1"], ["sum takes params axis, not device"]),
+    (["explain", "sum", "--param", "axis=0", "--param", "axis=1"], ["--param axis is given twice"]),
+    (["explain", "argmax", "--param", "axis=0,1", "--shape", "3x4"], ["axis must be None or an int, got (0, 1)"]),
+    (["explain", "rms_norm", "--param", "weight_dtype=bogus"], ["weight_dtype='bogus' is not a dtype"]),
+    (["explain", "rms_norm", "--param", "weight_dtype=int8"], ["weight has dtype int8", "or float32"]),
+    (["explain", "sum", "--param", "axis=abc"], ["axis='abc' is not an axis"]),
+    (["explain", "sum", "--param", "axis=3"], ["axis 3 is out of bounds"]),
+    (["explain", "rotary_embedding", "--param", "kv_heads=none"], ["kv_heads='none' is not an integer"]),
+    (["explain", "rotary_embedding", "--param", "rotary_dim=7"], ["rotary_dim=7 must be a positive even number"]),
+    (["explain", "rotary_embedding", "--param", "rotary_dim=256"], ["rotary_dim=256 is over head_size=128"]),
+    (["explain", "rotary_embedding", "--param", "neox=2"], ["neox=2 must be 0 or 1"]),
+    (["explain", "sum", "--shape", "-5x4096"], ["shape '-5x4096'", "positive"]),
+    (["explain", "sum", "--shape", "16384x"], ["shape '16384x' is not like 16384x4096"]),
+    (["explain", "sum", "--shape", "99999999999x99999999999"], ["would pass 2^63 bytes"]),
+    (["explain", "segment_sum", "--param", "segments=-3"], ["segments=-3 must be at least 0"]),
+    (["explain", "sum", "--dtype", ","], ["sum takes dtype", "','"]),
+    (["explain", "amax", "--dtype", "complex64"], ["runs no reduction kernel", "argmax"]),
+    (["roofline", "--json", "/nonexistent/dir/r.json"], ["--json /nonexistent/dir/r.json: no folder /nonexistent/dir"]),
+    (["roofline", "--json", "{tmp}"], ["--json {tmp} is a folder"]),
+    (["bench", "--results", "{tmp}/r.json", "--json", "/nonexistent/dir/r.json"], ["no folder /nonexistent/dir"]),
+    (["tune", "--json", "/nonexistent/dir/t.json"], ["no folder /nonexistent/dir"]),
+    (["compile", "--jobs", "0"], ["--jobs 0 must be at least 1"]),
+    (["compile", "--jobs", "-1"], ["--jobs -1 must be at least 1"]),
+    (["compile", "--max-local", "-5"], ["--max-local -5 must be at least 0"]),
+    (["bench", "--repeat", "-3"], ["--repeat -3 must be at least 1"]),
 ]
 
 
@@ -166,13 +203,110 @@ def test_each_mistake_is_one_line_and_exit_2(argv, words, tmp, monkeypatch, caps
     assert not (tmp / "p.png").exists()
 
 
+# (arguments, words the one line must hold) for --plot, with matplotlib there to ask which formats it writes
+PLOT_MISTAKES = [
+    (["roofline", "--plot", "/nonexistent/dir/r.png"], ["--plot /nonexistent/dir/r.png: no folder /nonexistent/dir"]),
+    (["bench", "--results", "{tmp}/r.json", "--plot", "/nonexistent/dir/x.png"], ["no folder /nonexistent/dir"]),
+    (["roofline", "--plot", "{tmp}/out.txt"], ["names a .txt file", "png"]),
+    (["roofline", "--plot", "{tmp}/r.bogusext"], ["names a .bogusext file", "{tmp}/r.png"]),
+    (["bench", "--results", "{tmp}/r.json", "--plot", "{tmp}/r"], ["names no file format"]),
+    (["bench", "--results", "{tmp}/r.json", "--plot", "{tmp}"], ["is a folder", "{tmp}/out.png"]),
+    (["ladder", "--plot", "{tmp}/"], ["is a folder"]),
+]
+
+
+@pytest.mark.parametrize("argv, words", PLOT_MISTAKES, ids=[" ".join(a) for a, _ in PLOT_MISTAKES])
+def test_each_plot_mistake_is_one_line_and_exit_2_before_any_work(argv, words, tmp, monkeypatch, capsys):
+    pytest.importorskip("matplotlib", reason="the test extra installs matplotlib")
+    from cukern.lab import report
+
+    monkeypatch.setattr(report, "roofline_points", lambda *a, **k: pytest.fail("work began"))
+    code, out, err = lab(capsys, *(a.format(tmp=tmp) for a in argv))
+    assert_one_line_error((code, err), *(w.format(tmp=tmp) for w in words))
+    assert out == "" and sorted(p.name for p in tmp.iterdir()) == ["list.json", "partial.json", "r.json"]
+
+
+def test_version(capsys):
+    import cukern
+
+    code, out, _ = lab(capsys, "--version")
+    assert code == 0 and out.strip() == f"cukern {cukern.__version__}"
+
+
+def test_every_flag_has_help():
+    from cukern.lab import cli
+
+    parser = cli._parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    bare = [f"{verb} {a.option_strings[0]}" for verb, p in sub.choices.items() for a in p._actions
+            if a.option_strings and not a.help]
+    assert not bare
+
+
+def test_bench_results_keeps_the_records_of_op_and_writes_json(tmp_path, capsys):
+    records = [{"op": op, "impl": impl, "shape": [4], "dtype": "float32", "median_us": 1.0}
+               for op, impl in [("sum", "cukern"), ("sum_rows", "cupy"), ("rms_norm", "cukern"),
+                                ("rms_norm", "cukern-graph"), ("host_overhead", "cukern"), ("reduce_ladder", "v1")]]
+    src, dst = tmp_path / "in.json", tmp_path / "out.json"
+    src.write_text(json.dumps({"device": "d", "records": records}))
+    code, out, err = lab(capsys, "bench", "--results", str(src), "--op", "sum", "--op", "pipeline", "--json", str(dst))
+    assert code == 0, err
+    kept = json.loads(dst.read_text())
+    assert kept["device"] == "d"
+    assert [(r["op"], r["impl"]) for r in kept["records"]] == [
+        ("sum", "cukern"), ("sum_rows", "cupy"), ("rms_norm", "cukern-graph"), ("host_overhead", "cukern")]
+    assert "rms_norm" in out and f"wrote {dst}" in out
+
+
+def test_explain_takes_what_the_op_takes(capsys):
+    """The card goes the op's way: an int8 sum converts x to the kernels' int32 first, a complex cumsum
+    scans the parts as a float view; neither is refused, and no NVRTC error reaches the user."""
+    code, out, err = lab(capsys, "explain", "sum", "--dtype", "int8", "--shape", "64x33", "--param", "axis=1",
+                         "--no-measure")
+    assert code == 0, err
+    assert "sum 64x33 int8 axis=1" in out and "note: x is first converted to int32" in out
+    code, out, err = lab(capsys, "explain", "cumsum", "--dtype", "complex64", "--shape", "1000", "--no-measure")
+    assert code == 0, err
+    assert "scan_tiles<float, float" in out and "parts are scanned apart" in out
+
+
+def test_without_cupy_each_verb_says_what_to_install():
+    """``python -m cukern.lab info`` in a process without CuPy, as a user meets it; then in that process
+    every verb that needs CuPy, and an op."""
+    r = subprocess.run([sys.executable, "-c", NO_CUPY + "import runpy; runpy.run_module('cukern.lab', "
+                        "run_name='__main__', alter_sys=True)", "info"], capture_output=True, text=True, timeout=300)
+    assert_one_line_error(r, "cukern info: " + NEEDS_CUPY, "cuda13")
+    verbs = [["compile", "--family", "rotary"], ["explain", "sum"], ["bench"], ["ladder"], ["tune"], ["roofline"]]
+    script = NO_CUPY + f"""
+import contextlib, io, json
+import numpy as np
+import cukern
+from cukern.lab import cli
+answers = []
+for argv in {verbs!r}:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        answers.append((cli.main(argv), err.getvalue()))
+try:
+    cukern.sum(np.ones(3))
+except ModuleNotFoundError as e:
+    answers.append((2, str(e)))
+print(json.dumps(answers))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    answers = json.loads(r.stdout.splitlines()[-1])
+    for argv, answer in zip(verbs + [["cukern.sum"]], answers):
+        assert_one_line_error(tuple(answer), NEEDS_CUPY)
+
+
 def test_a_mistake_is_one_line_as_a_user_sees_it():
     """What the in-process mistakes cannot show: nothing else on stderr (a warning at import, a traceback)
     and exit status 2 through ``python -m cukern.lab`` itself; one mistake stands for them all."""
     assert_one_line_error(cukern("explain", "rms_norm", "--dtype", "bf16"), "'bf16'")
 
 
-@pytest.mark.parametrize("op, dtype", [("rms_norm", "bf16"), ("rotary_embedding", "float64"), ("sum", "int8"),
+@pytest.mark.parametrize("op, dtype", [("rms_norm", "bf16"), ("rotary_embedding", "float64"), ("sum_of_squares", "complex64"),
                                        ("reduce_ladder.v1", "int32")])
 def test_explain_api_refuses_a_dtype_before_compiling(op, dtype):
     from cukern.lab import card

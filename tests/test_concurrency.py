@@ -1,4 +1,4 @@
-"""Many host threads and a long mixed soak (issue 12).
+"""Many host threads and a long mixed soak.
 
 * Eight threads, each on its own non-blocking stream, call every public op at the same moment, on shapes
   and dtypes no other test uses, so their first calls compile and plan concurrently; every result must be

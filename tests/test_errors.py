@@ -1,4 +1,4 @@
-"""Bad inputs to every public function, as one table (issue 12).
+"""Bad inputs to every public function, as one table.
 
 Each row is a call, the exception it must raise and a regex that names the offending argument. For every
 row the test checks that the message is one line, that every array the call was given (its whole
@@ -306,7 +306,7 @@ def _reduction_rows(name):
         Row("out on device 1", ValueError, r"out on device 1",
             lambda: _call(fn, x(), axis=1, out=_a(4, result, device=1)), 2),
     ]
-    # NumPy takes every real input and dtype= target of these (issue 14); what is left to refuse:
+    # NumPy takes every real input and dtype= target of these; what is left to refuse:
     if name == "norm":
         rows.append(("dtype int32 of floats", TypeError, r"dtype=int32", lambda: _call(fn, x(), dtype=np.int32)))
     if name == "sum_of_squares":

@@ -58,7 +58,7 @@ def test_card_builds_without_a_gpu_from_plans_and_ptxas(op):
 @pytest.mark.parametrize("op,case", [(op, c) for op, b in bench.OPS.items() for c in b.cases],
                          ids=lambda v: v if isinstance(v, str) else f"{v.op}-{'x'.join(map(str, v.shape))}-{v.dtype}")
 def test_card_bytes_are_the_benchmarks_bytes(op, case):
-    r = card.resolve(case.op, case.shape, case.dtype, H200, **_case_params(case))
+    r = card.resolve(case.op, case.shape, case.dtype, H200, _case_params(case))
     assert r.described.bytes == bench.OPS[op].bytes(case)
     traffic = r.described.traffic
     assert traffic["bytes_read"] + traffic["bytes_written"] == r.described.bytes

@@ -333,6 +333,16 @@ def _model(name, args):
             o = _rows(outputs, a[3], a[4], a[5], 1, 0)
             r = _rows(count, a[7], a[8], a[9], 1, 0)
             yield "x", a[1], (o[:, None] + r).ravel(), None
+    elif name == "reduce_lse_weighted":  # (out, sgn or null, x, b, p): x and b through their own strides
+        p = a[4]
+        outputs, count = p["outputs"], p["count"]
+        yield "result", a[0], np.arange(outputs, dtype=np.int64), None
+        if a[1]:
+            yield "sign", a[1], np.arange(outputs, dtype=np.int64), None
+        for array, ptr, o, r in (("x", a[2], "o_s", "r_s"), ("b", a[3], "ow_s", "rw_s")):
+            kept = _rows(outputs, p["o_inner"], p[o + "0"], p[o + "1"], 1, 0)
+            red = _rows(count, p["r_inner"], p[r + "0"], p[r + "1"], 1, 0)
+            yield array, ptr, (kept[:, None] + red).ravel(), None
     elif name in ("segment_warp", "segment_cols"):  # (out, x, offsets, p): offsets[s] and offsets[s + 1]
         p = a[3]
         yield "result", a[0], np.arange(p["segments"] * p["cols"], dtype=np.int64), None

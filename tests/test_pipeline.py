@@ -57,9 +57,14 @@ def test_graph_replay_time_needs_calls():
 def test_the_families_register_the_decode_step_in_the_records_order():
     calls = pipeline.CALLS
     assert [c.op for c in calls] == ["rms_norm", "fused_add_rms_norm", "rotary_embedding"]
-    assert [(c.op, c.impl, c.shape) for c in pipeline.HOST_CALLS] == [
-        ("host_overhead", "cukern", (1, 4096)), ("host_overhead_out", "cukern", (1, 4096)), ("host_overhead_rotary", "cukern", (1, 32, 128)),
-        ("host_overhead_rotary_checked", "cukern", (1, 32, 128))]
+    assert [(c.op, c.impl, c.shape, c.dtype) for c in pipeline.HOST_CALLS] == [
+        ("host_overhead", "cukern", (1, 4096), "bfloat16"), ("host_overhead_out", "cukern", (1, 4096), "bfloat16"),
+        ("host_overhead_rotary", "cukern", (1, 32, 128), "bfloat16"),
+        ("host_overhead_rotary_checked", "cukern", (1, 32, 128), "bfloat16"),
+        ("host_overhead_sum", "cukern", (4096,), "float32"), ("host_overhead_sum", "cupy", (4096,), "float32"),
+        ("host_overhead_qk_norm_rope", "cukern", (1, 32, 128), "bfloat16"),
+        ("host_overhead_argmax", "cukern", (4096,), "float32"), ("host_overhead_argmax", "cupy", (4096,), "float32"),
+        ("host_overhead_cumsum", "cukern", (4096,), "float32"), ("host_overhead_cumsum", "cupy", (4096,), "float32")]
     assert calls[0].bytes(8) == rmsnorm.bytes_moved((8, 4096), BFLOAT16, BFLOAT16)
     assert calls[1].bytes(8) == rmsnorm.bytes_moved((8, 4096), BFLOAT16, BFLOAT16, fused=True)
     assert calls[2].bytes(64) == rotary.bytes_moved(64, 32, 8, 128, BFLOAT16)

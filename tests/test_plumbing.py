@@ -6,7 +6,20 @@ import numpy as np
 import pytest
 from _support import ARCHS, fake_array
 
-from cukern import _check, _convert, _layout, argreduce, qknorm, rmsnorm, rmsnorm_backward, rotary, scan, segment
+from cukern import (
+    _check,
+    _convert,
+    _layout,
+    argreduce,
+    layernorm,
+    qknorm,
+    reduce_plan,
+    rmsnorm,
+    rmsnorm_backward,
+    rotary,
+    scan,
+    segment,
+)
 from cukern._compile import Instantiation, read_source
 from cukern._dtypes import BFLOAT16
 from cukern._launch import LaunchConfig, Params, Signature
@@ -39,7 +52,9 @@ _C_KINDS = {"long long": "i64", "unsigned long long": "u64", "int": "i32", "unsi
     (rotary.POSITIONS_PARAMS, rotary, "RotaryPositionsParams"), (rotary.MROPE_PARAMS, rotary, "RotaryMropeParams"),
     (qknorm.PARAMS, qknorm, "QkNormRopeParams"), (scan.PARAMS, scan, "ScanParams"),
     (segment.PARAMS, segment, "SegParams"), (argreduce.PARAMS, argreduce, "ArgParams"),
-    (_convert.PARAMS, _convert, "ConvertParams")])
+    (_convert.PARAMS, _convert, "ConvertParams"), (reduce_plan.LSE_WEIGHTED_PARAMS, reduce_plan, "LseWeightedParams"),
+    (layernorm.PARAMS, layernorm, "LayerNormParams"), (layernorm.BACKWARD_PARAMS, layernorm, "LayerNormBackwardParams"),
+    (layernorm.PARAM_GRADS_PARAMS, layernorm, "ParamGradsParams")])
 def test_params_match_the_struct_the_kernel_declares(params, family, struct):
     text = re.sub(r"//[^\n]*", "", read_source(family.SOURCE))
     body = re.search(r"struct " + struct + r" \{(.*?)\};", text, re.S).group(1)

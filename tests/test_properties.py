@@ -1,4 +1,4 @@
-"""Properties every public op keeps on random shapes, dtypes and memory layouts (issue 12).
+"""Properties every public op keeps on random shapes, dtypes and memory layouts.
 
 Each GPU property draws a case (shape, dtype, views with padding, a one-element misalignment, negative
 strides, stride-0 broadcasts as inputs, ``out=`` fresh, in place or into a padded view), runs the op on

@@ -239,9 +239,9 @@ def test_copy(cuda_benchmark):
 
 @pytest.mark.gpu
 @pytest.mark.serial  # pytest-benchmark turns itself off inside an xdist worker
-def test_the_readme_example_runs(pytester):
-    readme = (ROOT / "README.md").read_text()
-    example = re.search(r"```python\n(# test_saxpy\.py\n.*?)```", readme, re.S).group(1)
+def test_the_documented_example_runs(pytester):
+    guide = (ROOT / "docs" / "guide" / "benchmarking.md").read_text()
+    example = re.search(r"```python\n(# test_saxpy\.py\n.*?)```", guide, re.S).group(1)
     pytester.makepyfile(test_saxpy=example)
     out = pytester.path / "bench.json"
     result = pytester.runpytest_inprocess(*PLUGIN, "--benchmark-enable", f"--benchmark-json={out}")

@@ -1,4 +1,4 @@
-"""NumPy semantics of the reductions (issue 14): NumPy's input dtypes, result dtypes, ``dtype=`` targets,
+"""NumPy semantics of the reductions: NumPy's input dtypes, result dtypes, ``dtype=`` targets,
 ``out=`` casting and the K memory order of results, all without new kernels (cukern.reduce_plan.route)."""
 
 import warnings

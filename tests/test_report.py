@@ -143,3 +143,22 @@ def test_bench_records_the_heuristic_and_the_tuned_plan():
 def test_roofline_measures_on_a_gpu():
     points = report.roofline_points(["rms_norm", "sum"], measure=True)
     assert all(p["source"] == "measured" and p["achieved_gflops"] > 0 for p in points)
+
+
+def test_standing_compares_the_default_plan_with_the_fastest_peer():
+    def rec(op, impl, us, shape=(4096,)):
+        return {"op": op, "impl": impl, "shape": list(shape), "dtype": "float32", "median_us": us}
+
+    records = [
+        rec("sum", "cukern", 100.0), rec("sum", "cukern-tuned", 90.0), rec("sum", "cupy", 99.0),
+        rec("sum", "torch", 101.0),
+        rec("var", "cukern", 100.0), rec("var", "torch", 110.0),
+        rec("cumsum", "cukern", 100.0), rec("cumsum", "cupy", 99.8),
+        rec("norm", "cukern", 100.0), rec("norm", "cukern-no-contract", 95.0), rec("norm", "cupy", 96.0),
+        rec("reduce_ladder", "reduce_v1", 500.0),
+    ]
+    rows = {r[0]: r for r in bench.standing(records)}
+    assert set(rows) == {"sum", "var", "cumsum", "norm"}  # the ladder has no cukern record: not a case
+    assert rows["sum"][4:] == ("cupy", 99.0, 0.99, "behind")  # the tuned plan is not the default
+    assert rows["var"][-1] == "lead" and rows["cumsum"][-1] == "even" and rows["norm"][-1] == "explained"
+    assert bench.format_standing(records).splitlines()[-1].startswith("cases behind a peer: 1 ")

@@ -368,7 +368,7 @@ def test_every_instantiation_compiles_without_spills_or_contraction(arch):
 
 @pytest.mark.nvrtc(C.SOURCE)
 def test_float32_tiles_fit_twelve_an_sm_90():
-    """The scan's speed follows how many tiles are in flight (cuda_src/scan.cu, bench/NOTES.md): its float32
+    """The scan's speed follows how many tiles are in flight (cuda_src/scan.cu, docs/design/scan.md): its float32
     kernels keep twelve 128-thread blocks an SM on sm_90, by registers (64 Ki) and by shared memory (228 KiB,
     1 KiB of it reserved a block)."""
     c = compiled(C.SOURCE, "sm_90")

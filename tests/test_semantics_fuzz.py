@@ -1,7 +1,7 @@
 """The reductions, arg-reductions, scans and segment reductions answer as NumPy does, in what a call gives rather
 than its values: raising or not (and the class), the result's shape, dtype and memory order, ``out`` returned.
 tests/_record_semantics.py draws the calls at random (a fixed seed) and runs them with no GPU, in a process of its
-own, beside NumPy's; every difference is a bug but those the README names (DOCUMENTED)."""
+own, beside NumPy's; every difference is a bug but those docs/guide/reductions.md names (DOCUMENTED)."""
 
 import os
 import pickle
@@ -37,7 +37,7 @@ def _raises(m, cls):
     return m["cukern"] == ("raise", cls)
 
 
-# (name, the README's (or the op's docstring's) words, whether a mismatch is that choice)
+# (name, the words of docs/guide/reductions.md (or of the op's docstring), whether a mismatch is that choice)
 DOCUMENTED = (
     ("bool axis", "axis is not None, an int or a tuple of ints (bools, floats and lists are refused): TypeError",
      lambda m: _raises(m, "TypeError") and (isinstance(_axis(m), (bool, np.bool_)) or isinstance(_axis(m), tuple)

@@ -1,5 +1,5 @@
 """A non-editable wheel, installed into a fresh venv, holds every package, every family's kernel source and
-the license, and compiles a kernel."""
+the license, and compiles a kernel; without CuPy its command line says what to install."""
 
 import os
 import subprocess
@@ -7,6 +7,8 @@ import sys
 import sysconfig
 import zipfile
 from pathlib import Path
+
+from _support import NEEDS_CUPY, NO_CUPY
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,7 +32,9 @@ def test_wheel_installs_and_compiles(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
                    check=True, timeout=600)
     (wheel,) = wheels.glob("cukern-*.whl")
-    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in zipfile.ZipFile(wheel).namelist())
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert "cukern/py.typed" in names  # type checkers read the annotations of an installed cukern
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
@@ -38,8 +42,10 @@ def test_wheel_installs_and_compiles(tmp_path):
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     Path(site, "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # --ignore-installed: through the borrowed packages pip sees this environment's editable cukern, of the same
+    # version, as installed already, and would install nothing
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index",
-                    str(wheel)], check=True)
+                    "--ignore-installed", str(wheel)], check=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # NVRTC's library sits in this environment's nvidia wheel; the loader finds it through the library path
     import nvidia.cuda_nvrtc
@@ -49,3 +55,7 @@ def test_wheel_installs_and_compiles(tmp_path):
     r = subprocess.run([str(py), "-c", CHECK], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "site-packages/cukern/cuda_src" in r.stdout
+    # installed without an extra: no CuPy, and the command line says what to install
+    r = subprocess.run([str(py), "-c", NO_CUPY + "import runpy; runpy.run_module('cukern.lab', run_name='__main__', "
+                        "alter_sys=True)", "compile"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 2 and r.stderr == f"cukern compile: {NEEDS_CUPY} (or \"cukern[cuda13]\" for CUDA 13)\n", r

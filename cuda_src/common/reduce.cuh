@@ -66,7 +66,7 @@ template <int BLOCK, typename C, typename T> __device__ __forceinline__ T block_
   return total;
 }
 
-// The fixed tree (rms_norm.cu; issue 13: the same bits whatever the launch shape). N values, N a power of
+// The fixed tree (rms_norm.cu: the same bits whatever the launch shape). N values, N a power of
 // two, are the leaves of a perfect binary tree with neighbours paired first: ((v0 + v1) + (v2 + v3)) + ...
 // The three helpers below compute parts of that one tree: leaves held by one thread, one leaf per lane of
 // a group, or N leaves per thread of a block. Composed so that a thread's own leaves are the low bits of
@@ -134,6 +134,25 @@ __device__ __forceinline__ T block_tree_reduce(const T (&v)[N], T* scratch, int 
   T all[N * (BLOCK / 32)];
   load_warp_subtrees(slot, all);
   return tree_reduce<C>(all);
+}
+
+// block_tree_reduce for wide states (layer_norm.cu's (count, mean, M2)), where N * BLOCK / 32 of them a thread
+// would not fit in registers: the same tree, its top taken by every warp from the M slots (after the
+// barrier) with each lane holding M / 32 neighbouring slots (one, for M < 32, lanes repeating modulo M), then
+// a butterfly; every lane of the block gets the result. scratch and parity as for block_tree_reduce.
+template <int BLOCK, typename C, int N, typename T>
+__device__ __forceinline__ T block_tree_reduce_wide(const T (&v)[N], T* scratch, int parity) {
+  constexpr int kSlots = N * (BLOCK / 32);
+  constexpr int kLanes = kSlots >= 32 ? 32 : kSlots;
+  constexpr int kPer = kSlots / kLanes;
+  T* slot = scratch + parity * kSlots;
+  store_warp_subtrees<BLOCK, C>(v, slot);
+  __syncthreads();
+  const int lane = static_cast<int>(threadIdx.x & 31) % kLanes;
+  T mine[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) mine[i] = slot[lane * kPer + i];
+  return group_tree_reduce<kLanes, C>(tree_reduce<C>(mine));
 }
 
 // group_tree_reduce for a group width known only at run time (`width` as G above).

@@ -9,3 +9,4 @@ cards and decode-step calls with them when imported; the line below imports ever
 from . import rmsnorm, rotary, reduce, ladder  # not sorted: this is the order the benchmark runs
 from . import qknorm, rmsnorm_backward
 from . import argreduce, segment, scan
+from . import layernorm

@@ -11,6 +11,7 @@ import numpy as np
 
 import cukern.lab.bench as bench
 import cukern.lab.card as card
+import cukern.lab.pipeline as pipeline
 import cukern.lab.tune as tune
 
 from .. import argreduce
@@ -43,6 +44,7 @@ def _bench_bytes(case: Case) -> int:
 bench.register("argmax", bench.OpBench(bench.array_setup(inputs), lambda s: argreduce.argmax(s["x"], axis=s["axis"]),
                                        lambda s: s["x"].argmax(axis=s["axis"]), _bench_bytes,
                                        [Case("argmax", (1 << 28,), "float32")]))
+pipeline.register_host_pair("host_overhead_argmax", (4096,), "float32", inputs, argreduce.argmax, lambda x: x.argmax())
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -87,6 +87,16 @@ def record_sets() -> dict:
     return {**RECORD_SETS, "pipeline": pipeline.records}
 
 
+def picks(name: str, record: dict) -> bool:
+    """Whether ``--op name`` keeps this results record: a record of one of the op's benchmark cases, or one
+    its record set writes (the pipeline's: host costs, named ``host_overhead...``, and graph replays)."""
+    if name == "pipeline":
+        return record["op"].startswith("host_overhead") or record["impl"] == "cukern-graph"
+    if name in OPS:
+        return record["op"] in {c.op for c in OPS[name].cases} and record["impl"] != "cukern-graph"
+    return record["op"] == name
+
+
 def load_peers():
     """``bench/peers.py`` from the repository checkout, if it is there (not part of an installed wheel)."""
     path = Path(__file__).resolve().parents[2] / "bench" / "peers.py"
@@ -149,10 +159,12 @@ def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, pr
                 bar.clear()
                 print(f"  {impl} skipped for {case.op} {case.shape}: {type(err).__name__}: {err}")
                 continue
+            gbps = t.gbps
+            assert gbps is not None  # bytes_moved was given
             records.append({
                 "op": case.op, "impl": impl, "shape": list(case.shape), "dtype": case.dtype,
-                "median_us": round(t.median_us, 3), "gbps": round(t.gbps, 1),
-                "pct_of_peak": round(100 * t.gbps / peak, 1),
+                "median_us": round(t.median_us, 3), "gbps": round(gbps, 1),
+                "pct_of_peak": round(100 * gbps / peak, 1),
             })
             if progress:
                 bar.clear()
@@ -185,6 +197,53 @@ def format_table(records) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                      for r in rows)
+
+
+BEHIND = 0.995  # a peer more than 0.5% faster than cukern, in the same run, puts the case behind
+
+
+def standing(records) -> list:
+    """cukern against its fastest peer, case by case: ``(op, shape, dtype, cukern_us, peer, peer_us, ratio,
+    verdict)``, ``ratio`` the peer's time over cukern's (above 1: cukern leads). The verdict is ``lead`` or
+    ``even`` (within 0.5%), ``behind``, or ``explained``: behind, but the same kernel without its fixed
+    reduction order (``cukern-no-contract``, measured in the same run) is not, so the gap is what the
+    same-bits contract costs. cukern is its default plan (impl ``cukern``); its other forms (tuned, graph,
+    composed) are not peers, and neither are the ladder's rungs, whose op has no ``cukern`` record."""
+    cases: dict = {}
+    for r in records:
+        cases.setdefault((r["op"], tuple(r["shape"]), r["dtype"]), {})[r["impl"]] = r["median_us"]
+    rows = []
+    for (op, shape, dtype), times in cases.items():
+        ours = times.get("cukern")
+        peers = {impl: t for impl, t in times.items() if not impl.startswith("cukern")}
+        if ours is None or not peers:
+            continue
+        peer = min(peers, key=peers.__getitem__)
+        ratio = peers[peer] / ours
+        if ratio >= 1.005:
+            verdict = "lead"
+        elif ratio >= BEHIND:
+            verdict = "even"
+        elif peers[peer] / times.get("cukern-no-contract", float("inf")) >= BEHIND:
+            verdict = "explained"
+        else:
+            verdict = "behind"
+        rows.append((op, shape, dtype, ours, peer, peers[peer], ratio, verdict))
+    return rows
+
+
+def format_standing(records) -> str:
+    """One line a case (cukern's time, the fastest peer's, their ratio, the verdict), then the count of cases
+    behind a peer, explained ones apart."""
+    rows = standing(records)
+    lines = [f"{op:<26} {'x'.join(map(str, shape)):<18} {dtype:<9} cukern {ours:>10.2f} µs  "
+             f"{peer:<14} {theirs:>10.2f} µs  {ratio:6.3f}x  {verdict}"
+             for op, shape, dtype, ours, peer, theirs, ratio, verdict in rows]
+    behind = sum(r[-1] == "behind" for r in rows)
+    explained = sum(r[-1] == "explained" for r in rows)
+    lines.append(f"cases behind a peer: {behind} (explained by the same-bits contract: {explained}, "
+                 f"cases compared: {len(rows)})")
+    return "\n".join(lines)
 
 
 def write_results(doc: dict, path) -> None:

@@ -19,16 +19,20 @@ the docs read the same numbers. The tests fail for any benchmarked op or ladder 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+import cukern.lab.bench as bench
 import cukern.lab.tune as tune
 
 from .. import _tuned, timing
 from .._compile import Instantiation
 from .._dtypes import FLOAT_TYPES, dtype_name, parse_dtype
+from .._typing import DTypeLike
 from .device import Device, current_device, gpu_present, profile, staging
 
 # ---------------------------------------------------------------------------------------------------------
@@ -158,15 +162,45 @@ def _format_items(d: dict, indent: int = 3) -> list:
 def parse_shape(text) -> tuple:
     """``"16384x4096"`` (or a sequence) -> ``(16384, 4096)``."""
     if isinstance(text, str):
-        try:
-            shape = tuple(int(p) for p in text.lower().replace("*", "x").split("x") if p)
-        except ValueError:
-            raise ValueError(f"shape {text!r} is not like 16384x4096") from None
+        parts = text.strip().lower().replace("*", "x").split("x")
+        if not all(re.fullmatch(r"-?\d+", p.strip()) for p in parts):
+            raise ValueError(f"shape {text!r} is not like 16384x4096 (sizes joined by x)")
+        shape = tuple(int(p) for p in parts)
     else:
         shape = tuple(int(n) for n in text)
     if not shape or any(n < 1 for n in shape):
         raise ValueError(f"shape {text!r} must have at least one dimension, all positive")
     return shape
+
+
+def _check_size(op: str, shape: tuple, dt: np.dtype) -> None:
+    """ValueError for a shape no array has: CuPy and NumPy count an array's bytes in a signed 64-bit integer."""
+    if math.prod(shape) * dt.itemsize >= 2**63:
+        raise ValueError(f"{op}: an array of shape {'x'.join(map(str, shape))} and dtype {dtype_name(dt)} "
+                         f"would pass 2^63 bytes, more than any array holds")
+
+
+def _param_value(op: str, key: str, value, default):
+    """A ``--param`` value given as text, as the op takes it: an axis (``0``, ``0,1``, ``(0, 1)``), a dtype for
+    a ``*_dtype`` param, else an integer; ``none`` where the param's default is None. Values given as
+    themselves pass through."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.lower() == "none" and default is None:
+        return None
+    if key == "axis":
+        if not re.fullmatch(r"\(?\s*-?\d+(\s*,\s*-?\d+)*\s*,?\s*\)?", text):
+            raise ValueError(f"{op} param axis={value!r} is not an axis; give an integer, several like 0,1, or none")
+        return bench.parse_axis(text)
+    if key.endswith("_dtype"):
+        try:
+            return dtype_name(parse_dtype(text))
+        except TypeError:
+            raise ValueError(f"{op} param {key}={value!r} is not a dtype; give one like bfloat16 or float32") from None
+    if not re.fullmatch(r"-?\d+", text):
+        raise ValueError(f"{op} param {key}={value!r} is not an integer")
+    return int(text)
 
 
 def _card_dtype(spec: CardSpec, dtype) -> np.dtype:
@@ -198,20 +232,24 @@ class Resolved:
     entry: dict | None
 
 
-def resolve(op: str, shape=None, dtype=None, device: Device | None = None, **params) -> Resolved:
-    """Fill in defaults, look up the tuning cache and run the op's ``describe`` (no compilation, no GPU)."""
+def resolve(op: str, shape=None, dtype=None, device: Device | None = None, params: dict | None = None) -> Resolved:
+    """Fill in defaults, look up the tuning cache and run the op's ``describe`` (no compilation, no GPU).
+    ``params``: the op's, by name (:func:`build`)."""
+    params = params or {}
     if op not in CARDS:
         raise ValueError(f"no card for {op!r}; ops with cards: {', '.join(sorted(CARDS))}")
     spec = CARDS[op]
     unknown = set(params) - set(spec.params)
     if unknown:
-        raise ValueError(f"{op} takes params {sorted(spec.params) or 'none'}, not {sorted(unknown)}")
+        raise ValueError(f"{op} takes params {', '.join(sorted(spec.params)) or 'none'}, not "
+                         f"{', '.join(sorted(unknown))}")
     shape = parse_shape(spec.default_shape if shape is None else shape)
     if spec.ndim is not None and len(shape) != spec.ndim:
         like = "x".join(map(str, spec.default_shape))
         raise ValueError(f"{op} takes a shape of {spec.ndim} dimensions, like {like}; got {'x'.join(map(str, shape))}")
     dt = _card_dtype(spec, spec.default_dtype if dtype is None else dtype)
-    params = {**spec.params, **params}
+    _check_size(op, shape, dt)
+    params = {**spec.params, **{k: _param_value(op, k, v, spec.params[k]) for k, v in params.items()}}
     device = device or current_device()
     tuning_op = spec.tuning_op or op
     tunable = tune.TUNABLES.get(tuning_op)
@@ -227,21 +265,41 @@ def resolve(op: str, shape=None, dtype=None, device: Device | None = None, **par
 
 def measure_us(d: Described, repeat: int = 50) -> float:
     """The median time of the described call on the current GPU (:func:`cukern.timing.benchmark`)."""
+    assert d.measure is not None, "a card without a GPU call is not measured"
     return timing.benchmark(d.measure(), warmup=10, repeat=repeat, bytes_moved=d.bytes).median_us
 
 
-def explain(op: str, shape=None, dtype=None, *, measure: bool | None = None, device: Device | None = None,
-            **params) -> Card:
+def explain(op: str, shape: Sequence[int] | str | None = None, dtype: DTypeLike | None = None, *,
+            measure: bool | None = None, device: Device | None = None, **params: Any) -> Card:
     """The card for the launch ``op`` makes on ``shape`` and ``dtype`` (defaults: the op's benchmark shape).
 
     ``measure``: time the op on the GPU (default: when a GPU is present). ``device``: plan for this device
     instead of the current one (no measurement then). ``params``: op-specific (``explain("sum", axis=0)``,
     ``explain("rotary_embedding", kv_heads=8, neox=False)``; see ``CARDS[op].params``).
+
+    Examples
+    --------
+    >>> from cukern.lab.card import explain
+    >>> from cukern.lab.device import H200
+    >>> card = explain("rms_norm", (4, 4096), "bfloat16", device=H200)  # planned for an H200, on any machine
+    >>> card.traffic["bytes_read"], card.traffic["bytes_written"], card.profile["bytes"]
+    (40960, 32768, 73728)
+    >>> card.staging[0]["local_memory_bytes"], card.profile["verdict"]
+    (0, 'latency-bound')
+    >>> print(card.format().splitlines()[0])
+    rms_norm 4x4096 bfloat16 on NVIDIA H200 (assumed: no GPU; datasheet figures)
     """
+    return build(op, shape, dtype, params, measure=measure, device=device)
+
+
+def build(op: str, shape: Sequence[int] | str | None, dtype: DTypeLike | None, params: dict[str, Any], *,
+          measure: bool | None = None, device: Device | None = None) -> Card:
+    """:func:`explain` with the op's params as a dict (the command line's ``--param``, whose keys may be any
+    text, ``dtype`` and ``device`` included), their values as themselves or as text."""
     on_gpu = device is None and gpu_present()
     device = device or current_device()
     measure = on_gpu if measure is None else (measure and on_gpu)
-    r = resolve(op, shape, dtype, device, **params)
+    r = resolve(op, shape, dtype, device, params)
     spec, shape, dt, params, d, tuning_op, tunable, tshape, entry = (
         r.spec, r.shape, r.dtype, r.params, r.described, r.tuning_op, r.tunable, r.tuning_shape, r.entry)
     tune_info = {"knobs": d.knobs,

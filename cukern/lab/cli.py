@@ -1,7 +1,8 @@
 """``python -m cukern.lab``: bench, ladder, info, compile, explain, tune, roofline.
 
-A mistake in what was asked (an unknown op, dtype or architecture, a missing file, ``--plot`` without
-matplotlib) is one line on stderr and exit status 2, found before anything is measured or compiled.
+A mistake in what was asked (an unknown op, dtype, shape, param or architecture, a missing file, an output
+path that cannot be written, ``--plot`` without matplotlib or in a format it does not write, no CuPy) is one
+line on stderr and exit status 2, found before anything is measured, compiled or written.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
 
+import cukern
+import cukern._launch as _launch
 import cukern.lab.bench as bench
 import cukern.lab.card as card
 import cukern.lab.device as device
@@ -43,18 +47,65 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def _joined_negatives(argv: list) -> list:
+    """``argv`` with a value that starts with a minus sign joined to its flag (``--shape -5x4096`` becomes
+    ``--shape=-5x4096``): argparse reads such a value as an unknown option and names the flag's missing
+    value instead of the value's mistake, which the command's own check then reports."""
+    out: list = []
+    for arg in argv:
+        prev = out[-1] if out else ""
+        if re.match(r"-\.?\d", arg) and prev.startswith("--") and "=" not in prev:
+            out[-1] = f"{prev}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def _no_gpu(command: str) -> int:
     print(f"cukern {command}: no CUDA GPU found (cupy sees no device); nothing to measure", file=sys.stderr)
     return 2
 
 
+def _require_cupy() -> None:
+    try:
+        _launch.cupy()
+    except ModuleNotFoundError as err:
+        raise CommandError(str(err)) from None
+
+
+def _check_output(path, flag: str) -> None:
+    """A CommandError unless ``path`` names a file that can be written: its folder exists and is writable,
+    and it is not itself a folder. Checked before any work, so that nothing is measured for a file that
+    cannot be written."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir() or str(path).endswith(("/", os.sep)):
+        raise CommandError(f"{flag} {path} is a folder; give a file in it, like {p / 'out'}"
+                           f"{'.png' if flag == '--plot' else '.json'}")
+    folder = p.parent
+    if not folder.is_dir():
+        raise CommandError(f"{flag} {path}: no folder {folder} to write into")
+    if not os.access(folder, os.W_OK):
+        raise CommandError(f"{flag} {path}: the folder {folder} is not writable")
+
+
 def _check_plot(path) -> None:
-    if path:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise CommandError('--plot needs matplotlib, which the plot extra installs: pip install -e ".[plot]" '
-                               "in a checkout (or pip install matplotlib)") from None
+    if path is None:
+        return
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise CommandError('--plot needs matplotlib, which the plot extra installs: pip install -e ".[plot]" '
+                           "in a checkout (or pip install matplotlib)") from None
+    _check_output(path, "--plot")
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    ext = Path(path).suffix.lower().lstrip(".")
+    # matplotlib adds .png to a name without a suffix: the file would not be where it was asked for
+    if ext not in formats:
+        given = f"a .{ext} file" if ext else "no file format"
+        raise CommandError(f"--plot {path} names {given}; matplotlib writes {', '.join(formats)} "
+                           f"(e.g. {Path(path).with_suffix('.png')})")
 
 
 RECORD_KEYS = ("op", "impl", "shape", "dtype", "median_us")  # what a results file's every record carries
@@ -77,18 +128,26 @@ def _results_file(path) -> dict:
     return doc
 
 
-def _at_least_one(value: int, flag: str) -> None:
-    if value < 1:
-        raise CommandError(f"{flag} {value} must be at least 1")
+def _at_least(value, least: int, flag: str) -> None:
+    if value is not None and value < least:
+        raise CommandError(f"{flag} {value} must be at least {least}")
 
 
 def _bench(args) -> int:
     _check_plot(args.plot)
-    _at_least_one(args.repeat, "--repeat")
+    _check_output(args.json, "--json")
+    _at_least(args.repeat, 1, "--repeat")
     if args.results:
         doc = _results_file(args.results)
+        if args.op:
+            doc = {**doc, "records": [r for r in doc["records"] if any(bench.picks(op, r) for op in args.op)]}
         print(bench.format_table(doc["records"]))
+        print(bench.format_standing(doc["records"]))
+        if args.json:
+            bench.write_results(doc, args.json)
+            print(f"wrote {args.json}")
         return _bench_plot(doc, args.plot)
+    _require_cupy()
     if not device.gpu_present():
         return _no_gpu("bench")
 
@@ -100,6 +159,7 @@ def _bench(args) -> int:
                     progress=show if sys.stdout.isatty() else None, tune=not args.no_tune)
     print(f"{doc['device']}, CuPy {doc['cupy_version']}, copy peak {doc['peak_copy_gbps']:.0f} GB/s")
     print(bench.format_table(doc["records"]))
+    print(bench.format_standing(doc["records"]))
     if args.json:
         bench.write_results(doc, args.json)
         print(f"wrote {args.json}")
@@ -119,15 +179,18 @@ def _params(items) -> dict:
         key, sep, value = item.partition("=")
         if not sep:
             raise CommandError(f"--param takes KEY=VALUE, got {item!r}")
-        out[key] = None if value.lower() == "none" else int(value) if value.lstrip("-").isdigit() else value
+        if key in out:
+            raise CommandError(f"--param {key} is given twice")
+        out[key] = value
     return out
 
 
 def _explain(args) -> int:
+    params = _params(args.param)
+    _require_cupy()
     try:
-        c = card.explain(args.op, args.shape, args.dtype, measure=False if args.no_measure else None,
-                         **_params(args.param))
-    except ValueError as err:
+        c = card.build(args.op, args.shape, args.dtype, params, measure=False if args.no_measure else None)
+    except (ValueError, TypeError) as err:  # the op's own refusals: TypeError for a wrong type, as NumPy's
         raise CommandError(str(err)) from None
     except RuntimeError as err:  # the kernel source does not compile: the staging section cannot be read
         print(f"cukern explain: {err}", file=sys.stderr)
@@ -144,7 +207,8 @@ def _check_dtype(name) -> None:
 
 
 def _tune(args) -> int:
-    _at_least_one(args.repeat, "--repeat")
+    _check_output(args.json, "--json")
+    _at_least(args.repeat, 1, "--repeat")
     if args.shape and (not args.op or len(args.op) != 1):
         raise CommandError("--shape needs exactly one --op")
     if args.dtype:
@@ -155,6 +219,7 @@ def _tune(args) -> int:
             tune.check_shape(args.op[0], shape)
     except ValueError as err:
         raise CommandError(f"--shape: {err}") from None
+    _require_cupy()
     if not device.gpu_present():
         return _no_gpu("tune")
     if shape:
@@ -187,7 +252,9 @@ def _tune(args) -> int:
 
 def _roofline(args) -> int:
     _check_plot(args.plot)
+    _check_output(args.json, "--json")
     results = _results_file(args.results) if args.results else None
+    _require_cupy()
     measure = device.gpu_present() and not args.no_measure
     dev = device.current_device()
     ops = args.op or None
@@ -209,7 +276,8 @@ def _roofline(args) -> int:
 
 def _ladder(args) -> int:
     _check_plot(args.plot)
-    _at_least_one(args.n, "--n")
+    _at_least(args.n, 1, "--n")
+    _require_cupy()
     if not device.gpu_present():
         return _no_gpu("ladder")
     with Progress(len(ladder.RUNGS) + 2, "ladder") as bar:  # the rungs, then cukern.sum and CUB
@@ -222,6 +290,7 @@ def _ladder(args) -> int:
 
 
 def _info(args) -> int:
+    _require_cupy()
     doc = bench.info()
     for k, v in doc.items():
         print(f"{k:>20}: {v if v is not None else 'no CUDA GPU found'}")
@@ -290,6 +359,9 @@ def _local_bytes(r: dict) -> int:
 
 
 def _compile(args) -> int:
+    _at_least(args.jobs, 1, "--jobs")
+    _at_least(args.max_local, 0, "--max-local")
+    _require_cupy()
     _check_arch(args.arch)
     fams = [families.named(s) for s in dict.fromkeys(args.family)] if args.family else families.all_families()
     todo = {fam.SOURCE: fam.instantiations() for fam in fams}
@@ -350,20 +422,22 @@ def _compile(args) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="cukern", description="hand-written CUDA kernels for CuPy arrays")
+    parser.add_argument("--version", action="version", version=f"cukern {cukern.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("bench", help="time every op against its peers and the copy peak")
     p.add_argument("--op", action="append", choices=sorted(bench.OPS) + list(bench.record_sets()),
-                   help="only this op (repeatable)")
-    p.add_argument("--json", metavar="PATH", help="write the results file")
-    p.add_argument("--repeat", type=int, default=100)
+                   help="only this op (repeatable; with --results, only its records)")
+    p.add_argument("--json", metavar="PATH", help="write the results file (with --results: the records kept)")
+    p.add_argument("--repeat", type=int, default=100, help="timed calls per implementation and case (default 100)")
     p.add_argument("--no-peers", action="store_true", help="skip torch/Triton peers")
     p.add_argument("--no-tune", action="store_true", help="skip the cukern-tuned records (no tuning)")
     p.add_argument("--plot", metavar="PNG", help="draw GB/s against size for every op and peer (needs matplotlib)")
     p.add_argument("--results", metavar="PATH", help="read this results file instead of measuring (no GPU needed)")
     p.set_defaults(fn=_bench)
     p = sub.add_parser("ladder", help="run every reduction rung on the same data, with %% of peak and of CUB")
-    p.add_argument("--n", type=int, default=1 << 28)
-    p.add_argument("--dtype", default="float32", choices=[dtype_name(t) for t in ladder.DTYPES])
+    p.add_argument("--n", type=int, default=1 << 28, help="elements summed by every rung (default 2^28)")
+    p.add_argument("--dtype", default="float32", choices=[dtype_name(t) for t in ladder.DTYPES],
+                   help="the elements' dtype (default float32)")
     p.add_argument("--plot", metavar="PNG", help="draw the bars (needs matplotlib)")
     p.set_defaults(fn=_ladder)
     p = sub.add_parser("info", help="device, versions and the measured copy peak")
@@ -372,7 +446,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default="sm_90", help="a real architecture, sm_80 or newer (default sm_90)")
     p.add_argument("--family", action="append", choices=list(dict.fromkeys(f.SOURCE for f in families.all_families())),
                    help="only the family in cuda_src/FAMILY.cu (repeatable; default: every family)")
-    p.add_argument("--jobs", type=int, help="worker processes (default: one per CPU)")
+    p.add_argument("--jobs", type=int, help="worker processes, at least 1 (default: one per CPU)")
     p.add_argument("--max-local", type=int, metavar="BYTES",
                    help="exit 1 when an instantiation uses more local memory (spills or stack) than BYTES")
     p.set_defaults(fn=_compile)
@@ -389,7 +463,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="only this op (repeatable; default: every tunable benchmark case)")
     p.add_argument("--shape", help="tune this shape (in the op's tuning convention) instead of the benchmark cases")
     p.add_argument("--dtype", help="only this dtype (with --shape: default bfloat16)")
-    p.add_argument("--repeat", type=int, default=50)
+    p.add_argument("--repeat", type=int, default=50, help="timed calls per candidate plan (default 50)")
     p.add_argument("--dry-run", action="store_true", help="do not write the tuning cache")
     p.add_argument("--json", metavar="PATH", help="write every candidate's timing")
     p.set_defaults(fn=_tune)
@@ -405,7 +479,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(_joined_negatives(sys.argv[1:] if argv is None else list(argv)))
     try:
         return args.fn(args)
     except CommandError as err:

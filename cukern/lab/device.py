@@ -123,7 +123,7 @@ def blocks_per_sm(registers: int, shared: int, block: int, device: Device) -> tu
         "shared memory": device.shared_per_sm // (shared + device.reserved_shared_per_block),
         "blocks per SM": device.max_blocks_per_sm,
     }
-    limiter = min(limits, key=limits.get)
+    limiter = min(limits, key=limits.__getitem__)
     return limits[limiter], limiter
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -76,8 +76,8 @@ class Captured:
     """A CUDA graph of captured calls. ``results`` holds what the captured calls returned (arrays allocated
     during the capture): each replay writes into them again, so they live as long as the graph does."""
 
-    graph: object
-    stream: object
+    graph: Any  # cupy.cuda.Graph
+    stream: Any  # cupy.cuda.Stream
     results: list
 
     def replay(self) -> None:
@@ -155,14 +155,16 @@ class DecodeCall:
 
 @dataclass(frozen=True)
 class HostCall:
-    """One record of the host cost of a bfloat16 call: ``op`` names the record (``host_overhead...``), ``impl``
-    who is called (``cukern`` or a peer), ``shape`` is the record's. ``make()`` -> ``(fn, args, kwargs)`` on
-    fresh inputs, or None where ``impl`` cannot run (a peer's framework is not installed): no record then."""
+    """One record of the host cost of a call: ``op`` names the record (``host_overhead...``), ``impl`` who is
+    called (``cukern`` or a peer), ``shape`` and ``dtype`` are the record's. ``make()`` -> ``(fn, args,
+    kwargs)`` on fresh inputs, or None where ``impl`` cannot run (a peer's framework is not installed): no
+    record then."""
 
     op: str
     impl: str
     shape: tuple
     make: Callable
+    dtype: str = "bfloat16"
 
 
 CALLS: list = []
@@ -177,6 +179,13 @@ def register_host(call: HostCall) -> None:
     HOST_CALLS.append(call)
 
 
+def register_host_pair(op: str, shape: tuple, dtype: str, inputs: Callable, ours: Callable, cupy_fn: Callable) -> None:
+    """The host cost of ``ours(x)`` (impl ``cukern``) and of the CuPy call a user would make in its place,
+    ``cupy_fn(x)`` (impl ``cupy``), each on its own ``x = inputs(shape, dtype)``."""
+    for impl, fn in (("cukern", ours), ("cupy", cupy_fn)):
+        register_host(HostCall(op, impl, shape, lambda fn=fn: (fn, (inputs(shape, dtype),), {}), dtype))
+
+
 def records(peak: float, *, repeat: int = 100, warmup: int = 10, n: int = 2000, peers=()) -> list:
     """The benchmark's pipeline records: each registered host call's cost in its order, then each of ``peers``
     (:class:`HostCall` s of other frameworks, from ``bench/peers.py``) (``median_us`` the lowest of five
@@ -189,14 +198,16 @@ def records(peak: float, *, repeat: int = 100, warmup: int = 10, n: int = 2000, 
         if made is None:
             continue
         fn, args, kwargs = made
-        out.append({"op": c.op, "impl": c.impl, "shape": list(c.shape), "dtype": "bfloat16",
+        out.append({"op": c.op, "impl": c.impl, "shape": list(c.shape), "dtype": c.dtype,
                     "median_us": round(host_overhead(fn, *args, n=n, **kwargs), 3)})
     for tokens in DECODE_TOKENS:
         for c in CALLS:
             fn, args, kwargs = c.make(tokens)
             t = graph_replay_time(fn, *args, calls=8, warmup=warmup, repeat=repeat, bytes_moved=c.bytes(tokens),
                                   **kwargs)
+            gbps = t.gbps
+            assert gbps is not None  # bytes_moved was given
             out.append({"op": c.op, "impl": "cukern-graph", "shape": list(c.shape(tokens)), "dtype": "bfloat16",
-                        "median_us": round(t.median_us, 3), "gbps": round(t.gbps, 1),
-                        "pct_of_peak": round(100 * t.gbps / peak, 1)})
+                        "median_us": round(t.median_us, 3), "gbps": round(gbps, 1),
+                        "pct_of_peak": round(100 * gbps / peak, 1)})
     return out

@@ -11,12 +11,13 @@ import numpy as np
 
 import cukern.lab.bench as bench
 import cukern.lab.card as card
+import cukern.lab.pipeline as pipeline
 import cukern.lab.rotary as rope_lab
 import cukern.lab.tune as tune
 
 from .. import qknorm as op
 from .. import rmsnorm, rotary
-from .._dtypes import dtype_name, parse_dtype
+from .._dtypes import BFLOAT16, dtype_name, parse_dtype
 from .._layout import ArraySpec
 from .bench import Case
 
@@ -80,6 +81,17 @@ bench.register("qk_norm_rope", bench.OpBench(_bench_setup, _fused, _cupy, _bench
                                              variants=lambda s: [("cukern-composed", lambda: _composed(s))]))
 
 
+def _host():
+    """One decode token's call (Qwen3's 32 query and 8 key heads of 128), without the position check."""
+    s = inputs(1, rope_lab.DECODE_HEADS, rope_lab.DECODE_KV_HEADS, rope_lab.DECODE_HEAD_SIZE, BFLOAT16)
+    return op.qk_norm_rope, (s["pos"], s["q"], s["k"], s["qw"], s["kw"], s["cache"]), {"check_positions": False}
+
+
+# torch's composite on the same call is bench/peers.py's host_calls() (impl "torch" beside it)
+pipeline.register_host(pipeline.HostCall("host_overhead_qk_norm_rope", "cukern",
+                                         (1, rope_lab.DECODE_HEADS, rope_lab.DECODE_HEAD_SIZE), _host))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Tuning: shape (tokens, num_heads, num_kv_heads, head_size), contiguous q and k, float32 cache, as the op
 # looks it up.
@@ -99,8 +111,11 @@ def _signature(shape, dtype, knobs, sm):
 
 
 tune.register(tune.Tunable(
-    rule=op.TUNING, space=SPACE, setup=lambda shape, dtype: inputs(*shape, dtype), run=_run,
-    bytes=lambda shape, dtype: op.bytes_moved(*shape, dtype), signature=_signature,
+    rule=op.TUNING, space=SPACE,
+    # mypy counts an unsized *shape as able to fill dtype's place too; shape has ndim=4
+    setup=lambda shape, dtype: inputs(*shape, dtype),  # type: ignore[call-arg]
+    run=_run, bytes=lambda shape, dtype: op.bytes_moved(*shape, dtype),  # type: ignore[call-arg]
+    signature=_signature,
     from_case=lambda shape, params: (shape[0], shape[1], params.get("kv_heads", 8), shape[2]), ndim=4))
 
 
@@ -114,13 +129,14 @@ def _measure(tokens, nh, nkv, hd, dtype, qkv_view: bool):
 
 
 def _describe(shape, dt, params, device, knobs):
-    tokens, nh, hd, nkv, neox, rot, cache_dt, q, k = rope_lab.heads_of(shape, dt, params)
-    w = ArraySpec.fresh((hd,), dt)
+    w = ArraySpec.fresh((shape[-1],), dt)
+    tokens, nh, hd, nkv, neox, rot, cache_dt, q, k = rope_lab.heads_of(
+        shape, dt, params, lambda positions, q, k, cache, rot: op._validate(positions, q, k, w, w, cache, rot))
     vec = op.vector_width(q, k, w, w, ArraySpec.fresh((MAX_POSITION, rot), cache_dt), rot, neox, rot // 2)
     knobs = op.DEFAULT_KNOBS if knobs is None else knobs
     p = op.plan(tokens, nh, nkv, hd, rot, vec, neox, dt.itemsize, device.sm_count, knobs)
     launches = []
-    if bool(int(params["check_positions"])):
+    if rope_lab.flag(params, "check_positions"):
         launches.append(card.Launch(rotary.check_instantiation(np.int64), 1, rotary.CHECK_BLOCK,
                                     "position check (then one host synchronization)"))
     launches.append(card.Launch(p.instantiation(dt, dt, cache_dt), p.grid, p.block, "norm and rotation",
@@ -160,7 +176,7 @@ def _describe(shape, dt, params, device, knobs):
     return card.Described(
         launches=launches, tile=tile, traffic=traffic, accumulation=accumulation, knobs=dataclasses.asdict(knobs),
         bytes=nbytes, bytes_written=written, flops=10 * elems,
-        measure=lambda: _measure(tokens, nh, nkv, hd, dt, bool(int(params["qkv_view"]))))
+        measure=lambda: _measure(tokens, nh, nkv, hd, dt, rope_lab.flag(params, "qkv_view")))
 
 
 _PARAMS = {"kv_heads": 8, "neox": 1, "rotary_dim": None, "check_positions": 0, "qkv_view": 0}

@@ -11,6 +11,7 @@ import numpy as np
 
 import cukern.lab.bench as bench
 import cukern.lab.card as card
+import cukern.lab.pipeline as pipeline
 import cukern.lab.tune as tune
 
 from .. import reduce, reduce_plan
@@ -30,6 +31,8 @@ def inputs(shape, dtype):
 
 
 _bench_setup = bench.array_setup(inputs)
+# a small call, where the host path is the cost: cukern.sum against cupy.sum
+pipeline.register_host_pair("host_overhead_sum", (4096,), "float32", inputs, reduce.sum, lambda x: x.sum())
 
 
 def _bench_bytes(case: Case) -> int:
@@ -93,7 +96,7 @@ bench.register("var", bench.OpBench(
 # length)``, axis -1, the rows kernel), as the ops look them up; every reduction uses the sum's knobs.
 
 # Every point is a split of the one tree (cukern.reduce_plan's notes): the tuner chooses speed, never bits.
-SPACES = {
+SPACES: dict[str, dict[str, list]] = {
     "sum": {"full_block": [256, 512, 1024], "full_blocks_per_sm": [1, 2, 4], "full_unroll": [2, 4, 8]},
     "sum_rows": {"row_items": [8, 16, 32], "row_max_tpr": [128, 256, 512], "row_unroll": [2, 4, 8],
                  "row_threads_per_sm": [1024, 2048], "row_waves": [None, 4, 8, 16]},
@@ -128,12 +131,36 @@ _FIXED = {"cols": {"col_block": reduce_plan.COL_BLOCK, "col_waves": reduce_plan.
           "strided": {"strided_block": reduce_plan.STRIDED_BLOCK, "strided_waves": reduce_plan.STRIDED_WAVES}}
 
 
-def _describe(name: str):
-    def describe(shape, dt, params, device, knobs):
-        axis = bench.parse_axis(params["axis"])
+# what x becomes before the kernels, for the dtypes they do not read as they are (cukern.reduce_plan.route)
+_LOWERED = {"cast": "x is first converted to {via} (one more pass over x, not in the count)",
+            "view": "x's bits are read as {via} (a view: no pass)",
+            "flip": "x's bits are read as {via} with the sign bit flipped (one more pass over x, not in the count)",
+            "complex": "x's real and imaginary parts are reduced as a trailing axis of {via} (a view: no pass)"}
+
+
+def _lowered(name: str, shape: tuple, dt: np.dtype, axis):
+    """``(kernel op, shape, dtype, axis, kernel result dtype or None, note)`` of the kernels' launch for
+    ``name`` of x of ``shape`` and ``dt`` along ``axis``, as the op routes it; a ValueError where no kernel of
+    this family runs."""
+    rt = reduce_plan.route(name, dt, reduce_plan.default_dtype(name, dt))
+    if rt.how == "direct" and rt.op == name:
+        return name, shape, dt, axis, None, None
+    if rt.how == "gather":
+        raise ValueError(f"{name} of {dtype_name(dt)} runs no reduction kernel: it gathers the element that the "
+                         "arg-reduction kernels find (their cards: argmax, argmin, nanargmax, nanargmin)")
+    if rt.how == "complex":
+        axes = reduce_plan.normalize_axis(axis, len(shape))
+        axis, shape = axes + ((len(shape),) if name == "norm" else ()), shape + (2,)
+    return rt.op, shape, rt.via, axis, rt.kernel, _LOWERED.get(rt.how, "").format(via=dtype_name(rt.via))
+
+
+def _describe(public: str):
+    def describe(shape, x_dt, params, device, knobs):
+        x_shape, x_axis = shape, bench.parse_axis(params["axis"])
+        name, shape, dt, axis, lowered, note = _lowered(public, shape, x_dt, x_axis)
         op = reduce_plan.OPS[name]
         final = reduce_plan.default_dtype(name, dt)
-        o = dt if op.minmax else reduce_plan.kernel_dtype(name, dt, final)
+        o = lowered or (dt if op.minmax else reduce_plan.kernel_dtype(name, dt, final))
         if knobs is None:
             knobs = reduce_plan.kernel_op_knobs(op.kernel_op)
         pl = reduce_plan.plan(shape, dt, axis, op=name, sm_count=device.sm_count, knobs=knobs)
@@ -201,7 +228,7 @@ def _describe(name: str):
                                   f"elements {reduce_plan.TREE_CHAINS} apart, then pairs): the same bits for every "
                                   "plan, knob, SM count and layout (cukern.reference.sum_emulated)"),
                         "combine": combine, "passes": len(launches)}
-        notes = []
+        notes = [note] if note else []
         if pl.copy:
             notes.append("the input is first copied to contiguous (reduced axes last); that copy is not in the count")
         prefix = {"full": "full_", "rows": "row_"}.get(kind)
@@ -212,8 +239,8 @@ def _describe(name: str):
         flops = outputs * count * (2 if op.kernel_op == reduce_plan.OP_SUMSQ else 1)
 
         def measure():
-            x, fn = inputs(shape, dt), getattr(reduce, name)
-            return lambda: fn(x, axis=axis)
+            x, fn = inputs(x_shape, x_dt), getattr(reduce, public)
+            return lambda: fn(x, axis=x_axis)
 
         return card.Described(launches=launches, tile=tile, traffic=traffic, accumulation=accumulation,
                               knobs=knob_values, bytes=nbytes, bytes_written=written, flops=flops,
@@ -226,12 +253,12 @@ for _name, _op in reduce_plan.OPS.items():
     if not hasattr(reduce, _name):  # count_not_nan: a building block of nanmean, not an op of its own
         continue
     card.register(card.CardSpec(_name, (1 << 29,), "float32", _describe(_name), {"axis": None}, "reduce",
-                                dtypes=_op.inputs))
+                                dtypes=reduce_plan.PUBLIC_INPUTS[_name]))
 card.register(card.CardSpec("sum_rows", (32768, 16384), "float32", _describe("sum"), {"axis": -1}, "reduce",
-                            dtypes=reduce_plan.OPS["sum"].inputs))
+                            dtypes=reduce_plan.PUBLIC_INPUTS["sum"]))
 card.register(card.CardSpec("sum_cols", (16384, 32768), "float32", _describe("sum"), {"axis": 0}, "reduce",
-                            dtypes=reduce_plan.OPS["sum"].inputs))
+                            dtypes=reduce_plan.PUBLIC_INPUTS["sum"]))
 card.register(card.CardSpec("logsumexp_rows", (32768, 16384), "float32", _describe("logsumexp"), {"axis": -1},
-                            "reduce", dtypes=reduce_plan.OPS["logsumexp"].inputs))
+                            "reduce", dtypes=reduce_plan.PUBLIC_INPUTS["logsumexp"]))
 card.register(card.CardSpec("var_rows", (32768, 16384), "float32", _describe("var"), {"axis": -1}, "reduce",
-                            dtypes=reduce_plan.OPS["var"].inputs))
+                            dtypes=reduce_plan.PUBLIC_INPUTS["var"]))

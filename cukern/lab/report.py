@@ -85,10 +85,10 @@ def plot_bandwidth(doc: dict, path) -> None:
                     label=" ".join(v for v in (impl, variant, dtype) if v))
         if peak:
             ax.axhline(peak, color="black", linewidth=0.8, linestyle="--", label=f"copy peak {peak:.0f} GB/s")
-        xs = [x for pts in series[panel].values() for x, _ in pts]
+        sizes = [x for pts in series[panel].values() for x, _ in pts]
         ax.set_xscale("log")
-        if max(xs) / min(xs) < 10:
-            ax.set_xlim(min(xs) / 4, max(xs) * 4)
+        if max(sizes) / min(sizes) < 10:
+            ax.set_xlim(min(sizes) / 4, max(sizes) * 4)
         ax.set_title(panel, fontsize=10)
         ax.set_xlabel("bytes moved")
         ax.set_ylabel("GB/s")

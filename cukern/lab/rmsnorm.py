@@ -206,6 +206,7 @@ def _describe(fused: bool, fp8: bool = False):
         knobs = (rmsnorm.FP8_TUNING if fp8 else rmsnorm.TUNING)[fused].default if knobs is None else knobs
         w_dt = parse_dtype(params["weight_dtype"] or dtype_name(dt))
         hidden, rows, size = shape[-1], math.prod(shape[:-1]), dt.itemsize
+        rmsnorm.check_arrays({"x": ArraySpec.fresh(shape, dt), "weight": ArraySpec.fresh((hidden,), w_dt)})
         vec = rmsnorm.vector_width(hidden, [ArraySpec.fresh(shape, dt)], ArraySpec.fresh((hidden,), w_dt))
         p = rmsnorm.plan(hidden, rows, vec, size, device.sm_count, knobs, fused=fused)
         inst = p.instantiation(dt, w_dt, fused, fp8=fp8)

@@ -108,8 +108,11 @@ def _tunable(neox: bool) -> tune.Tunable:
         return rotary.plan(tokens, nh, nkv, hd, rotary.widest_vector(hd, dtype.itemsize), neox, sm, knobs)
 
     return tune.Tunable(
-        rule=rotary.TUNING[neox], space=SPACE, setup=lambda shape, dtype: inputs(*shape, dtype), run=run,
-        bytes=lambda shape, dtype: rotary.bytes_moved(*shape, dtype), signature=signature,
+        rule=rotary.TUNING[neox], space=SPACE,
+        # mypy counts an unsized *shape as able to fill dtype's place too; shape has ndim=4
+        setup=lambda shape, dtype: inputs(*shape, dtype),  # type: ignore[call-arg]
+        run=run, bytes=lambda shape, dtype: rotary.bytes_moved(*shape, dtype),  # type: ignore[call-arg]
+        signature=signature,
         from_case=lambda shape, params: (shape[0], shape[1], params.get("kv_heads", 8), shape[2]), ndim=4)
 
 
@@ -155,18 +158,30 @@ def _measure(tokens, nh, nkv, hd, dtype, neox: bool, qkv_view: bool):
     return lambda: _rotate(s, neox)
 
 
-def heads_of(shape, dt, params):
+def flag(params, key: str) -> bool:
+    """A 0 or 1 param (the command line's form of True and False) as a bool."""
+    if params[key] not in (0, 1):
+        raise ValueError(f"param {key}={params[key]} must be 0 or 1")
+    return bool(params[key])
+
+
+def heads_of(shape, dt, params, validate=rotary._validate):
     """The card's query and key from its shape and params (also the fused QK-norm card's): (tokens, query
     heads, head size, kv heads, NeoX, rotary_dim, the float32 cache dtype, query spec, key spec), query and key
-    views into one fused qkv buffer when ``qkv_view``."""
+    views into one fused qkv buffer when ``qkv_view``. ``validate(positions, query, key, cache, rotary_dim)``:
+    the op's own checks, on stand-ins for int64 positions and a float32 cache as wide as a head."""
     tokens, nh, hd = shape
-    nkv, neox = int(params["kv_heads"]), bool(int(params["neox"]))
-    rot = int(params["rotary_dim"] or hd)
-    heads = nh + 2 * nkv if int(params["qkv_view"]) else nh
+    nkv, neox = params["kv_heads"], flag(params, "neox")
+    if nkv < 0:
+        raise ValueError(f"param kv_heads={nkv} must be at least 0")
+    heads = nh + 2 * nkv if flag(params, "qkv_view") else nh
     strides = tuple(s * dt.itemsize for s in (heads * hd, hd, 1))
     q = ArraySpec((tokens, nh, hd), strides, dt)
     k = ArraySpec((tokens, nkv, hd), strides, dt)
-    return tokens, nh, hd, nkv, neox, rot, np.dtype(np.float32), q, k
+    cache_dt = np.dtype(np.float32)
+    rot = validate(ArraySpec.fresh((tokens,), np.int64), q, k, ArraySpec.fresh((MAX_POSITION, hd), cache_dt),
+                   params["rotary_dim"]).rotary_dim
+    return tokens, nh, hd, nkv, neox, rot, cache_dt, q, k
 
 
 def _describe(shape, dt, params, device, knobs):
@@ -175,7 +190,7 @@ def _describe(shape, dt, params, device, knobs):
     knobs = rotary.DEFAULT_KNOBS if knobs is None else knobs
     p = rotary.plan(tokens, nh, nkv, rot, vec, neox, device.sm_count, knobs)
     launches = []
-    if bool(int(params["check_positions"])):
+    if flag(params, "check_positions"):
         launches.append(card.Launch(rotary.check_instantiation(np.int64), 1, rotary.CHECK_BLOCK,
                                     "position check (then one host synchronization)"))
     launches.append(card.Launch(p.instantiation(dt, cache_dt), p.grid, p.block, "rotation"))
@@ -200,12 +215,12 @@ def _describe(shape, dt, params, device, knobs):
     accumulation = {"reduces": "nothing: each output is two float32 products and one add",
                     "precision": "float32, rounded once to " + dtype_name(dt), "combine": "none", "passes": "one"}
     notes = []
-    if bool(int(params["check_positions"])):
+    if flag(params, "check_positions"):
         notes.append("the profile measures the rotation (check_positions=False, as the benchmark does)")
     return card.Described(
         launches=launches, tile=tile, traffic=traffic, accumulation=accumulation, knobs=dataclasses.asdict(knobs),
         bytes=nbytes, bytes_written=written, flops=3 * elems,
-        measure=lambda: _measure(tokens, nh, nkv, hd, dt, neox, bool(int(params["qkv_view"]))), notes=notes)
+        measure=lambda: _measure(tokens, nh, nkv, hd, dt, neox, flag(params, "qkv_view")), notes=notes)
 
 
 _PARAMS = {"kv_heads": 8, "neox": 1, "rotary_dim": None, "check_positions": 1, "qkv_view": 0}
@@ -259,9 +274,7 @@ bench.register("rotary_embedding_positions", bench.OpBench(
 
 
 def _positions_describe(shape, dt, params, device, knobs):
-    tokens, nh, hd = shape
-    nkv, neox = int(params["kv_heads"]), bool(int(params["neox"]))
-    rot = int(params["rotary_dim"] or hd)
+    tokens, nh, hd, nkv, neox, rot, _, _, _ = heads_of(shape, dt, {**params, "qkv_view": 0})
     vec = rotary.widest_vector(rot, dt.itemsize)
     p, shared = rotary.positions_plan(tokens, nh, nkv, rot, vec, neox, device.sm_count)
     elems = tokens * (nh + nkv) * rot

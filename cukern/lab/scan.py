@@ -9,9 +9,10 @@ import numpy as np
 
 import cukern.lab.bench as bench
 import cukern.lab.card as card
+import cukern.lab.pipeline as pipeline
 
 from .. import scan
-from .._dtypes import parse_dtype
+from .._dtypes import dtype_name, parse_dtype
 from .bench import Case
 
 
@@ -30,11 +31,34 @@ bench.register("cumsum", bench.OpBench(
     bench.array_setup(inputs), lambda s: scan.cumsum(s["x"], axis=s["axis"]), lambda s: s["x"].cumsum(axis=s["axis"]),
     lambda case: scan.bytes_moved(case.shape, parse_dtype(case.dtype)),
     [Case("cumsum", (1 << 28,), "float32"), Case("cumsum", (16384, 4096), "float32", (("axis", 0),))]))
+pipeline.register_host_pair("host_overhead_cumsum", (4096,), "float32", inputs, scan.cumsum, lambda x: x.cumsum())
+
+
+# the integer types the kernels do not read, which the op converts first (cukern.scan.route)
+OTHER_INTEGERS = tuple(np.dtype(t) for t in (np.int8, np.int16, np.uint8, np.uint16, np.uint32, np.uint64))
+
+
+def _kernel_view(name: str, shape: tuple, dt: np.dtype, axis):
+    """``(shape, dtype, axis, note)`` of the kernels' launch for ``name`` of x of ``shape`` and ``dt`` along
+    ``axis`` (normalized), as the op routes it: a complex cumsum scans the parts as a trailing axis of a float
+    view, the integer types the kernels do not read are converted first."""
+    if dt.kind == "c" and name == "cumsum":
+        part = np.dtype(np.float32 if dt == np.complex64 else np.float64)
+        view = ((int(np.prod(shape)), 2), 0) if axis is None else (shape + (2,), axis)
+        return *view, part, (f"x's real and imaginary parts are scanned apart, as a trailing axis of "
+                             f"{dtype_name(part)} (a view: no pass)")
+    how = None if dt.kind == "c" else scan.route(dt)
+    if how is None:
+        return shape, axis, dt, None
+    via, result = how
+    return shape, axis, via, (f"x is first converted to {dtype_name(via)}, and the scan's result to "
+                              f"{dtype_name(result)} (two more passes, not in the count)")
 
 
 def _describe(name: str):
-    def describe(shape, dt, params, device, knobs):
-        axis = scan.normalize_axis(bench.parse_axis(params.get("axis")), len(shape))
+    def describe(shape, x_dt, params, device, knobs):
+        x_shape, x_axis = shape, scan.normalize_axis(bench.parse_axis(params.get("axis")), len(shape))
+        shape, axis, dt, note = _kernel_view(name, shape, x_dt, x_axis)
         o = scan.result_dtype(dt)
         pl = scan.plan(shape, axis, dtypes=(dt, o))
         ahead, spread = pl.kernel == "ahead", pl.kernel == "column_tiles"
@@ -98,13 +122,13 @@ def _describe(name: str):
                                     if columns else "look-back: the group's earlier aggregates; the nearest "
                                     "published group prefix, then the group totals after it, forward"),
                         "passes": 2 if spread else 1}
-        notes = []
+        notes = [note] if note else []
         if pl.copy:
             notes.append("the input is first copied to C-contiguous; that copy is not in the count")
 
         def measure():
-            x, fn = inputs(shape, dt), getattr(scan, name)
-            return lambda: fn(x, axis=axis)
+            x, fn = inputs(x_shape, x_dt), getattr(scan, name)
+            return lambda: fn(x, axis=x_axis)
 
         return card.Described(launches=launches, tile=tile, traffic=traffic, accumulation=accumulation,
                               knobs={"kernel": pl.kernel, "block": pl.threads, "items": pl.tile // pl.threads},
@@ -116,4 +140,4 @@ def _describe(name: str):
 
 for _name in scan.OPS:
     card.register(card.CardSpec(_name, (1 << 28,), "float32", _describe(_name), {"axis": None}, "scan",
-                                dtypes=scan.DTYPES))
+                                dtypes=scan.DTYPES + OTHER_INTEGERS))

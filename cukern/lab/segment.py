@@ -31,7 +31,10 @@ def inputs(shape, dtype, segments: int):
 
 
 def _segments(params: dict) -> int:
-    return int(params.get("segments", 1 << 20))
+    segments = int(params.get("segments", 1 << 20))
+    if segments < 0:  # the op takes offsets of segments + 1 values, at least one
+        raise ValueError(f"param segments={segments} must be at least 0")
+    return segments
 
 
 def _bench_setup(case: Case) -> dict:

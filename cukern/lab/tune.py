@@ -25,11 +25,12 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 from .. import _launch, timing
 from .._dtypes import dtype_name, parse_dtype
 from .._tuned import Rule, TuningCache, device_name, forget_resolved, knobs_dict, loaded_cache
+from .._typing import DTypeLike
 from .progress import Progress
 
 MARGIN = 0.01
@@ -149,10 +150,21 @@ def check_shape(op: str, shape) -> None:
         raise ValueError(f"{op} tunes shapes of {t.ndim} dimensions, got {'x'.join(map(str, shape))}")
 
 
-def tune(op: str, shape, dtype="bfloat16", *, repeat: int = 50, warmup: int = 5, save: bool = True,
-         margin: float = MARGIN, progress: bool = True, cache: TuningCache | None = None) -> TuneResult:
+def tune(op: str, shape: Sequence[int], dtype: DTypeLike = "bfloat16", *, repeat: int = 50, warmup: int = 5,
+         save: bool = True, margin: float = MARGIN, progress: bool = True,
+         cache: TuningCache | None = None) -> TuneResult:
     """Time every candidate plan of ``op`` for ``shape`` and ``dtype`` on the current device, store the
-    winner in the tuning cache (``save``) and return it with the heuristic's time. Needs a GPU."""
+    winner in the tuning cache (``save``) and return it with the heuristic's time. Needs a GPU.
+
+    Examples
+    --------
+    >>> import cupy as cp
+    >>> from cukern.lab.tune import tune
+    >>> with cp.cuda.Device(0):
+    ...     result = tune("rms_norm", (64, 4096), "bfloat16", repeat=5, warmup=1, save=False, progress=False)
+    >>> result.op, result.shape, result.dtype, result.median_us <= result.heuristic_us
+    ('rms_norm', (64, 4096), 'bfloat16', True)
+    """
     import cupy
 
     t = TUNABLES.get(op)
@@ -169,7 +181,8 @@ def tune(op: str, shape, dtype="bfloat16", *, repeat: int = 50, warmup: int = 5,
     candidates = t.candidates(shape, dt, _launch.sm_count(dev.id), pinned)
     state = t.setup(shape, dt)
     nbytes = t.bytes(shape, dt)
-    timed, rows = [], []
+    timed: list[tuple[Any, float]] = []
+    rows: list[tuple[dict, float | None, str | None]] = []
     with Progress(len(candidates), f"tune {op} {'x'.join(map(str, shape))} {dtype_name(dt)}",
                   quiet=not progress) as bar:
         for i, k in enumerate(candidates):

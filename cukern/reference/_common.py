@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
+
+from .._typing import HostArray
 
 
 def _xp(a):
@@ -33,12 +36,20 @@ def _odd_float64(v):
     return (s.view(np.uint64) | (err != 0).astype(np.uint64)).view(np.float64)
 
 
-def to_bfloat16(a):
+def to_bfloat16(a: npt.ArrayLike) -> HostArray:
     """float64 or integer values as bfloat16, rounded once as cuda_src/convert.cu rounds them (and NumPy with
     ml_dtypes 0.7; earlier ml_dtypes went through float32, two roundings): toward zero to float32 with an
     inexact result's last bit set (round to odd), then to nearest even. A 64-bit integer goes through float64
     rounded to odd too (float64's 53 bits hold float32's 24 and two more, so that step changes nothing), where a
-    plain conversion would round it past 2^53."""
+    plain conversion would round it past 2^53.
+
+    Examples
+    --------
+    >>> from cukern.reference import to_bfloat16
+    >>> b = to_bfloat16(np.array([1.0, 1.00390625, 2**24 + 1]))
+    >>> print(b.dtype, b.astype(np.float64))
+    bfloat16 [1.0000000e+00 1.0000000e+00 1.6777216e+07]
+    """
     from .._dtypes import BFLOAT16
 
     v = np.asarray(a)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._typing import Array, HostArray, HostResult
+
 
 def _arg_reference(fn, x, axis, keepdims):
     x = np.asarray(x)
@@ -12,33 +14,69 @@ def _arg_reference(fn, x, axis, keepdims):
     return fn(wide, axis=axis, keepdims=keepdims)
 
 
-def argmax(x, axis=None, keepdims=False):
-    """``np.argmax`` of x (floats widened to float64)."""
+def argmax(x: Array, axis: int | None = None, keepdims: bool = False) -> HostResult:
+    """``np.argmax`` of x (floats widened to float64).
+
+    Examples
+    --------
+    >>> from cukern.reference import argmax
+    >>> print(argmax(np.array([[1, 7, 7], [9, 0, 9]]), axis=1))
+    [1 0]
+    """
     return _arg_reference(np.argmax, x, axis, keepdims)
 
 
-def argmin(x, axis=None, keepdims=False):
-    """``np.argmin`` of x (floats widened to float64)."""
+def argmin(x: Array, axis: int | None = None, keepdims: bool = False) -> HostResult:
+    """``np.argmin`` of x (floats widened to float64).
+
+    Examples
+    --------
+    >>> from cukern.reference import argmin
+    >>> print(argmin(np.array([3.0, -1.0, -1.0])))
+    1
+    """
     return _arg_reference(np.argmin, x, axis, keepdims)
 
 
-def nanargmax(x, axis=None, keepdims=False):
-    """``np.nanargmax`` of x (floats widened to float64; ValueError for an all-NaN slice)."""
+def nanargmax(x: Array, axis: int | None = None, keepdims: bool = False) -> HostResult:
+    """``np.nanargmax`` of x (floats widened to float64; ValueError for an all-NaN slice).
+
+    Examples
+    --------
+    >>> from cukern.reference import nanargmax
+    >>> print(nanargmax(np.array([np.nan, 2.0, 5.0])))
+    2
+    """
     return _arg_reference(np.nanargmax, x, axis, keepdims)
 
 
-def nanargmin(x, axis=None, keepdims=False):
-    """``np.nanargmin`` of x (floats widened to float64; ValueError for an all-NaN slice)."""
+def nanargmin(x: Array, axis: int | None = None, keepdims: bool = False) -> HostResult:
+    """``np.nanargmin`` of x (floats widened to float64; ValueError for an all-NaN slice).
+
+    Examples
+    --------
+    >>> from cukern.reference import nanargmin
+    >>> print(nanargmin(np.array([np.nan, 2.0, 5.0])))
+    1
+    """
     return _arg_reference(np.nanargmin, x, axis, keepdims)
 
 
-def arg_keys(x, op: str):
+def arg_keys(x: HostArray, op: str) -> HostArray:
     """The key cuda_src/argreduce.cu's ``element_key`` gives each element of the host array ``x``, unsigned of
     x's width: its unsigned order is ``op``'s order (reversed for argmin and nanargmin), -0 keyed as +0,
     a NaN's key all ones (argmax, argmin: it wins) or 0 (the nan forms: it loses); no number's key is 0 or
     all ones. Complex x (NumPy's lexicographic order, a NaN in either part a NaN): complex64's keys are
     uint64, the real part's 32-bit key over the imaginary part's; complex128's are x.shape + (2,) uint64,
-    the real part's key then the imaginary part's, compared lexicographically (the kernel's Key128)."""
+    the real part's key then the imaginary part's, compared lexicographically (the kernel's Key128).
+
+    Examples
+    --------
+    >>> from cukern.reference import arg_keys
+    >>> k = arg_keys(np.array([-1.0, 0.0, 2.0], np.float32), "argmax")
+    >>> print(k.dtype, bool(k[0] < k[1] < k[2]))
+    uint32 True
+    """
     import cukern.argreduce as A
 
     dt = np.dtype(x.dtype)
@@ -121,22 +159,52 @@ def _arg_emulated(op: str, x, axis, keepdims):
     return _first_largest(k, x.ndim, axis, keepdims)  # the first of the largest keys
 
 
-def argmax_emulated(x, axis=None, keepdims=False):
-    """The indices :func:`cukern.argmax` returns: the first index of the largest :func:`arg_keys`."""
+def argmax_emulated(x: Array, axis: int | None = None, keepdims: bool = False) -> HostArray:
+    """The indices :func:`cukern.argmax` returns: the first index of the largest :func:`arg_keys`.
+
+    Examples
+    --------
+    >>> from cukern.reference import argmax_emulated
+    >>> print(argmax_emulated(np.array([1.0, np.nan, 3.0, np.nan], np.float32)))
+    1
+    >>> print(argmax_emulated(np.array([[-0.0, 0.0], [2.0, 2.0]], np.float32), axis=1))
+    [0 0]
+    """
     return _arg_emulated("argmax", x, axis, keepdims)
 
 
-def argmin_emulated(x, axis=None, keepdims=False):
+def argmin_emulated(x: Array, axis: int | None = None, keepdims: bool = False) -> HostArray:
     """The indices :func:`cukern.argmin` returns (keys in reversed order, so the largest key is the least
-    value)."""
+    value).
+
+    Examples
+    --------
+    >>> from cukern.reference import argmin_emulated
+    >>> print(argmin_emulated(np.array([4, 1, 1, 3], np.int8)))
+    1
+    """
     return _arg_emulated("argmin", x, axis, keepdims)
 
 
-def nanargmax_emulated(x, axis=None, keepdims=False):
-    """The indices :func:`cukern.nanargmax` returns (NaNs keyed 0; an all-NaN slice raises ValueError)."""
+def nanargmax_emulated(x: Array, axis: int | None = None, keepdims: bool = False) -> HostArray:
+    """The indices :func:`cukern.nanargmax` returns (NaNs keyed 0; an all-NaN slice raises ValueError).
+
+    Examples
+    --------
+    >>> from cukern.reference import nanargmax_emulated
+    >>> print(nanargmax_emulated(np.array([np.nan, 1.0, 3.0], np.float16)))
+    2
+    """
     return _arg_emulated("nanargmax", x, axis, keepdims)
 
 
-def nanargmin_emulated(x, axis=None, keepdims=False):
-    """The indices :func:`cukern.nanargmin` returns (NaNs keyed 0; an all-NaN slice raises ValueError)."""
+def nanargmin_emulated(x: Array, axis: int | None = None, keepdims: bool = False) -> HostArray:
+    """The indices :func:`cukern.nanargmin` returns (NaNs keyed 0; an all-NaN slice raises ValueError).
+
+    Examples
+    --------
+    >>> from cukern.reference import nanargmin_emulated
+    >>> print(nanargmin_emulated(np.array([[np.nan, 1.0], [2.0, np.nan]], np.float32), axis=1))
+    [1 0]
+    """
     return _arg_emulated("nanargmin", x, axis, keepdims)

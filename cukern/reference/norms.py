@@ -3,38 +3,73 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
+from .._typing import Array, HostArray
 from ._common import _f64, _numpy, _xp
 
 
-def rms_norm(x, weight=None, eps=1e-6, offset=0.0):
-    """``x / sqrt(mean(x**2, -1) + eps) * (offset + weight)`` in float64. Reads x, weight; writes out."""
+def rms_norm(x: Array, weight: Array | None = None, eps: float = 1e-6, offset: float = 0.0) -> Array:
+    """``x / sqrt(mean(x**2, -1) + eps) * (offset + weight)`` in float64. Reads x, weight; writes out.
+
+    Examples
+    --------
+    >>> from cukern.reference import rms_norm
+    >>> x = np.array([[3.0, 4.0], [1.0, -1.0]])
+    >>> print(rms_norm(x, eps=0.0))
+    [[ 0.84852814  1.13137085]
+     [ 1.         -1.        ]]
+    >>> print(rms_norm(x, np.array([1.0, 0.5]), eps=0.0, offset=1.0))
+    [[ 1.69705627  1.69705627]
+     [ 2.         -1.5       ]]
+    """
     xp = _xp(x)
     x = _f64(x)
     w = 1.0 if weight is None else _f64(weight)
     return x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps) * (offset + w)
 
 
-def fused_add_rms_norm(x, residual, weight=None, eps=1e-6, offset=0.0):
+def fused_add_rms_norm(x: Array, residual: Array, weight: Array | None = None, eps: float = 1e-6,
+                       offset: float = 0.0) -> tuple[Array, Array]:
     """``(new_residual, out)``: residual + x rounded to residual's dtype (as the kernel stores it), then
-    the RMSNorm of that. Reads x, residual, weight; writes residual, out."""
+    the RMSNorm of that. Reads x, residual, weight; writes residual, out.
+
+    Examples
+    --------
+    >>> from cukern.reference import fused_add_rms_norm
+    >>> x = np.array([[1.0, 2.0]], np.float32)
+    >>> residual = np.array([[2.0, 2.0]], np.float32)
+    >>> new_residual, out = fused_add_rms_norm(x, residual, eps=0.0)
+    >>> print(new_residual.dtype, new_residual)
+    float32 [[3. 4.]]
+    >>> print(out)
+    [[0.84852814 1.13137085]]
+    """
     r = (_f64(residual) + _f64(x)).astype(residual.dtype)
     return r, rms_norm(r, weight, eps, offset)
 
 
-def rms_norm_sum_of_squares_emulated(x):
+def rms_norm_sum_of_squares_emulated(x: HostArray) -> HostArray:
     """The float32 sum of squares of each row of ``x`` (a float32 NumPy array, reduced over its last axis) in
     the one tree every :func:`cukern.rms_norm` launch computes: with ``C = cukern.rmsnorm.tree_classes(hidden)``,
     class c holds the elements ``i % C == c`` and sums their squares in index order; the C class sums are
     then added pairwise, neighbours first, up a perfect binary tree. Every product and sum is one float32
-    rounding (NumPy never fuses a multiply-add). It depends on the values and ``hidden`` alone."""
+    rounding (NumPy never fuses a multiply-add). It depends on the values and ``hidden`` alone.
+
+    Examples
+    --------
+    >>> from cukern.reference import rms_norm_sum_of_squares_emulated
+    >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    >>> print(rms_norm_sum_of_squares_emulated(x))
+    [ 14. 126.]
+    """
     from ..rmsnorm import tree_classes
 
     hidden = x.shape[-1]
     c = tree_classes(hidden)
-    part = np.zeros(x.shape[:-1] + (c,), np.float32)
+    part: HostArray = np.zeros(x.shape[:-1] + (c,), np.float32)
     for start in range(0, hidden, c):
         chunk = x[..., start:start + c]
         part[..., :chunk.shape[-1]] += chunk * chunk  # an empty class slot adds 0: its sum stays +0
@@ -51,19 +86,29 @@ def _rms_inv(v, eps):
         return np.float32(1) / np.sqrt(ss / np.float32(v.shape[-1]) + np.float32(float(eps)))
 
 
-def rms_norm_rstd_emulated(x, eps=1e-6):
+def rms_norm_rstd_emulated(x: Array, eps: float = 1e-6) -> HostArray:
     """The float32 rstd ``1 / sqrt(ss / hidden + eps)`` of each row of ``x`` as :func:`cukern.rms_norm` forms it
     (and returns with ``return_rstd=True``), every step one float32 rounding (NaN for a row of no element)."""
     return _rms_inv(_numpy(x).astype(np.float32), eps)
 
 
-def rms_norm_emulated(x, weight=None, eps=1e-6, offset=0.0):
+def rms_norm_emulated(x: Array, weight: Array | None = None, eps: float = 1e-6,
+                      offset: float = 0.0) -> HostArray:
     """The bits :func:`cukern.rms_norm` writes, as a NumPy array of x's dtype, from nothing but the values,
     the dtypes, ``eps`` and ``offset`` (no launch parameter exists here to pass): ``ss`` from
     :func:`rms_norm_sum_of_squares_emulated` on x widened to float32, ``inv = 1 / sqrt(ss / hidden + eps)``
     one correctly rounded float32 step at a time, ``out = (x * inv) * (offset + weight)`` in float32
     (weight None: 1), rounded once to the dtype (to nearest, ties to even). NaN inputs give NaN, whose
-    payload may differ from the GPU's. Reads x, weight; writes out."""
+    payload may differ from the GPU's. Reads x, weight; writes out.
+
+    Examples
+    --------
+    >>> from cukern.reference import rms_norm_emulated
+    >>> x = np.array([[1.0, 2.0, 3.0, 4.0]], np.float16)
+    >>> y = rms_norm_emulated(x)
+    >>> print(y.dtype, y)
+    float16 [[0.3652 0.7305 1.096  1.461 ]]
+    """
     x = _numpy(x)
     v = x.astype(np.float32)
     inv = _rms_inv(v, eps)
@@ -71,20 +116,38 @@ def rms_norm_emulated(x, weight=None, eps=1e-6, offset=0.0):
     return ((v * inv[..., None]) * (np.float32(float(offset)) + w)).astype(x.dtype)
 
 
-def fused_add_rms_norm_emulated(x, residual, weight=None, eps=1e-6, offset=0.0):
+def fused_add_rms_norm_emulated(x: Array, residual: Array, weight: Array | None = None, eps: float = 1e-6,
+                                offset: float = 0.0) -> tuple[HostArray, HostArray]:
     """``(new_residual, out)`` as :func:`cukern.fused_add_rms_norm` writes them: ``residual + x`` added in
     float32 and rounded once to residual's dtype (the correctly rounded sum: float32 carries more than twice
-    the bits of a 16-bit type), then :func:`rms_norm_emulated` of that rounded residual."""
+    the bits of a 16-bit type), then :func:`rms_norm_emulated` of that rounded residual.
+
+    Examples
+    --------
+    >>> from cukern.reference import fused_add_rms_norm_emulated
+    >>> x = np.array([[0.5, -1.0]], np.float16)
+    >>> residual = np.array([[1.0, 3.0]], np.float16)
+    >>> new_residual, out = fused_add_rms_norm_emulated(x, residual)
+    >>> print(new_residual, out)
+    [[1.5 2. ]] [[0.8486 1.132 ]]
+    """
     residual = _numpy(residual)
     r = (residual.astype(np.float32) + _numpy(x).astype(np.float32)).astype(residual.dtype)
     return r, rms_norm_emulated(r, weight, eps, offset)
 
 
-def float8_e4m3fn_bits(v):
+def float8_e4m3fn_bits(v: Array) -> Array:
     """The float8 e4m3fn byte of each float32 of ``v`` as the kernels write it, as ``uint8`` (NumPy, or CuPy
     for a CuPy ``v``): round to nearest even, saturate to +-448 (infinities too), every NaN 0x7f. The
     integer and float32 steps of cuda_src/rms_norm.cu ``e4m3_arithmetic``; for every non-NaN float the
-    byte of ``ml_dtypes.float8_e4m3fn`` of ``clip(v, -448, 448)`` (tests/test_rmsnorm_fp8.py checks both)."""
+    byte of ``ml_dtypes.float8_e4m3fn`` of ``clip(v, -448, 448)`` (tests/test_rmsnorm_fp8.py checks both).
+
+    Examples
+    --------
+    >>> from cukern.reference import float8_e4m3fn_bits
+    >>> print(float8_e4m3fn_bits(np.array([1.0, -2.0, 0.0, 448.0, 1e6, np.nan])))
+    [ 56 192   0 126 126 127]
+    """
     xp = _xp(v)
     v = xp.asarray(v, dtype=np.float32)
     a = xp.minimum(xp.abs(v), np.float32(448))  # NaN kept
@@ -103,9 +166,18 @@ FP8_MAX = 448.0
 FP8_MIN_SCALE = 2.0**-126
 
 
-def rms_norm_fp8_values_emulated(x, weight=None, eps=1e-6, offset=0.0, scale="per_token"):
+def rms_norm_fp8_values_emulated(x: Array, weight: Array | None = None, eps: float = 1e-6, offset: float = 0.0,
+                                 scale: str | float = "per_token") -> tuple[HostArray, Any]:
     """``(v, s)``: the float32 values the float8 kernels convert to e4m3 and the scales, as
-    :func:`rms_norm_fp8_emulated` defines them (``v = y * (1 / s)``)."""
+    :func:`rms_norm_fp8_emulated` defines them (``v = y * (1 / s)``).
+
+    Examples
+    --------
+    >>> from cukern.reference import rms_norm_fp8_values_emulated
+    >>> v, s = rms_norm_fp8_values_emulated(np.array([[1.0, -2.0]], np.float32), scale=0.5)
+    >>> print(v, s)
+    [[ 1.2649108 -2.5298216]] 0.5
+    """
     v = _numpy(x).astype(np.float32)
     inv = _rms_inv(v, eps)
     one = np.float32(1)
@@ -124,32 +196,63 @@ def rms_norm_fp8_values_emulated(x, weight=None, eps=1e-6, offset=0.0, scale="pe
         return (t * inv[..., None]) * (r[..., None] if isinstance(scale, str) else r), s
 
 
-def rms_norm_fp8_emulated(x, weight=None, eps=1e-6, offset=0.0, scale="per_token"):
+def rms_norm_fp8_emulated(x: Array, weight: Array | None = None, eps: float = 1e-6, offset: float = 0.0,
+                          scale: str | float = "per_token") -> HostArray | tuple[HostArray, HostArray]:
     """The bytes (and per-token scales) :func:`cukern.rms_norm` writes with ``out_dtype=float8_e4m3fn``, each
     step rounded to float32: ``inv`` as in :func:`rms_norm_emulated`, ``y = (x * (offset + weight)) * inv``
     (weight None: 1); ``s`` the static ``scale`` as float32, or per row ``max(amax / 448, 2^-126)`` with
     ``amax = max|x * (offset + weight)| * inv`` (NaN if any is NaN), which is the largest ``|y|`` (rounding
     is monotone) wherever ``inv`` is finite; ``q = float8_e4m3fn_bits(y * (1 / s))``. Returns ``q``
-    (``uint8``), or ``(q, s)`` for ``scale="per_token"``."""
+    (``uint8``), or ``(q, s)`` for ``scale="per_token"``.
+
+    Examples
+    --------
+    >>> from cukern.reference import rms_norm_fp8_emulated
+    >>> x = np.array([[1.0, -2.0, 4.0, 0.0]], np.float32)
+    >>> q, s = rms_norm_fp8_emulated(x)
+    >>> print(q, s)
+    [[110 246 126   0]] [0.00389675]
+    >>> print(rms_norm_fp8_emulated(x, scale=1.0))
+    [[ 46 182  62   0]]
+    """
     v, s = rms_norm_fp8_values_emulated(x, weight, eps, offset, scale)
     with np.errstate(invalid="ignore"):
         q = float8_e4m3fn_bits(v)
     return (q, s) if isinstance(scale, str) else q
 
 
-def fused_add_rms_norm_fp8_emulated(x, residual, weight=None, eps=1e-6, offset=0.0, scale="per_token"):
+def fused_add_rms_norm_fp8_emulated(x: Array, residual: Array, weight: Array | None = None, eps: float = 1e-6,
+                                    offset: float = 0.0, scale: str | float = "per_token") -> tuple[HostArray, ...]:
     """``(new_residual, q)`` or ``(new_residual, q, s)``: the residual of :func:`fused_add_rms_norm_emulated`,
-    then :func:`rms_norm_fp8_emulated` of it."""
+    then :func:`rms_norm_fp8_emulated` of it.
+
+    Examples
+    --------
+    >>> from cukern.reference import fused_add_rms_norm_fp8_emulated
+    >>> x = np.array([[1.0, 2.0]], np.float32)
+    >>> residual, q, s = fused_add_rms_norm_fp8_emulated(x, np.ones((1, 2), np.float32))
+    >>> print(residual, q, s)
+    [[2. 3.]] [[121 126]] [0.00262656]
+    """
     residual = _numpy(residual)
     r = (residual.astype(np.float32) + _numpy(x).astype(np.float32)).astype(residual.dtype)
     out = rms_norm_fp8_emulated(r, weight, eps, offset, scale)
     return (r,) + out if isinstance(out, tuple) else (r, out)
 
 
-def rms_norm_fp8(x, weight=None, eps=1e-6, offset=0.0, scale="per_token"):
+def rms_norm_fp8(x: Array, weight: Array | None = None, eps: float = 1e-6, offset: float = 0.0,
+                 scale: str | float = "per_token") -> HostArray | tuple[HostArray, HostArray]:
     """The float64 reference of the float8 outputs, on the host: ``y`` = :func:`rms_norm` in float64, ``s`` the
     static scale or per row ``max(amax(|y|) / 448, 2^-126)`` in float64, and ml_dtypes' own float8_e4m3fn
-    conversion of ``clip(y / s, -448, 448)``. Returns the bytes (``uint8``), or ``(bytes, s)`` per token."""
+    conversion of ``clip(y / s, -448, 448)``. Returns the bytes (``uint8``), or ``(bytes, s)`` per token.
+
+    Examples
+    --------
+    >>> from cukern.reference import rms_norm_fp8
+    >>> q, s = rms_norm_fp8(np.array([[1.0, -2.0, 4.0, 0.0]]))
+    >>> print(q, s)
+    [[110 246 126   0]] [0.00389675]
+    """
     import ml_dtypes
 
     y = _numpy(rms_norm(_numpy(x), None if weight is None else _numpy(weight), eps, offset))

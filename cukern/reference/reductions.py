@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import Any, Callable
 
 import numpy as np
 
+from .._typing import Array, Axis, DTypeLike, HostArray, HostResult
 from ._common import _astype, _numpy
 from .argreduce import _arg_emulated
 
@@ -18,44 +20,99 @@ def _wide(x):
     return x.astype(np.int64) if x.dtype.kind in "biu" else x.astype(np.float64)
 
 
-def reduce_sum(x, axis=None, keepdims=False):
-    """``sum(x)`` over ``axis`` in int64 (integers, bool) or float64."""
+def reduce_sum(x: Array, axis: Axis = None, keepdims: bool = False) -> HostResult:
+    """``sum(x)`` over ``axis`` in int64 (integers, bool) or float64.
+
+    Examples
+    --------
+    >>> from cukern.reference import reduce_sum
+    >>> x = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    >>> print(reduce_sum(x), reduce_sum(x, axis=0), reduce_sum(np.array([True, True])))
+    21.0 [5. 7. 9.] 2
+    """
     return np.sum(_wide(x), axis=axis, keepdims=keepdims)
 
 
-def reduce_mean(x, axis=None, keepdims=False):
-    """``sum(x) / count`` in float64."""
+def reduce_mean(x: Array, axis: Axis = None, keepdims: bool = False) -> HostResult:
+    """``sum(x) / count`` in float64.
+
+    Examples
+    --------
+    >>> from cukern.reference import reduce_mean
+    >>> x = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    >>> print(reduce_mean(x, axis=1, keepdims=True))
+    [[2.]
+     [5.]]
+    """
     return np.mean(_wide(x).astype(np.float64), axis=axis, keepdims=keepdims)
 
 
-def reduce_sum_of_squares(x, axis=None, keepdims=False):
-    """``sum(x * x)``, squares taken in int64 or float64."""
+def reduce_sum_of_squares(x: Array, axis: Axis = None, keepdims: bool = False) -> HostResult:
+    """``sum(x * x)``, squares taken in int64 or float64.
+
+    Examples
+    --------
+    >>> from cukern.reference import reduce_sum_of_squares
+    >>> x = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    >>> print(reduce_sum_of_squares(x, axis=1))
+    [14. 77.]
+    """
     w = _wide(x)
     return np.sum(w * w, axis=axis, keepdims=keepdims)
 
 
-def reduce_norm(x, axis=None, keepdims=False):
-    """``sqrt(sum(x * x))`` in float64."""
+def reduce_norm(x: Array, axis: Axis = None, keepdims: bool = False) -> HostResult:
+    """``sqrt(sum(x * x))`` in float64.
+
+    Examples
+    --------
+    >>> from cukern.reference import reduce_norm
+    >>> print(reduce_norm(np.array([3, 4])))
+    5.0
+    """
     w = _wide(x).astype(np.float64)
     return np.sqrt(np.sum(w * w, axis=axis, keepdims=keepdims))
 
 
-def reduce_amax(x, axis=None, keepdims=False):
-    """Maximum; NaN if any element is NaN."""
+def reduce_amax(x: Array, axis: Axis = None, keepdims: bool = False) -> HostResult:
+    """Maximum; NaN if any element is NaN.
+
+    Examples
+    --------
+    >>> from cukern.reference import reduce_amax
+    >>> print(reduce_amax(np.array([1.0, 5.0, 2.0])), reduce_amax(np.array([1.0, np.nan])))
+    5.0 nan
+    """
     return np.max(_wide(x), axis=axis, keepdims=keepdims)
 
 
-def reduce_amin(x, axis=None, keepdims=False):
-    """Minimum; NaN if any element is NaN."""
+def reduce_amin(x: Array, axis: Axis = None, keepdims: bool = False) -> HostResult:
+    """Minimum; NaN if any element is NaN.
+
+    Examples
+    --------
+    >>> from cukern.reference import reduce_amin
+    >>> print(reduce_amin(np.array([[1, 5], [-2, 0]]), axis=1))
+    [ 1 -2]
+    """
     return np.min(_wide(x), axis=axis, keepdims=keepdims)
 
 
-def reduction_tolerance(n: int, acc_dtype, abs_sum: float) -> float:
+def reduction_tolerance(n: int, acc_dtype: DTypeLike, abs_sum: float) -> float:
     """Absolute error allowed for a sum of ``n`` terms accumulated in ``acc_dtype`` whose absolute values
     add to ``abs_sum``. Worst-case recursive summation grows with the longest sequential chain (up to a few
     thousand terms a thread in the kernels); rounding errors of random data add up like a random walk, so
     the bound charges ``eps`` per tree level (log2 n) plus ``sqrt(n) / 16`` for the sequential chains, with
-    a floor of 4. Integer accumulators are exact: 0."""
+    a floor of 4. Integer accumulators are exact: 0.
+
+    Examples
+    --------
+    >>> from cukern.reference import reduction_tolerance
+    >>> reduction_tolerance(1024, np.int64, 1e6)
+    0.0
+    >>> print(f"{reduction_tolerance(1024, np.float32, 1024.0):.3e}")
+    1.953e-03
+    """
     acc = np.dtype(acc_dtype)
     if acc.kind in "biu":
         return 0.0
@@ -73,19 +130,23 @@ def _tree_sum(a, b):
     return a + b
 
 
+def _nan_wins(a, b, out):
+    """``out``, but ``a + b`` (a NaN) where either operand is NaN. ``a + b`` is computed everywhere, and where
+    no NaN is met it may add infinities of opposite signs: that value is never used, so neither is its
+    warning."""
+    if out.dtype.kind != "f":
+        return out
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(a) | np.isnan(b), a + b, out)
+
+
 def _tree_max(a, b):
     """reduce.cu's Max: a NaN operand gives a NaN; of two equal values +0 over -0; commutative."""
-    out = np.where(a > b, a, np.where(b > a, b, np.where(np.signbit(a), b, a)))
-    if out.dtype.kind == "f":
-        out = np.where(np.isnan(a) | np.isnan(b), a + b, out)
-    return out
+    return _nan_wins(a, b, np.where(a > b, a, np.where(b > a, b, np.where(np.signbit(a), b, a))))
 
 
 def _tree_min(a, b):
-    out = np.where(a < b, a, np.where(b < a, b, np.where(np.signbit(a), a, b)))
-    if out.dtype.kind == "f":
-        out = np.where(np.isnan(a) | np.isnan(b), a + b, out)
-    return out
+    return _nan_wins(a, b, np.where(a < b, a, np.where(b < a, b, np.where(np.signbit(a), a, b))))
 
 
 def _tree_prod(a, b):
@@ -109,11 +170,22 @@ def _tree_complex_prod(a, b):
     return np.where(_is_complex_one(b), a, np.where(_is_complex_one(a), b, out))
 
 
-def reduction_tree(v, combine=_tree_sum, identity=0):
+def reduction_tree(v: Array, combine: Callable[[HostArray, HostArray], HostArray] = _tree_sum,
+                   identity: Any = 0) -> HostArray:
     """The tree over the last axis of ``v`` (values already lifted into the accumulator dtype), one result
     per leading position: leaves of 256 elements, in each 32 chains (chain c: elements c, c + 32, ... of the
     leaf, added one after another into ``identity``), then the chains in order paired with their neighbours
-    up a perfect binary tree, the count padded with ``identity``."""
+    up a perfect binary tree, the count padded with ``identity``.
+
+    Examples
+    --------
+    >>> from cukern.reference import reduction_tree
+    >>> v = np.full((2, 1000), 0.1, np.float32)
+    >>> print(reduction_tree(v))
+    [100.00001 100.00001]
+    >>> print(reduction_tree(np.array([3.0, -1.0, 7.0]), np.maximum, -np.inf))
+    7.0
+    """
     from ..reduce_plan import TREE_CHAIN_LENGTH, TREE_CHAINS, TREE_LEAF
 
     v = np.asarray(v)
@@ -259,7 +331,7 @@ def _lowered_emulated(name: str, x, axes, final, keepdims: bool, rt):
     return _astype(r, final)
 
 
-def sum_emulated(x, axis=None, dtype=None, keepdims=False):
+def sum_emulated(x: Array, axis: Axis = None, dtype: DTypeLike | None = None, keepdims: bool = False) -> HostArray:
     """The bits :func:`cukern.sum` returns, as a NumPy array, computed on the host: x (any array; a CuPy
     array is copied to the host) converted to the accumulator dtype (float32 for float32 and half-type
     results, float64 for float64, int64 for integer results), each result the tree of
@@ -267,52 +339,114 @@ def sum_emulated(x, axis=None, dtype=None, keepdims=False):
     rounded once to the result dtype. An axis of one element is copied, as cukern does it. NaN payloads
     may differ from the GPU's. A float converted to an integer (x for an integer target, a mean's quotient)
     that is +-inf, NaN or out of range takes the host's conversion here, where the GPU's saturates: such
-    values are not emulated bit for bit."""
+    values are not emulated bit for bit.
+
+    Examples
+    --------
+    >>> from cukern.reference import sum_emulated
+    >>> x = np.full(1000, 0.1, np.float32)
+    >>> print(sum_emulated(x), np.float32(np.sum(x, dtype=np.float64)))
+    100.00001 100.0
+    >>> print(sum_emulated(np.array([[1, 2], [3, 4]], np.int8), axis=0).dtype)
+    int64
+    """
     return _reduce_emulated("sum", x, axis, dtype, keepdims)
 
 
-def mean_emulated(x, axis=None, dtype=None, keepdims=False):
+def mean_emulated(x: Array, axis: Axis = None, dtype: DTypeLike | None = None, keepdims: bool = False) -> HostArray:
     """The bits :func:`cukern.mean` returns: the tree's sum in the accumulator dtype, widened to float64,
     divided by the count (one IEEE division), rounded to the result dtype (through float32 for half
-    types, as the kernels store it)."""
+    types, as the kernels store it).
+
+    Examples
+    --------
+    >>> from cukern.reference import mean_emulated
+    >>> print(mean_emulated(np.array([1, 2, 4], np.int32)))
+    2.3333333333333335
+    """
     return _reduce_emulated("mean", x, axis, dtype, keepdims)
 
 
-def sum_of_squares_emulated(x, axis=None, dtype=None, keepdims=False):
+def sum_of_squares_emulated(x: Array, axis: Axis = None, dtype: DTypeLike | None = None,
+                            keepdims: bool = False) -> HostArray:
     """The bits :func:`cukern.sum_of_squares` returns: each value squared in the accumulator dtype (one
-    rounding), then :func:`sum_emulated`'s tree."""
+    rounding), then :func:`sum_emulated`'s tree.
+
+    Examples
+    --------
+    >>> from cukern.reference import sum_of_squares_emulated
+    >>> y = sum_of_squares_emulated(np.array([30.0, 40.0], np.float16))
+    >>> print(y.dtype, y)
+    float16 2.5e+03
+    """
     return _reduce_emulated("sum_of_squares", x, axis, dtype, keepdims)
 
 
-def norm_emulated(x, axis=None, dtype=None, keepdims=False):
+def norm_emulated(x: Array, axis: Axis = None, dtype: DTypeLike | None = None, keepdims: bool = False) -> HostArray:
     """The bits :func:`cukern.norm` returns: :func:`sum_of_squares_emulated`'s sum widened to float64, its
-    correctly rounded square root, rounded to the result dtype."""
+    correctly rounded square root, rounded to the result dtype.
+
+    Examples
+    --------
+    >>> from cukern.reference import norm_emulated
+    >>> print(norm_emulated(np.array([[3.0, 4.0], [5.0, 12.0]], np.float32), axis=1))
+    [ 5. 13.]
+    """
     return _reduce_emulated("norm", x, axis, dtype, keepdims)
 
 
-def amax_emulated(x, axis=None, dtype=None, keepdims=False):
+def amax_emulated(x: Array, axis: Axis = None, dtype: DTypeLike | None = None, keepdims: bool = False) -> HostArray:
     """The bits :func:`cukern.amax` returns: the tree with reduce.cu's commutative max (NaN if any element
-    is NaN, +0 over -0), converted to ``dtype`` when given. Complex x: :func:`extreme_emulated`."""
+    is NaN, +0 over -0), converted to ``dtype`` when given. Complex x: :func:`extreme_emulated`.
+
+    Examples
+    --------
+    >>> from cukern.reference import amax_emulated
+    >>> print(amax_emulated(np.array([-0.0, 0.0, -1.0], np.float32)), amax_emulated(np.array([1.0, np.nan])))
+    0.0 nan
+    """
     if _numpy(x).dtype.kind == "c":
         return extreme_emulated("amax", x, axis, dtype, keepdims)
     return _reduce_emulated("amax", x, axis, dtype, keepdims)
 
 
-def amin_emulated(x, axis=None, dtype=None, keepdims=False):
-    """The bits :func:`cukern.amin` returns: as :func:`amax_emulated`, with min (-0 over +0)."""
+def amin_emulated(x: Array, axis: Axis = None, dtype: DTypeLike | None = None, keepdims: bool = False) -> HostArray:
+    """The bits :func:`cukern.amin` returns: as :func:`amax_emulated`, with min (-0 over +0).
+
+    Examples
+    --------
+    >>> from cukern.reference import amin_emulated
+    >>> print(amin_emulated(np.array([0.0, -0.0, 1.0], np.float32)))
+    -0.0
+    """
     if _numpy(x).dtype.kind == "c":
         return extreme_emulated("amin", x, axis, dtype, keepdims)
     return _reduce_emulated("amin", x, axis, dtype, keepdims)
 
 
-def reduce_var(x, axis=None, ddof=0, keepdims=False):
-    """``sum((x - mean)**2) / (n - ddof)`` in float64, two passes (``numpy.var``)."""
+def reduce_var(x: Array, axis: Axis = None, ddof: int = 0, keepdims: bool = False) -> HostResult:
+    """``sum((x - mean)**2) / (n - ddof)`` in float64, two passes (``numpy.var``).
+
+    Examples
+    --------
+    >>> from cukern.reference import reduce_var
+    >>> x = np.array([1.0, 2.0, 3.0, 4.0])
+    >>> print(reduce_var(x), reduce_var(x, ddof=1))
+    1.25 1.6666666666666667
+    """
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.var(_wide(x).astype(np.float64), axis=axis, ddof=ddof, keepdims=keepdims)
 
 
-def reduce_std(x, axis=None, ddof=0, keepdims=False):
-    """``sqrt(reduce_var(x))`` in float64."""
+def reduce_std(x: Array, axis: Axis = None, ddof: int = 0, keepdims: bool = False) -> HostResult:
+    """``sqrt(reduce_var(x))`` in float64.
+
+    Examples
+    --------
+    >>> from cukern.reference import reduce_std
+    >>> print(reduce_std(np.array([2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0])))
+    2.0
+    """
     return np.sqrt(reduce_var(x, axis, ddof, keepdims))
 
 
@@ -430,19 +564,36 @@ def _var_emulated(name: str, x, axis, dtype, ddof, keepdims: bool):
     return r.astype(final).reshape(shape)
 
 
-def var_emulated(x, axis=None, dtype=None, ddof=0, keepdims=False):
+def var_emulated(x: Array, axis: Axis = None, dtype: DTypeLike | None = None, ddof: int = 0,
+                 keepdims: bool = False) -> HostArray:
     """The bits :func:`cukern.var` returns: each slice's values in the accumulator dtype (float32 for float32
     and half-type results, float64 otherwise) less the slice's first element; each chain of
     :func:`reduction_tree` forms its (count, mean, M2) at once (:func:`_moments_tree`: one division a
     chain), and the chains merge up the tree by reduce.cu's Chan merge (:func:`_chan`); then M2
     widened to float64 and divided by ``max(n - ddof, 0)`` (NaN when the mean is not finite), rounded to the
-    result dtype (through float32 for half types)."""
+    result dtype (through float32 for half types).
+
+    Examples
+    --------
+    >>> from cukern.reference import var_emulated
+    >>> x = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+    >>> print(var_emulated(x, axis=1), var_emulated(x, axis=1, ddof=1))
+    [1.25] [1.6666666]
+    """
     return _var_emulated("var", x, axis, dtype, ddof, keepdims)
 
 
-def std_emulated(x, axis=None, dtype=None, ddof=0, keepdims=False):
+def std_emulated(x: Array, axis: Axis = None, dtype: DTypeLike | None = None, ddof: int = 0,
+                 keepdims: bool = False) -> HostArray:
     """The bits :func:`cukern.std` returns: :func:`var_emulated`'s float64 quotient, its correctly rounded
-    square root, rounded to the result dtype."""
+    square root, rounded to the result dtype.
+
+    Examples
+    --------
+    >>> from cukern.reference import std_emulated
+    >>> print(std_emulated(np.array([2, 4, 4, 4, 5, 5, 7, 9], np.int16)))
+    2.0
+    """
     return _var_emulated("std", x, axis, dtype, ddof, keepdims)
 
 
@@ -450,54 +601,133 @@ def std_emulated(x, axis=None, dtype=None, ddof=0, keepdims=False):
 # the kernels' bits on the host.
 
 
-def reduce_nansum(x, axis=None, keepdims=False):
-    """``sum`` of the non-NaN elements in int64 or float64 (``numpy.nansum``)."""
+def reduce_nansum(x: Array, axis: Axis = None, keepdims: bool = False) -> HostResult:
+    """``sum`` of the non-NaN elements in int64 or float64 (``numpy.nansum``).
+
+    Examples
+    --------
+    >>> from cukern.reference import reduce_nansum
+    >>> print(reduce_nansum(np.array([1.0, np.nan, 2.0])))
+    3.0
+    """
     return np.nansum(_wide(x), axis=axis, keepdims=keepdims)
 
 
-def reduce_nanmean(x, axis=None, keepdims=False):
-    """Mean of the non-NaN elements in float64; NaN for an all-NaN slice."""
+def reduce_nanmean(x: Array, axis: Axis = None, keepdims: bool = False) -> HostResult:
+    """Mean of the non-NaN elements in float64; NaN for an all-NaN slice.
+
+    Examples
+    --------
+    >>> from cukern.reference import reduce_nanmean
+    >>> print(reduce_nanmean(np.array([[1.0, np.nan, 2.0], [np.nan, np.nan, np.nan]]), axis=1))
+    [1.5 nan]
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.nanmean(_wide(x).astype(np.float64), axis=axis, keepdims=keepdims)
 
 
-def reduce_nanmax(x, axis=None, keepdims=False):
-    """Maximum of the non-NaN elements; NaN for an all-NaN slice."""
+def reduce_nanmax(x: Array, axis: Axis = None, keepdims: bool = False) -> HostResult:
+    """Maximum of the non-NaN elements; NaN for an all-NaN slice.
+
+    Examples
+    --------
+    >>> from cukern.reference import reduce_nanmax
+    >>> print(reduce_nanmax(np.array([1.0, np.nan, 2.0])))
+    2.0
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.nanmax(_wide(x), axis=axis, keepdims=keepdims)
 
 
-def reduce_nanmin(x, axis=None, keepdims=False):
-    """Minimum of the non-NaN elements; NaN for an all-NaN slice."""
+def reduce_nanmin(x: Array, axis: Axis = None, keepdims: bool = False) -> HostResult:
+    """Minimum of the non-NaN elements; NaN for an all-NaN slice.
+
+    Examples
+    --------
+    >>> from cukern.reference import reduce_nanmin
+    >>> print(reduce_nanmin(np.array([1.0, np.nan, 2.0])))
+    1.0
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.nanmin(_wide(x), axis=axis, keepdims=keepdims)
 
 
-def reduce_prod(x, axis=None, keepdims=False):
-    """Product in int64 (wrapping), float64 or complex128."""
+def reduce_prod(x: Array, axis: Axis = None, keepdims: bool = False) -> HostResult:
+    """Product in int64 (wrapping), float64 or complex128.
+
+    Examples
+    --------
+    >>> from cukern.reference import reduce_prod
+    >>> print(reduce_prod(np.array([[1, 2], [3, 4]], np.int8), axis=1))
+    [ 2 12]
+    """
     with np.errstate(over="ignore", invalid="ignore"):
         return np.prod(_wide(x), axis=axis, keepdims=keepdims)
 
 
-def reduce_logsumexp(x, axis=None, keepdims=False):
+def reduce_logsumexp(x: Array, axis: Axis = None, keepdims: bool = False, b: Array | None = None,
+                     return_sign: bool = False) -> HostResult | tuple[HostResult, HostResult]:
     """``log(sum(exp(x)))`` in float64, shifted by the maximum (``scipy.special.logsumexp``): -inf for an
-    empty or all -inf slice, +inf for a slice holding +inf, NaN for one holding NaN."""
-    w = _wide(x).astype(np.float64)
+    empty or all -inf slice, +inf for a slice holding +inf, NaN for one holding NaN. With ``b`` (broadcast
+    against x): ``log|sum(b * exp(x))|`` with the elements of zero weight dropped, shifted by the maximum of
+    the others; -inf for a zero sum, NaN for a negative one unless ``return_sign``, which also returns the
+    sum's sign (1, -1, 0, NaN for NaN; -1 for an empty slice, as SciPy's).
+
+    Examples
+    --------
+    >>> from cukern.reference import reduce_logsumexp
+    >>> print(reduce_logsumexp(np.array([1000.0, 1000.0])))
+    1000.6931471805599
+    >>> print(reduce_logsumexp(np.array([0.0, 0.0]), b=np.array([1.0, -3.0]), return_sign=True))
+    (array(0.69314718), array(-1.))
+    """
+    if b is None:
+        w = _wide(x).astype(np.float64)
+        with np.errstate(all="ignore"):
+            if w.size == 0:
+                r = np.full(np.sum(w, axis=axis, keepdims=keepdims).shape, -np.inf)
+                return (r, np.full(r.shape, -1.0)) if return_sign else r
+            m = np.max(w, axis=axis, keepdims=True)
+            safe = np.where(np.isfinite(m), m, 0.0)
+            r = np.log(np.sum(np.exp(w - safe), axis=axis, keepdims=True)) + safe
+            r = np.where(np.isfinite(m), r, m)
+        r = r if keepdims else np.squeeze(r, axis=axis)
+        return (r, np.where(np.isnan(r), np.nan, np.where(r == -np.inf, 0.0, 1.0))) if return_sign else r
+    w, g = np.broadcast_arrays(_wide(x).astype(np.float64), _wide(b).astype(np.float64))
+    keep = g != 0
     with np.errstate(all="ignore"):
         if w.size == 0:
-            return np.full(np.sum(w, axis=axis, keepdims=keepdims).shape, -np.inf)
-        m = np.max(w, axis=axis, keepdims=True)
+            r = np.full(np.sum(w, axis=axis, keepdims=keepdims).shape, -np.inf)
+            return (r, np.full(r.shape, -1.0)) if return_sign else r
+        m = np.max(np.where(keep, w, -np.inf), axis=axis, keepdims=True)
         safe = np.where(np.isfinite(m), m, 0.0)
-        r = np.log(np.sum(np.exp(w - safe), axis=axis, keepdims=True)) + safe
-        r = np.where(np.isfinite(m), r, m)
-    return r if keepdims else np.squeeze(r, axis=axis)
+        total = np.sum(np.where(keep, g * np.exp(w - safe), 0.0), axis=axis, keepdims=True)
+        sign = np.sign(total)
+        r = np.log(np.abs(total)) + safe
+        top = np.sum(np.where(keep & (w == np.inf), g, 0.0), axis=axis, keepdims=True)  # the +inf elements' weights
+        r = np.where(m == np.inf, np.where(top == 0, np.nan, np.inf), r)
+        sign = np.where(m == np.inf, np.where(top == 0, np.nan, np.sign(top)), sign)
+        r = np.where(np.isnan(m), np.nan, r)
+        sign = np.where(np.isnan(m) | np.isnan(r), np.nan, sign)
+    if not keepdims:
+        r, sign = np.squeeze(r, axis=axis), np.squeeze(sign, axis=axis)
+    if return_sign:
+        return r, sign
+    return np.where(sign < 0, np.nan, r)
 
 
-def nansum_emulated(x, axis=None, dtype=None, keepdims=False):
-    """The bits :func:`cukern.nansum` returns: :func:`sum_emulated` with each NaN replaced by 0 first."""
+def nansum_emulated(x: Array, axis: Axis = None, dtype: DTypeLike | None = None, keepdims: bool = False) -> HostArray:
+    """The bits :func:`cukern.nansum` returns: :func:`sum_emulated` with each NaN replaced by 0 first.
+
+    Examples
+    --------
+    >>> from cukern.reference import nansum_emulated
+    >>> print(nansum_emulated(np.array([1.5, np.nan, 2.0], np.float32)))
+    3.5
+    """
     return _reduce_emulated("nansum", x, axis, dtype, keepdims)
 
 
@@ -505,11 +735,20 @@ def _count_not_nan_emulated(x, axis, keepdims):
     return _reduce_emulated("count_not_nan", x, axis, None, keepdims)
 
 
-def extreme_emulated(name: str, x, axis=None, dtype=None, keepdims=False):
+def extreme_emulated(name: str, x: Array, axis: Axis = None, dtype: DTypeLike | None = None,
+                     keepdims: bool = False) -> HostArray:
     """The bits :func:`cukern.amax` (``name`` "amax"), ``amin``, ``nanmax`` and ``nanmin`` return for complex
     host ``x`` (its strides matter): the element at the arg-reduction's index along the reduced axes merged
     in NumPy's visiting order (:func:`cukern.reduce_plan.gather_axes`); NaN-skipping for the nan forms, an
-    all-NaN slice giving its first element. NumPy's own max, min, nanmax and nanmin give the same bits."""
+    all-NaN slice giving its first element. NumPy's own max, min, nanmax and nanmin give the same bits.
+
+    Examples
+    --------
+    >>> from cukern.reference import extreme_emulated
+    >>> z = np.array([1 + 1j, 3 + 0j, 3 - 1j], np.complex64)
+    >>> print(extreme_emulated("amax", z), extreme_emulated("amin", z))
+    (3+0j) (1+1j)
+    """
     import cukern.reduce_plan as P
 
     x = _numpy(x)  # a cupy array arrives C-contiguous: pass host views to keep their visiting order
@@ -538,23 +777,44 @@ def _nan_minmax_emulated(name, x, axis, dtype, keepdims):
     return np.asarray(r)
 
 
-def nanmax_emulated(x, axis=None, dtype=None, keepdims=False):
+def nanmax_emulated(x: Array, axis: Axis = None, dtype: DTypeLike | None = None, keepdims: bool = False) -> HostArray:
     """The bits :func:`cukern.nanmax` returns: :func:`amax_emulated` with each NaN replaced by -inf first,
-    then NaN for the slices without a non-NaN value."""
+    then NaN for the slices without a non-NaN value.
+
+    Examples
+    --------
+    >>> from cukern.reference import nanmax_emulated
+    >>> print(nanmax_emulated(np.array([[np.nan, 1.0], [np.nan, np.nan]], np.float32), axis=1))
+    [ 1. nan]
+    """
     return _nan_minmax_emulated("nanmax", x, axis, dtype, keepdims)
 
 
-def nanmin_emulated(x, axis=None, dtype=None, keepdims=False):
-    """The bits :func:`cukern.nanmin` returns: as :func:`nanmax_emulated`, with min and +inf."""
+def nanmin_emulated(x: Array, axis: Axis = None, dtype: DTypeLike | None = None, keepdims: bool = False) -> HostArray:
+    """The bits :func:`cukern.nanmin` returns: as :func:`nanmax_emulated`, with min and +inf.
+
+    Examples
+    --------
+    >>> from cukern.reference import nanmin_emulated
+    >>> print(nanmin_emulated(np.array([np.nan, 1.0, -2.0], np.float32)))
+    -2.0
+    """
     return _nan_minmax_emulated("nanmin", x, axis, dtype, keepdims)
 
 
-def nanmean_emulated(x, axis=None, dtype=None, keepdims=False):
+def nanmean_emulated(x: Array, axis: Axis = None, dtype: DTypeLike | None = None, keepdims: bool = False) -> HostArray:
     """The bits :func:`cukern.nanmean` returns: :func:`nansum_emulated` in the accumulator dtype, widened to
     float64, divided by the count of non-NaN values (NaN for none), rounded to the result dtype (through
     float32 for half types). Integer and bool inputs: :func:`mean_emulated`. Complex x: each part of the sum
     divided in float64 by the count of elements with no NaN part, rounded to the part's dtype; a real x
-    with a complex ``dtype=``: the real result in the parts' dtype, widened."""
+    with a complex ``dtype=``: the real result in the parts' dtype, widened.
+
+    Examples
+    --------
+    >>> from cukern.reference import nanmean_emulated
+    >>> print(nanmean_emulated(np.array([1.0, np.nan, 2.0], np.float32)))
+    1.5
+    """
     import cukern.reduce_plan as P
 
     x = _numpy(x)
@@ -578,27 +838,55 @@ def nanmean_emulated(x, axis=None, dtype=None, keepdims=False):
     return np.asarray(q.astype(final))
 
 
-def count_nonzero_emulated(x, axis=None, keepdims=False):
-    """:func:`cukern.count_nonzero`: the number of x != 0 (a NaN counts), int64."""
+def count_nonzero_emulated(x: Array, axis: Axis = None, keepdims: bool = False) -> HostArray:
+    """:func:`cukern.count_nonzero`: the number of x != 0 (a NaN counts), int64.
+
+    Examples
+    --------
+    >>> from cukern.reference import count_nonzero_emulated
+    >>> print(count_nonzero_emulated(np.array([[0.0, -0.0, np.nan], [1.0, 2.0, 0.0]]), axis=1))
+    [1 2]
+    """
     return np.asarray(_reduce_emulated("count_nonzero", x, axis, None, keepdims))
 
 
-def any_emulated(x, axis=None, keepdims=False):
-    """:func:`cukern.any`: the count of x != 0 (a NaN counts) in float64, stored as count != 0."""
+def any_emulated(x: Array, axis: Axis = None, keepdims: bool = False) -> HostArray:
+    """:func:`cukern.any`: the count of x != 0 (a NaN counts) in float64, stored as count != 0.
+
+    Examples
+    --------
+    >>> from cukern.reference import any_emulated
+    >>> print(any_emulated(np.array([[0, 0], [0, 3]]), axis=1))
+    [False  True]
+    """
     return np.asarray(_reduce_emulated("any", x, axis, None, keepdims))
 
 
-def all_emulated(x, axis=None, keepdims=False):
-    """:func:`cukern.all`: the count of x != 0 in float64, stored as count == n (n the slice's length)."""
+def all_emulated(x: Array, axis: Axis = None, keepdims: bool = False) -> HostArray:
+    """:func:`cukern.all`: the count of x != 0 in float64, stored as count == n (n the slice's length).
+
+    Examples
+    --------
+    >>> from cukern.reference import all_emulated
+    >>> print(all_emulated(np.array([[1, 2], [0, 3]]), axis=1), all_emulated(np.zeros((0,))))
+    [ True False] True
+    """
     return np.asarray(_reduce_emulated("all", x, axis, None, keepdims))
 
 
-def prod_emulated(x, axis=None, dtype=None, keepdims=False):
+def prod_emulated(x: Array, axis: Axis = None, dtype: DTypeLike | None = None, keepdims: bool = False) -> HostArray:
     """The bits :func:`cukern.prod` returns: x converted first to a ``dtype`` that NumPy multiplies in (a
     float or complex target), as cukern converts it; then the tree of :func:`reduction_tree` with correctly
     rounded products from the identity 1 in the accumulator dtype (float32 for half types; complex results in
     their own dtype, multiplied by :func:`_tree_complex_prod`, which keeps 1 + 0i exact), rounded once to the
-    result dtype; integer products in int64, wrapping (any order gives those bits)."""
+    result dtype; integer products in int64, wrapping (any order gives those bits).
+
+    Examples
+    --------
+    >>> from cukern.reference import prod_emulated
+    >>> print(prod_emulated(np.array([1.5, 2.0, -4.0], np.float32)))
+    -12.0
+    """
     return _reduce_emulated("prod", x, axis, dtype, keepdims)
 
 
@@ -705,16 +993,21 @@ def _log_at_least_one(s):
         return se * c["ln2_hi"] + (se * c["ln2_lo"] + (u + u) * p)
 
 
-def _lse_merge(a, b):
-    """reduce.cu's LogSumExp merge of (m, s) arrays, step for step: hi the operand of the larger m (or of a NaN
-    m), m the NaN-propagating maximum, s = s_hi + s_lo e^(m_lo - m_hi) (a NaN or -inf difference gives 0)."""
+def _lse_ordered(a, b):
+    """(m_hi, s_hi, m_lo, s_lo) of two (m, s) states, hi the operand of the larger m (or of a NaN m), as
+    reduce.cu's merges order them."""
     am, as_ = a
     bm, bs = b
+    swap = (bm > am) | np.isnan(bm)
+    return np.where(swap, bm, am), np.where(swap, bs, as_), np.where(swap, am, bm), np.where(swap, as_, bs)
+
+
+def _lse_merge(a, b):
+    """reduce.cu's LogSumExp merge of (m, s) arrays, step for step: m the NaN-propagating maximum, s = s_hi +
+    s_lo e^(m_lo - m_hi) (a NaN or -inf difference gives 0)."""
     with np.errstate(all="ignore"):
-        swap = (bm > am) | np.isnan(bm)
-        hm, hs = np.where(swap, bm, am), np.where(swap, bs, as_)
-        lm, ls = np.where(swap, am, bm), np.where(swap, as_, bs)
-        return _tree_max(am, bm), hs + ls * _exp_nonpositive(lm - hm)
+        hm, hs, lm, ls = _lse_ordered(a, b)
+        return _tree_max(a[0], b[0]), hs + ls * _exp_nonpositive(lm - hm)
 
 
 def _lse_tree(w):
@@ -743,13 +1036,106 @@ def _lse_chains(w):
         return np.where(empty, t(-np.inf), hi), np.where(empty, t(0), s)
 
 
-def logsumexp_emulated(x, axis=None, keepdims=False):
+def _lse_weighted_chains(x, w):
+    """Each chain's (m, s) over the last axis of ``x`` and ``w`` (rows, n; the accumulator dtype), as reduce.cu
+    ``weighted_chain`` forms it: m the NaN-propagating maximum of the elements of non-zero weight (-inf for
+    none), s the left-to-right sum from 0 of their terms, w for x = +inf, else w e^(x - m) (one product after
+    :func:`_exp_nonpositive`). Past n a weight is 0: the element is dropped."""
+    v, _ = _chain_elements(x, 0)
+    g, _ = _chain_elements(w, 0)
+    t = x.dtype.type
+    keep = g != 0
+    with np.errstate(all="ignore"):
+        m = np.full(v.shape[:-1], t(-np.inf))
+        for k in range(v.shape[-1]):
+            m = np.where(keep[..., k], _tree_max(m, v[..., k]), m)
+        s = np.zeros(v.shape[:-1], x.dtype)
+        for k in range(v.shape[-1]):
+            term = np.where(v[..., k] == np.inf, g[..., k], g[..., k] * _exp_nonpositive(v[..., k] - m))
+            s = np.where(keep[..., k], s + term, s)
+    return m, s
+
+
+def _lse_weighted_merge(a, b):
+    """reduce.cu's WeightedLse merge of (m, s) arrays: :func:`_lse_merge`, but two maxima of +inf add their
+    sums (a factor 1 in place of the exp's 0)."""
+    with np.errstate(all="ignore"):
+        hm, hs, lm, ls = _lse_ordered(a, b)
+        e = np.where((hm == lm) & (hm == np.inf), hm.dtype.type(1), _exp_nonpositive(lm - hm))
+        return _tree_max(a[0], b[0]), hs + ls * e
+
+
+def _lse_weighted_finish(m, s, signed: bool):
+    """reduce.cu ``finish_weighted``: (m + log|s|, sign(s)) in the accumulator dtype, NaN for a NaN m or s,
+    (-inf, 0) for s == 0 but (NaN, NaN) there under m = +inf, +inf for m = +inf or an infinite s; without
+    ``signed`` a negative s gives NaN."""
+    t = m.dtype.type
+    with np.errstate(all="ignore"):
+        a = np.abs(s)
+        ok = np.isfinite(m) & np.isfinite(a) & (a != 0)
+        r = np.where(ok, m + _log_at_least_one(np.where(ok, a, t(1))), t(np.inf))
+        g = np.where(s > 0, t(1), t(-1))
+        zero = s == 0
+        r = np.where(zero, np.where(m == np.inf, t(np.nan), t(-np.inf)), r)
+        g = np.where(zero, np.where(m == np.inf, t(np.nan), t(0)), g)
+        bad = np.isnan(m) | np.isnan(s)
+        r, g = np.where(bad, t(np.nan), r), np.where(bad, t(np.nan), g)
+        if not signed:
+            r = np.where(g < 0, t(np.nan), r)
+    return r, g
+
+
+def logsumexp_weighted_emulated(x: Array, b: Array, axis: Axis = None, keepdims: bool = False,
+                                return_sign: bool = False) -> HostArray | tuple[HostArray, HostArray]:
+    """The bits :func:`cukern.logsumexp` returns with weights ``b``: x and b promoted to the result dtype
+    (:func:`cukern.reduce_plan.weighted_dtype`) and broadcast; per output, the chains of
+    :func:`reduction_tree` over its elements (C order over ``axis``) form (m, s) at once
+    (:func:`_lse_weighted_chains`), merge up the tree by :func:`_lse_weighted_merge` and finish as
+    :func:`_lse_weighted_finish`, rounded to the result dtype; an empty slice gives (-inf, -1). Returns the
+    result, or (result, sign) with ``return_sign``.
+
+    Examples
+    --------
+    >>> from cukern.reference import logsumexp_weighted_emulated
+    >>> x = np.array([1.0, 1.0, 1.0], np.float32)
+    >>> print(logsumexp_weighted_emulated(x, np.array([1.0, -1.0, -1.0], np.float32), return_sign=True))
+    (array(1., dtype=float32), array(-1., dtype=float32))
+    """
+    import cukern.reduce_plan as P
+
+    x, b = _numpy(x), _numpy(b)
+    final = P.weighted_dtype(x.dtype, b.dtype)
+    x, b = np.broadcast_arrays(_astype(x, final), _astype(b, final))
+    axes = P.normalize_axis(axis, x.ndim)
+    shape = P.result_shape(x.shape, axes, keepdims)
+    n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+    if n == 0:
+        r = np.full(shape, -np.inf, final)
+        return (r, np.full(shape, -1, final)) if return_sign else r
+    kept = [i for i in range(x.ndim) if i not in axes]
+    a = P.acc_dtype(final)
+    v = np.transpose(x, kept + list(axes)).reshape(-1, n).astype(a)
+    g = np.transpose(b, kept + list(axes)).reshape(-1, n).astype(a)
+    m, s = _upper_tree(_lse_weighted_chains(v, g), _lse_weighted_merge, (-np.inf, 0))
+    r, sign = _lse_weighted_finish(m, s, return_sign)
+    r = _astype(r, final).reshape(shape)
+    return (r, _astype(sign, final).reshape(shape)) if return_sign else r
+
+
+def logsumexp_emulated(x: Array, axis: Axis = None, keepdims: bool = False) -> HostArray:
     """The bits :func:`cukern.logsumexp` returns: the values in the accumulator dtype (float32 for float32
     and half types, float64 for float64; integer and bool x converted to float64); each chain of
     :func:`reduction_tree` forms its (max m, sum of exp(x - m)) at once with cukern's own exp
     (:func:`_lse_tree`: one exp an element), and the chains merge up the tree by reduce.cu's LogSumExp
     merge (:func:`_lse_merge`); then m + log(s) with cukern's own log, rounded to the result dtype; -inf for an
-    empty or all -inf slice, m itself for an infinite or NaN m. A one-element slice is copied."""
+    empty or all -inf slice, m itself for an infinite or NaN m. A one-element slice is copied.
+
+    Examples
+    --------
+    >>> from cukern.reference import logsumexp_emulated
+    >>> print(logsumexp_emulated(np.array([0.0, 0.0], np.float32)), logsumexp_emulated(np.array([], np.float32)))
+    0.6931472 -inf
+    """
     import cukern.reduce_plan as P
 
     x = _numpy(x)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._typing import Array, DTypeLike, HostArray
 from ._common import _astype, _numpy
 from .reductions import _tree_complex_prod
 
@@ -15,13 +16,27 @@ def _scan_reference(fn, x, axis):
     return fn(wide, axis=axis)
 
 
-def cumsum(x, axis=None):
-    """``np.cumsum`` in float64 (int64 for integers and bool, complex128 for complex)."""
+def cumsum(x: Array, axis: int | None = None) -> HostArray:
+    """``np.cumsum`` in float64 (int64 for integers and bool, complex128 for complex).
+
+    Examples
+    --------
+    >>> from cukern.reference import cumsum
+    >>> print(cumsum(np.array([[1, 2], [3, 4]], np.int8)), cumsum(np.array([0.5, 0.25]), axis=0))
+    [ 1  3  6 10] [0.5  0.75]
+    """
     return _scan_reference(np.cumsum, x, axis)
 
 
-def cumprod(x, axis=None):
-    """``np.cumprod`` in float64 (int64 for integers and bool, complex128 for complex)."""
+def cumprod(x: Array, axis: int | None = None) -> HostArray:
+    """``np.cumprod`` in float64 (int64 for integers and bool, complex128 for complex).
+
+    Examples
+    --------
+    >>> from cukern.reference import cumprod
+    >>> print(cumprod(np.array([1.0, 2.0, 3.0, 4.0])))
+    [ 1.  2.  6. 24.]
+    """
     return _scan_reference(np.cumprod, x, axis)
 
 
@@ -91,9 +106,15 @@ def _scan_emulated(op: str, x, axis, dtype):
     rows, n = lines.shape
     k = items(x.dtype, o)
     tiles = max(1, -(-n // (BLOCK * k)))
-    a = np.full((rows, tiles * BLOCK * k), identity, acc)
+    # A line of one tile keeps only the warps, and a line of one warp only the lanes, that hold its elements:
+    # nothing flows from a later lane or warp into an earlier one, and the identities past the line would
+    # only cost time (many short lines: each padded to a whole tile).
+    lanes = -(-n // k)
+    held = BLOCK // 32 if tiles > 1 else -(-lanes // 32)
+    width = 32 if held > 1 or tiles > 1 else lanes
+    a = np.full((rows, tiles * held * width * k), identity, acc)
     a[:, :n] = lines.astype(acc)
-    a = a.reshape(rows, tiles, BLOCK // 32, 32, k)
+    a = a.reshape(rows, tiles, held, width, k)
     with np.errstate(all="ignore"):
         s = _accumulate(f, a)  # each thread's k elements, in order
         u = s[..., -1]
@@ -120,15 +141,32 @@ def _scan_emulated(op: str, x, axis, dtype):
     return out if axis is None else np.moveaxis(out, -1, axis)
 
 
-def cumsum_emulated(x, axis=None, dtype=None):
+def cumsum_emulated(x: Array, axis: int | None = None, dtype: DTypeLike | None = None) -> HostArray:
     """The bits :func:`cukern.cumsum` returns: per thread a running sum of :func:`cukern.scan.items` elements
     (8 for float32 scanned into float32, 16 otherwise), the lanes' ladder, the warps in order, the tiles of a
     group in order, the groups in order, combined as ``((P + W) + L) + s`` with ``P = B + Q``
-    (cuda_src/scan.cu's notes). Complex x or ``dtype``: each part so, apart."""
+    (cuda_src/scan.cu's notes). Complex x or ``dtype``: each part so, apart.
+
+    Examples
+    --------
+    >>> from cukern.reference import cumsum_emulated
+    >>> y = cumsum_emulated(np.full(4, 0.1, np.float32))
+    >>> print(y.dtype, y)
+    float32 [0.1 0.2 0.3 0.4]
+    >>> print(cumsum_emulated(np.array([[1, 2], [3, 4]], np.uint8), axis=1).dtype)
+    uint64
+    """
     return _scan_emulated("cumsum", x, axis, dtype)
 
 
-def cumprod_emulated(x, axis=None, dtype=None):
+def cumprod_emulated(x: Array, axis: int | None = None, dtype: DTypeLike | None = None) -> HostArray:
     """The bits :func:`cukern.cumprod` returns: :func:`cumsum_emulated`'s expression with products (complex
-    ones as prod's, :func:`_tree_complex_prod`: correctly rounded steps, 1 + 0i an exact identity)."""
+    ones as prod's, :func:`_tree_complex_prod`: correctly rounded steps, 1 + 0i an exact identity).
+
+    Examples
+    --------
+    >>> from cukern.reference import cumprod_emulated
+    >>> print(cumprod_emulated(np.array([1.5, 2.0, -1.0], np.float16)))
+    [ 1.5  3.  -3. ]
+    """
     return _scan_emulated("cumprod", x, axis, dtype)

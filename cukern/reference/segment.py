@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 
+from .._typing import Array, HostArray
 from ._common import _numpy
 from .reductions import _tree_max, _tree_min, _tree_sum, reduction_tree
+
+_EXACT: dict[str, Callable[..., Any]] = {"segment_sum": np.sum, "segment_max": np.max, "segment_min": np.min}
 
 
 def _segments(x, offsets):
@@ -23,23 +28,59 @@ def _segment_reference(x, offsets, fn, empty):
     return out.reshape((len(o) - 1,) + x.shape[1:])
 
 
-def segment_sum(x, offsets):
-    """Each segment's float64 sum along axis 0 (0 for an empty segment)."""
+def segment_sum(x: Array, offsets: Array) -> HostArray:
+    """Each segment's float64 sum along axis 0 (0 for an empty segment).
+
+    Examples
+    --------
+    >>> from cukern.reference import segment_sum
+    >>> x = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    >>> offsets = np.array([0, 2, 2, 5])  # segments x[0:2], x[2:2] (empty) and x[2:5]
+    >>> print(segment_sum(x, offsets))
+    [ 3.  0. 12.]
+    """
     return _segment_reference(x, offsets, np.sum, 0.0)
 
 
-def segment_max(x, offsets):
-    """Each segment's maximum along axis 0 (-inf for an empty segment; NaN if it holds a NaN)."""
+def segment_max(x: Array, offsets: Array) -> HostArray:
+    """Each segment's maximum along axis 0 (-inf for an empty segment; NaN if it holds a NaN).
+
+    Examples
+    --------
+    >>> from cukern.reference import segment_max
+    >>> x = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    >>> offsets = np.array([0, 2, 2, 5])  # segments x[0:2], x[2:2] (empty) and x[2:5]
+    >>> print(segment_max(x, offsets))
+    [  2. -inf   5.]
+    """
     return _segment_reference(x, offsets, np.max, -np.inf)
 
 
-def segment_min(x, offsets):
-    """Each segment's minimum along axis 0 (+inf for an empty segment; NaN if it holds a NaN)."""
+def segment_min(x: Array, offsets: Array) -> HostArray:
+    """Each segment's minimum along axis 0 (+inf for an empty segment; NaN if it holds a NaN).
+
+    Examples
+    --------
+    >>> from cukern.reference import segment_min
+    >>> x = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    >>> offsets = np.array([0, 2, 2, 5])  # segments x[0:2], x[2:2] (empty) and x[2:5]
+    >>> print(segment_min(x, offsets))
+    [ 1. inf  3.]
+    """
     return _segment_reference(x, offsets, np.min, np.inf)
 
 
-def segment_mean(x, offsets):
-    """Each segment's float64 mean along axis 0 (NaN for an empty segment)."""
+def segment_mean(x: Array, offsets: Array) -> HostArray:
+    """Each segment's float64 mean along axis 0 (NaN for an empty segment).
+
+    Examples
+    --------
+    >>> from cukern.reference import segment_mean
+    >>> x = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    >>> offsets = np.array([0, 2, 2, 5])  # segments x[0:2], x[2:2] (empty) and x[2:5]
+    >>> print(segment_mean(x, offsets))
+    [1.5 nan 4. ]
+    """
     return _segment_reference(x, offsets, np.mean, np.nan)
 
 
@@ -71,7 +112,7 @@ def _segment_emulated(op: str, x, offsets):
         if not n:
             out[which] = identity
         elif exact:
-            out[which] = {"segment_sum": np.sum, "segment_max": np.max, "segment_min": np.min}[op](seg, axis=1)
+            out[which] = _EXACT[op](seg, axis=1)
         else:
             out[which] = reduction_tree(np.moveaxis(seg, 1, 2), combine, identity)
     if op == "segment_mean":
@@ -81,24 +122,54 @@ def _segment_emulated(op: str, x, offsets):
     return out.astype(rt).reshape((len(o) - 1,) + x.shape[1:])
 
 
-def segment_sum_emulated(x, offsets):
+def segment_sum_emulated(x: Array, offsets: Array) -> HostArray:
     """The bits :func:`cukern.segment_sum` returns: each segment's :func:`reduction_tree` sum, the same
     bits as :func:`sum_emulated` of that slice along axis 0 (but for one row of -0, which the tree's chain
-    adds to +0 where a one-row sum copies it)."""
+    adds to +0 where a one-row sum copies it).
+
+    Examples
+    --------
+    >>> from cukern.reference import segment_sum_emulated
+    >>> x = np.array([[1, 2], [3, 4], [5, 6]], np.int8)
+    >>> y = segment_sum_emulated(x, np.array([0, 1, 3]))
+    >>> print(y.dtype, y.tolist())
+    int64 [[1, 2], [8, 10]]
+    """
     return _segment_emulated("segment_sum", x, offsets)
 
 
-def segment_max_emulated(x, offsets):
-    """The bits :func:`cukern.segment_max` returns (reduce.cu's max: NaN propagates, +0 over -0)."""
+def segment_max_emulated(x: Array, offsets: Array) -> HostArray:
+    """The bits :func:`cukern.segment_max` returns (reduce.cu's max: NaN propagates, +0 over -0).
+
+    Examples
+    --------
+    >>> from cukern.reference import segment_max_emulated
+    >>> print(segment_max_emulated(np.array([-0.0, 0.0, np.nan], np.float32), np.array([0, 2, 3])))
+    [ 0. nan]
+    """
     return _segment_emulated("segment_max", x, offsets)
 
 
-def segment_min_emulated(x, offsets):
-    """The bits :func:`cukern.segment_min` returns (NaN propagates, -0 under +0)."""
+def segment_min_emulated(x: Array, offsets: Array) -> HostArray:
+    """The bits :func:`cukern.segment_min` returns (NaN propagates, -0 under +0).
+
+    Examples
+    --------
+    >>> from cukern.reference import segment_min_emulated
+    >>> print(segment_min_emulated(np.array([0.0, -0.0, 2.0], np.float32), np.array([0, 2, 3])))
+    [-0.  2.]
+    """
     return _segment_emulated("segment_min", x, offsets)
 
 
-def segment_mean_emulated(x, offsets):
+def segment_mean_emulated(x: Array, offsets: Array) -> HostArray:
     """The bits :func:`cukern.segment_mean` returns: the tree's sum widened to float64, divided once by the
-    length, rounded to x's dtype (through float32 for the half types; NaN for an empty segment)."""
+    length, rounded to x's dtype (through float32 for the half types; NaN for an empty segment).
+
+    Examples
+    --------
+    >>> from cukern.reference import segment_mean_emulated
+    >>> print(segment_mean_emulated(np.array([1.0, 2.0, 4.0], np.float16), np.array([0, 3, 3])))
+    [2.334   nan]
+    """
     return _segment_emulated("segment_mean", x, offsets)
