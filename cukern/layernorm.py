@@ -294,7 +294,7 @@ def _forward(fused: bool, x, residual, weight, bias, eps, out, return_stats: boo
         mean = cp.empty(lead, np.float32) if return_stats else None
         rstd = cp.empty(lead, np.float32) if return_stats else None
         if x.size == 0:
-            if return_stats and mean.size:  # rows of no element: the mean and variance of nothing
+            if mean is not None and rstd is not None and mean.size:  # rows of no element: NaN statistics
                 mean.fill(np.nan)
                 rstd.fill(np.nan)
         else:

@@ -464,8 +464,11 @@ def _run(positions, query, key, q_weight, k_weight, cos_sin_cache, eps, offset, 
                                  _NULL if k_weight is None else k_weight, cos_sin_cache, positions, call.params))
 
 
-def qk_norm_rope_backward(positions, dq, dk, query, key, q_weight, k_weight, cos_sin_cache, *, eps: float = 1e-6,
-                          offset: float = 0.0, is_neox: bool = True, rotary_dim: int | None = None):
+def qk_norm_rope_backward(positions: DeviceArray, dq: DeviceArray, dk: DeviceArray | None, query: DeviceArray,
+                          key: DeviceArray | None, q_weight: DeviceArray | None, k_weight: DeviceArray | None,
+                          cos_sin_cache: DeviceArray, *, eps: float = 1e-6, offset: float = 0.0,
+                          is_neox: bool = True, rotary_dim: int | None = None
+                          ) -> tuple[DeviceArray, DeviceArray | None, DeviceArray | None, DeviceArray | None]:
     """Gradients of :func:`qk_norm_rope`: the rotation undone on the gradients, then RMSNorm's backward per head.
 
     ``g = rotary_embedding(positions, dq, dk, cos_sin_cache, inverse=True)`` (a rotation's transpose is the
@@ -500,13 +503,23 @@ def qk_norm_rope_backward(positions, dq, dk, query, key, q_weight, k_weight, cos
 
     Examples
     --------
-    >>> import cupy, cukern
-    >>> pos = cupy.arange(4)
-    >>> q, k = cupy.ones((4, 2, 64), cupy.float32), cupy.ones((4, 1, 64), cupy.float32)
-    >>> cache = cukern.rope_cache(16, 64)
-    >>> dq, dk, dqw, dkw = cukern.qk_norm_rope_backward(pos, q, k, q, k, None, None, cache)
-    >>> dq.shape, dqw is None
-    ((4, 2, 64), True)
+    >>> import cupy as cp
+    >>> import cukern
+    >>> from cukern.reference import qk_norm_rope_backward_emulated
+    >>> pos = cp.array([1])
+    >>> q = cp.array([[[3.0, 0.0, 0.0, 4.0]]], dtype=cp.float32)
+    >>> k = cp.ones((1, 1, 4), dtype=cp.float32)
+    >>> dq = cp.array([[[1.0, 0.0, 0.0, 0.0]]], dtype=cp.float32)
+    >>> dk = cp.zeros((1, 1, 4), dtype=cp.float32)
+    >>> w = cp.ones(4, dtype=cp.float32)
+    >>> cache = cukern.rope_cache(4, 4, base=100.0)
+    >>> dquery, dkey, dq_weight, dk_weight = cukern.qk_norm_rope_backward(pos, dq, dk, q, k, w, w, cache, eps=0.0)
+    >>> print(dquery.shape, dkey.shape, dq_weight.dtype, dq_weight.shape)
+    (1, 1, 4) (1, 1, 4) float32 (4,)
+    >>> host = [None if a is None else cp.asnumpy(a) for a in (pos, dq, dk, q, k, w, w, cache)]
+    >>> want = qk_norm_rope_backward_emulated(*host, eps=0.0)
+    >>> all(bool((cp.asnumpy(a) == b).all()) for a, b in zip((dquery, dkey, dq_weight, dk_weight), want))
+    True
     """
     e, o = _scalars(eps, offset)
     is_neox = _check.check_flag(is_neox, "is_neox")

@@ -36,6 +36,7 @@ from ._launch import SEQUENCE_LOCK, CallCache, LaunchConfig, Params, launch, on_
 from ._launch import cupy as _cupy
 from ._launch import struct_argument
 from ._layout import ArraySpec, rows_layout
+from ._typing import DeviceArray
 
 SOURCE = "rms_norm_backward"
 MIN_CHUNKS, CHUNK_ELEMENTS = 512, 1 << 21  # chunk_rows' targets (see there)
@@ -317,8 +318,9 @@ def _run(dy, x, weight, eps, offset, rstd, dresidual, out):
     return dx, dweight
 
 
-def rms_norm_backward(dy, x, weight=None, *, eps: float = 1e-6, offset: float = 0.0, rstd=None, dresidual=None,
-                      out=None):
+def rms_norm_backward(dy: DeviceArray, x: DeviceArray, weight: DeviceArray | None = None, *, eps: float = 1e-6,
+                      offset: float = 0.0, rstd: DeviceArray | None = None, dresidual: DeviceArray | None = None,
+                      out: DeviceArray | None = None) -> tuple[DeviceArray, DeviceArray | None]:
     """Gradients of :func:`cukern.rms_norm` (plain, Gemma offset, fused residual) over the last axis.
 
     With ``r = 1 / sqrt(mean(x**2) + eps)``, ``xhat = x * r`` and ``g = dy * (offset + weight)``:
@@ -368,12 +370,20 @@ def rms_norm_backward(dy, x, weight=None, *, eps: float = 1e-6, offset: float = 
 
     Examples
     --------
-    >>> import cupy, cukern
-    >>> x = cupy.random.standard_normal((4, 64), dtype=cupy.float32)
-    >>> w = cupy.ones(64, cupy.float32)
-    >>> y, rstd = cukern.rms_norm(x, w, return_rstd=True)
-    >>> dx, dw = cukern.rms_norm_backward(cupy.ones_like(y), x, w, rstd=rstd)
-    >>> dx.shape, dw.shape
-    ((4, 64), (64,))
+    >>> import cupy as cp
+    >>> import cukern
+    >>> from cukern.reference import rms_norm_backward_emulated
+    >>> x = cp.array([[3.0, 4.0], [1.0, -1.0]], dtype=cp.float32)
+    >>> w = cp.array([1.0, 0.5], dtype=cp.float32)
+    >>> y, rstd = cukern.rms_norm(x, w, eps=0.0, return_rstd=True)
+    >>> dy = cp.array([[1.0, 0.0], [0.0, 1.0]], dtype=cp.float32)
+    >>> dx, dweight = cukern.rms_norm_backward(dy, x, w, eps=0.0, rstd=rstd)
+    >>> print(dx.dtype, dx.shape, dweight.dtype, dweight.shape)
+    float32 (2, 2) float32 (2,)
+    >>> print(dweight)
+    [ 0.84852815 -1.        ]
+    >>> ex, ew = rms_norm_backward_emulated(cp.asnumpy(dy), cp.asnumpy(x), cp.asnumpy(w), eps=0.0)
+    >>> bool((cp.asnumpy(dx) == ex).all() and (cp.asnumpy(dweight) == ew).all())
+    True
     """
     return _run(dy, x, weight, eps, offset, rstd, dresidual, out)

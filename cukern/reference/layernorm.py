@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from .._typing import Array, HostArray
@@ -155,7 +157,7 @@ def fused_add_layer_norm_emulated(x: Array, residual: Array, weight: Array | Non
     """
     residual = _numpy(residual)
     r = (residual.astype(np.float32) + _numpy(x).astype(np.float32)).astype(residual.dtype)
-    return r, layer_norm_emulated(r, weight, bias, eps)
+    return r, cast(HostArray, layer_norm_emulated(r, weight, bias, eps))
 
 
 def layer_norm_backward_emulated(dy: Array, x: Array, weight: Array | None = None, eps: float = 1e-5,

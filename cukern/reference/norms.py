@@ -88,7 +88,15 @@ def _rms_inv(v, eps):
 
 def rms_norm_rstd_emulated(x: Array, eps: float = 1e-6) -> HostArray:
     """The float32 rstd ``1 / sqrt(ss / hidden + eps)`` of each row of ``x`` as :func:`cukern.rms_norm` forms it
-    (and returns with ``return_rstd=True``), every step one float32 rounding (NaN for a row of no element)."""
+    (and returns with ``return_rstd=True``), every step one float32 rounding (NaN for a row of no element).
+
+    Examples
+    --------
+    >>> from cukern.reference import rms_norm_rstd_emulated
+    >>> rstd = rms_norm_rstd_emulated(np.array([[3.0, 4.0], [1.0, -1.0]], np.float32), eps=0.0)
+    >>> print(rstd.dtype, rstd)
+    float32 [0.28284273 1.        ]
+    """
     return _rms_inv(_numpy(x).astype(np.float32), eps)
 
 
@@ -269,11 +277,25 @@ def rms_norm_fp8(x: Array, weight: Array | None = None, eps: float = 1e-6, offse
     return (q, s) if per_token else q
 
 
-def rms_norm_backward(dy, x, weight=None, eps=1e-6, offset=0.0, dresidual=None):
+def rms_norm_backward(dy: Array, x: Array, weight: Array | None = None, eps: float = 1e-6, offset: float = 0.0,
+                      dresidual: Array | None = None) -> tuple[Array, Array | None]:
     """``(dx, dweight)`` of :func:`rms_norm` in float64: with ``r = 1 / sqrt(mean(x**2) + eps)``,
     ``xhat = x * r``, ``g = dy * (offset + weight)``: ``dx = r * (g - xhat * mean(g * xhat)) + dresidual``,
     ``dweight = sum(dy * xhat)`` over every row (None without a weight). Reads dy, x, weight, dresidual;
-    writes dx, dweight."""
+    writes dx, dweight.
+
+    Examples
+    --------
+    >>> from cukern.reference import rms_norm_backward
+    >>> x = np.array([[3.0, 4.0], [1.0, -1.0]])
+    >>> dy = np.array([[1.0, 0.0], [0.0, 1.0]])
+    >>> dx, dweight = rms_norm_backward(dy, x, np.array([1.0, 0.5]), eps=0.0)
+    >>> print(dx)
+    [[ 0.18101934 -0.1357645 ]
+     [ 0.25        0.25      ]]
+    >>> print(dweight)
+    [ 0.84852814 -1.        ]
+    """
     xp = _xp(x)
     x, dy = _f64(x), _f64(dy)
     r = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
@@ -286,14 +308,14 @@ def rms_norm_backward(dy, x, weight=None, eps=1e-6, offset=0.0, dresidual=None):
     return dx, dweight
 
 
-def _class_tree_sum(t):
+def _class_tree_sum(t: HostArray) -> HostArray:
     """Each row of float32 ``t`` summed in rms_norm's tree (:func:`rms_norm_sum_of_squares_emulated`'s classes
     and pairwise tree), each class from -0 (the identity that keeps a lone -0 term) in index order."""
     from ..rmsnorm import tree_classes
 
     hidden = t.shape[-1]
     c = tree_classes(hidden)
-    part = np.full(t.shape[:-1] + (c,), -0.0, np.float32)
+    part: HostArray = np.full(t.shape[:-1] + (c,), -0.0, np.float32)
     for start in range(0, hidden, c):
         chunk = t[..., start:start + c]
         part[..., :chunk.shape[-1]] += chunk
@@ -302,10 +324,19 @@ def _class_tree_sum(t):
     return part[..., 0]
 
 
-def column_tree_emulated(partials):
+def column_tree_emulated(partials: HostArray) -> HostArray:
     """Column sums of float32 ``partials`` ``[leaves, cols]`` in the tree cuda_src/common/partials.cuh fixes:
     the perfect binary tree, neighbours first, over the leaves padded with -0 to a power of two (-0 is IEEE
-    addition's identity, so how far they are padded changes nothing)."""
+    addition's identity, so how far they are padded changes nothing).
+
+    Examples
+    --------
+    >>> from cukern.reference import column_tree_emulated
+    >>> print(column_tree_emulated(np.array([[1.0, 2.0], [3.0, 4.0], [5.0, -0.0]], np.float32)))
+    [9. 6.]
+    >>> print(column_tree_emulated(np.array([[-0.0], [-0.0], [-0.0]], np.float32)))
+    [-0.]
+    """
     leaves = partials.shape[0]
     t = np.full((1 << max(0, (leaves - 1).bit_length()),) + partials.shape[1:], -0.0, np.float32)
     t[:leaves] = partials
@@ -314,7 +345,9 @@ def column_tree_emulated(partials):
     return t[0]
 
 
-def rms_norm_backward_emulated(dy, x, weight=None, eps=1e-6, offset=0.0, rstd=None, dresidual=None):
+def rms_norm_backward_emulated(dy: Array, x: Array, weight: Array | None = None, eps: float = 1e-6,
+                               offset: float = 0.0, rstd: Array | None = None,
+                               dresidual: Array | None = None) -> tuple[HostArray, HostArray | None]:
     """``(dx, dweight)`` as :func:`cukern.rms_norm_backward` writes them, from the values, the dtypes, eps, offset
     and the row count alone, every step one float32 rounding: ``r`` = rstd as given, or ``1 / sqrt(ss / hidden +
     eps)`` as :func:`rms_norm_emulated` forms it; ``w' = offset + weight`` (weight None: ``offset + 1``),
@@ -322,7 +355,20 @@ def rms_norm_backward_emulated(dy, x, weight=None, eps=1e-6, offset=0.0, rstd=No
     ``m = (s * r) / hidden``; ``xhat = x * r``; ``dx = r * (g - xhat * m)``, ``+ dresidual``, rounded once to x's
     dtype. dweight: the rows (leading dimensions flattened in C order) cut into chunks of
     ``cukern.rmsnorm_backward.chunk_rows(rows, hidden)``, each chunk's ``dy * xhat`` summed row by row from -0,
-    the chunks' partial rows summed by :func:`column_tree_emulated`, rounded once to weight's dtype."""
+    the chunks' partial rows summed by :func:`column_tree_emulated`, rounded once to weight's dtype.
+
+    Examples
+    --------
+    >>> from cukern.reference import rms_norm_backward_emulated
+    >>> x = np.array([[3.0, 4.0], [1.0, -1.0]], np.float16)
+    >>> dy = np.array([[1.0, 0.0], [0.0, 1.0]], np.float16)
+    >>> dx, dweight = rms_norm_backward_emulated(dy, x, np.array([1.0, 0.5], np.float16), eps=0.0)
+    >>> print(dx.dtype, dx)
+    float16 [[ 0.181  -0.1357]
+     [ 0.25    0.25  ]]
+    >>> print(dweight.dtype, dweight)
+    float16 [ 0.8486 -1.    ]
+    """
     from ..rmsnorm_backward import chunk_rows
 
     x, dy = _numpy(x), _numpy(dy)

@@ -429,22 +429,49 @@ def rotary_embedding_mrope_emulated(positions: Array, query: Array, key: Array |
     return rotary_embedding_emulated(np.where(ok, np.arange(rows.shape[0]), -1), query, key, rows, is_neox=is_neox)
 
 
-def qk_norm_rope_backward(positions, dq, dk, query, key, q_weight, k_weight, cos_sin_cache, eps=1e-6, offset=0.0,
-                          is_neox=True, rotary_dim=None):
+def qk_norm_rope_backward(positions: Array, dq: Array, dk: Array | None, query: Array, key: Array | None,
+                          q_weight: Array | None, k_weight: Array | None, cos_sin_cache: Array, eps: float = 1e-6,
+                          offset: float = 0.0, is_neox: bool = True, rotary_dim: int | None = None
+                          ) -> tuple[Array, Array | None, Array | None, Array | None]:
     """``(dquery, dkey, dq_weight, dk_weight)`` of :func:`qk_norm_rope` in float64: the gradients turned back
     (:func:`rotary_embedding` with ``inverse=True``, the rotation's transpose), then :func:`rms_norm_backward`
-    over every head with the head's weight (weights summed over tokens and heads)."""
+    over every head with the head's weight (weights summed over tokens and heads).
+
+    Examples
+    --------
+    >>> from cukern.reference import qk_norm_rope_backward, rope_cache
+    >>> q = np.array([[[3.0, 0.0, 0.0, 4.0]]])
+    >>> dq = np.array([[[1.0, 0.0, 0.0, 0.0]]])
+    >>> dquery, dkey, dqw, dkw = qk_norm_rope_backward(np.array([1]), dq, None, q, None, None, None,
+    ...                                                rope_cache(2, 4, base=100.0), eps=0.0)
+    >>> print(dquery, dkey, dqw, dkw)
+    [[[ 0.13831739  0.         -0.33658839 -0.10373804]]] None None None
+    """
     gq, gk = rotary_embedding(positions, dq, dk, cos_sin_cache, is_neox=is_neox, rotary_dim=rotary_dim, inverse=True)
     dquery, dqw = rms_norm_backward(gq, query, q_weight, eps, offset)
     dkey, dkw = (None, None) if key is None else rms_norm_backward(gk, key, k_weight, eps, offset)
     return dquery, dkey, dqw, dkw
 
 
-def qk_norm_rope_backward_emulated(positions, dq, dk, query, key, q_weight, k_weight, cos_sin_cache, eps=1e-6,
-                                   offset=0.0, is_neox=True, rotary_dim=None):
+def qk_norm_rope_backward_emulated(positions: Array, dq: Array, dk: Array | None, query: Array, key: Array | None,
+                                   q_weight: Array | None, k_weight: Array | None, cos_sin_cache: Array,
+                                   eps: float = 1e-6, offset: float = 0.0, is_neox: bool = True,
+                                   rotary_dim: int | None = None
+                                   ) -> tuple[HostArray, HostArray | None, HostArray | None, HostArray | None]:
     """The bits :func:`cukern.qk_norm_rope_backward` writes: :func:`rotary_embedding_emulated` of the gradients
     with ``inverse=True`` (rounded to query's dtype), then :func:`rms_norm_backward_emulated` over every head
-    (rows: tokens then heads, in C order) with query's or key's weight."""
+    (rows: tokens then heads, in C order) with query's or key's weight.
+
+    Examples
+    --------
+    >>> from cukern.reference import qk_norm_rope_backward_emulated, rope_cache
+    >>> q = np.array([[[3.0, 0.0, 0.0, 4.0]]], np.float32)
+    >>> dq = np.array([[[1.0, 0.0, 0.0, 0.0]]], np.float32)
+    >>> dquery, _, _, _ = qk_norm_rope_backward_emulated(np.array([1]), dq, None, q, None, None, None,
+    ...                                                  rope_cache(2, 4, base=100.0), eps=0.0)
+    >>> print(dquery.dtype, dquery)
+    float32 [[[ 0.13831738  0.         -0.33658838 -0.10373805]]]
+    """
     gq, gk = rotary_embedding_emulated(positions, dq, dk, cos_sin_cache, is_neox=is_neox, rotary_dim=rotary_dim,
                                        inverse=True)
     dquery, dqw = rms_norm_backward_emulated(gq, query, q_weight, eps, offset)
