@@ -2,8 +2,8 @@
 
 Each section below names a module and how its public names are found: a module's ``__all__`` where it has
 one (``cukern``, ``cukern.reference``), else the functions and classes the module defines itself whose names
-do not start with an underscore (``cukern.timing``, ``cukern.dask``), or an explicit list (the lab's entry
-points). A public function added to ``cukern.__all__`` (or defined in ``cukern.timing`` / ``cukern.dask``)
+do not start with an underscore (``cukern.timing``, ``cukern.dask``), or an explicit list (``cukern.torch``'s
+functions, which import torch, and the lab's entry points). A public function added to ``cukern.__all__`` (or defined in ``cukern.timing`` / ``cukern.dask``)
 gets its page with no edit here. The pages go to ``docs/api/generated/`` (git-ignored); autosummary then
 writes one page per name.
 """
@@ -27,6 +27,10 @@ SECTIONS = [
     ("dask", "cukern.dask", "cukern.dask", None,
      "The ops over Dask arrays of CuPy chunks: row ops mapped over row chunks, reductions as Dask tree "
      "reductions."),
+    ("torch", "cukern.torch", "cukern.torch",
+     ["rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm", "rotary_embedding", "qk_norm_rope"],
+     "PyTorch autograd on cukern's forward and backward kernels (the ``torch`` extra). The pages are built "
+     "without PyTorch: ``torch`` is mocked while they are read."),
     ("lab", "cukern.lab", "cukern.lab", ["card.explain", "tune.tune", "cli.main", "pytest_plugin.CudaBenchmark"],
      "The lab's entry points: the six-question card, the tuner, the command line and the ``cuda_benchmark`` "
      "fixture of the pytest plugin."),
