@@ -190,7 +190,17 @@ def bytes_moved(shape, dtype, weight_dtype=None, *, dresidual: bool = False, rst
 def _validate(dy, x, weight, rstd, dresidual, out) -> dict:
     """Every argument as a CuPy view, checked against x: dtypes, shapes, device, unit last strides."""
     names = {"dy": dy, "x": x, "weight": weight, "rstd": rstd, "dresidual": dresidual, "out": out}
-    arrays = {n: as_array(a, n, writable=n == "out") for n, a in names.items() if a is not None or n in ("dy", "x")}
+    arrays = check_arrays({n: as_array(a, n, writable=n == "out") for n, a in names.items()
+                           if a is not None or n in ("dy", "x")})
+    if out is not None:
+        _check.check_writable(arrays["out"], "out")
+    return arrays
+
+
+def check_arrays(arrays: dict) -> dict:
+    """Every check of the arrays by name (``dy``, ``x``, and any of ``weight``, ``rstd``, ``dresidual`` and
+    ``out``), already converted; reads only shape, strides, dtype and device, so the ``explain`` card's
+    stand-ins go through it."""
     x = arrays["x"]
     rmsnorm.check_like_x(arrays, ("dy", "dresidual", "out"))
     r = arrays.get("rstd")
@@ -203,8 +213,6 @@ def _validate(dy, x, weight, rstd, dresidual, out) -> dict:
     for n, a in arrays.items():
         if n != "rstd":
             _check.check_unit_last_stride(a, n)
-    if out is not None:
-        _check.check_writable(arrays["out"], "out")
     return arrays
 
 

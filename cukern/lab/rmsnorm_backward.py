@@ -62,6 +62,9 @@ bench.register(OP, bench.OpBench(lambda case: inputs(case.shape, parse_dtype(cas
 def _describe(shape, dt, params, device, knobs):
     w_dt = parse_dtype(params["weight_dtype"] or dtype_name(dt))
     hidden, rows, size = shape[-1], math.prod(shape[:-1]), dt.itemsize
+    rmsnorm_backward.check_arrays({"dy": ArraySpec.fresh(shape, dt), "x": ArraySpec.fresh(shape, dt),
+                                   "weight": ArraySpec.fresh((hidden,), w_dt),
+                                   "rstd": ArraySpec.fresh(shape[:-1], np.float32)})
     vec = rmsnorm.vector_width(hidden, [ArraySpec.fresh(shape, dt)], ArraySpec.fresh((hidden,), w_dt))
     p = rmsnorm_backward.plan(hidden, rows, vec, size, w_dt.itemsize)
     r = p.row
