@@ -124,6 +124,7 @@ from .reduce_plan import (  # noqa: F401
     COMPLEX,
     COUNT_OPS,
     DEFAULT_KNOBS,
+    row_knobs,
     FINISH_BITS,
     FINISH_DIVIDE,
     FINISH_EQUALS,
@@ -375,7 +376,8 @@ def _tuned_knobs(x, axis) -> Knobs:
     length = x.shape[-1]
     if length == 0:
         return DEFAULT_KNOBS
-    return _tuned.lookup(TUNING["sum_rows"], x.data.device_id, x.dtype, (x.size // length, length))
+    return row_knobs(_tuned.lookup(TUNING["sum_rows"], x.data.device_id, x.dtype, (x.size // length, length)),
+                     x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -121,6 +121,13 @@ class Knobs:
 
 
 DEFAULT_KNOBS = Knobs()
+# Rows of inputs of at most 4 bytes an element past 2048 16-byte vectors (32 KiB) take 512 threads where no
+# tuning cache entry says otherwise, so each thread keeps 8 vectors in flight: rows [32768, 16384] float32
+# on the H100 688.2 -> 680.6 us, ahead of torch's 684.5 and CuPy's 686.7 (docs/design/reductions.md,
+# "Defaults for the largest arrays"); shorter rows plan as before. float64's maxima and minima spill at 512
+# threads (64 registers), so 8-byte inputs keep 256.
+WIDE_ROW_KNOBS = dataclasses.replace(DEFAULT_KNOBS, row_max_tpr=512)
+WIDE_ROW_ITEMSIZE = 4
 # var and std's own point (any point gives the same bits): rows of at most 128 threads, so that their rows
 # kernels come in two blocks, not three (the instantiation table stays small); a full grid of 8 blocks an SM
 # and rows capped at 16 waves (blocks walking about two long rows), measured on the H200 (docs/design/reductions.md,
@@ -869,6 +876,15 @@ def lift_modes(t, o, kernel_op: int) -> int:
     return plain | skip
 
 
+def row_knobs(knobs: Knobs, dtype) -> Knobs:
+    """The knobs of a rows reduction of ``dtype``: ``knobs`` (the tuning cache's, or :data:`DEFAULT_KNOBS`
+    where it has no entry), but :data:`WIDE_ROW_KNOBS` in place of the defaults for inputs of at most
+    :data:`WIDE_ROW_ITEMSIZE` bytes an element."""
+    if knobs is DEFAULT_KNOBS and np.dtype(dtype).itemsize <= WIDE_ROW_ITEMSIZE:
+        return WIDE_ROW_KNOBS
+    return knobs
+
+
 def kernel_op_knobs(kernel_op: int) -> Knobs:
     """The knobs an op plans with when the call gives none (every op but var, std, prod and logsumexp may
     take the tuning cache's instead)."""
@@ -906,7 +922,7 @@ def instantiations() -> list:
             for rp in _row_plans(dataclasses.replace(kernel_op_knobs(op), row_max_tpr=LIFT_ROW_MAX_TPR)):
                 out.add(_rows_inst(t, o, op, rp))
             continue
-        for rp in _row_plans(kernel_op_knobs(op)):
+        for rp in _row_plans(row_knobs(kernel_op_knobs(op), t)):
             out.add(_rows_inst(t, o, op, rp))
         out.add(_strided_inst(t, o, op))
         if op in COMPACT_KERNEL_OPS:

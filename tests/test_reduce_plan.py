@@ -113,10 +113,10 @@ def test_max_and_min_combine_without_branches(arch):
 def test_instantiations_are_generated_and_cover_the_dispatcher():
     insts = P.instantiations()
     assert len(insts) == len(set(insts))
-    # CI compiles all of them for two architectures (var and std add 64, prod and logsumexp 52, complex
+    # CI compiles all of them for four architectures (var and std add 64, prod and logsumexp 52, complex
     # products 8 of those; weighted logsumexp 4; the NaN-aware ops none; the int64 counts and the bool results
-    # of any and all 42)
-    assert len(insts) <= 712
+    # of any and all 42; the 512-thread rows of inputs of at most 4 bytes 80)
+    assert len(insts) <= 800
     have = set(insts)
     shapes = [(1,), (31,), (1000003,), (4097, 3), (3, 4097), (1, 4097), (4097, 1), (7, 5, 9), (2, 3, 4, 5)]
     axes_for = {1: [None, 0], 2: [None, 0, 1, (0, 1)], 3: [None, 0, 1, 2, (0, 2), (1, 2)], 4: [(1, 3), (0, 2), 2]}
@@ -169,15 +169,23 @@ def test_rows_plan():
         assert P.plan_rows(length, 10**7, 2).tpr == p.tpr
 
 
-def test_defaults_are_the_h200_sweep_winners():
-    # docs/design/reductions.md: rows [32768, 16384] float32 with 256 threads a row, unroll 4, 4 blocks
-    # a SM and a grid of 32 waves; the full sum: blocks of 256, 4 an SM, the whole chain step's 8 loads in
-    # flight ("Groups combined in batches").
+def test_defaults_are_the_sweeps_winners():
+    # docs/design/reductions.md: rows with unroll 4, 4 blocks of 256 a SM and a grid of 32 waves, and for
+    # inputs of at most 4 bytes 512 threads (2 blocks a SM) past 2048 vectors ([32768, 16384] float32); the
+    # full sum: blocks of 256, 4 an SM, the whole chain step's 8 loads in flight ("Groups combined in
+    # batches").
     k = P.DEFAULT_KNOBS
     assert k.row_waves == 32 and (k.row_max_tpr, k.row_unroll, k.row_threads_per_sm) == (256, 4, 1024)
     assert (k.full_block, k.full_blocks_per_sm, k.full_unroll) == (256, 4, 8)
-    p = P.plan_rows(16384, 32768, 4, 132)
+    p = P.plan_rows(16384, 32768, 8, 132)
     assert (p.tpr, p.unroll, p.min_blocks, p.grid) == (256, 4, 4, 32 * 132 * 4)
+    wide = P.row_knobs(k, np.float32)
+    assert wide is P.WIDE_ROW_KNOBS and wide.row_max_tpr == 512 and P.row_knobs(k, np.float64) is k
+    p = P.plan_rows(16384, 32768, 4, 132, knobs=wide)
+    assert (p.tpr, p.unroll, p.min_blocks, p.grid) == (512, 4, 2, 32 * 132 * 2)
+    assert P.plan_rows(8192, 32768, 4, 132, knobs=wide).tpr == 256  # 2048 vectors: as before
+    tuned = P.Knobs(row_max_tpr=128)
+    assert P.row_knobs(tuned, np.float32) is tuned  # a tuning cache entry stands
 
 
 @pytest.mark.parametrize("knobs", [

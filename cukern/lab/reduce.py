@@ -163,6 +163,8 @@ def _describe(public: str):
         o = lowered or (dt if op.minmax else reduce_plan.kernel_dtype(name, dt, final))
         if knobs is None:
             knobs = reduce_plan.kernel_op_knobs(op.kernel_op)
+            if axis == (len(shape) - 1,) or axis == len(shape) - 1 or axis == -1:
+                knobs = reduce_plan.row_knobs(knobs, dt)  # the op's own choice for rows (reduce._tuned_knobs)
         pl = reduce_plan.plan(shape, dt, axis, op=name, sm_count=device.sm_count, knobs=knobs)
         insts = reduce_plan.plan_instantiations(pl, dt, o, op.kernel_op)
         kind, p = pl.layout.kind, pl.kernel
