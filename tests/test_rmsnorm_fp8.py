@@ -598,6 +598,7 @@ def test_a_gpu_scale_is_refused_under_capture(rng):
 
     x = cp.asarray(rng.standard_normal((4, 256)).astype(BFLOAT16))
     scale = cp.asarray([0.5], np.float32)
+    cp.cuda.Device().synchronize()  # made on the null stream, which the non-blocking stream does not wait for
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         eager = rmsnorm.rms_norm(x, out_dtype=FP8, scale=scale)

@@ -111,9 +111,14 @@ def test_rms_norm_matches_liger(torch, ct, dtype):
     liger.LigerRMSNormFunction.apply(lx, lw, 1e-6, 0.0, "llama", False).backward(dy)
     x64, w64 = _leaf(torch, x0.double()), _leaf(torch, w0.double())
     _rms64(x64, w64, 1e-6, 0.0).backward(dy.double())
-    for ours, theirs, ref, terms in ((x.grad, lx.grad, x64.grad, 4096), (w.grad, lw.grad, w64.grad, 257)):
-        _close(ours, ref, dtype, terms=terms)  # both within the one rule of float64
-        _close(theirs, ref, dtype, terms=terms)
+    _close(x.grad, x64.grad, dtype, terms=4096)  # dx: both within the one rule of float64
+    _close(lx.grad, x64.grad, dtype, terms=4096)
+    _close(w.grad, w64.grad, dtype, terms=257)
+    # dweight: Liger's sums of bfloat16 products stray past the rule (64 of 4096 at 257 rows); ours is at
+    # least as close to float64 as Liger's, normwise
+    ref = w64.grad.double()
+    ours, theirs = ((g.double() - ref).norm() / ref.norm() for g in (w.grad, lw.grad))
+    assert float(ours) <= float(theirs) * 1.01 + 1e-7, (float(ours), float(theirs))
 
 
 def test_rms_norm_gradient_is_the_same_whatever_the_batch(torch, ct):
@@ -206,7 +211,8 @@ def test_layer_norm_gradients(torch, ct, dtype, with_bias):
         _close(b.grad, b64.grad, dtype, terms=111)
     liger = pytest.importorskip("liger_kernel.ops.layer_norm")
     lx, lw, lb = (_leaf(torch, a) for a in (x0, w0, b0))
-    liger.LigerLayerNormFunction.apply(lx, lw, lb if with_bias else None, 1e-5).backward(dy)
+    # Liger's LayerNorm always has a bias: a zero one stands for none (the same dx)
+    liger.LigerLayerNormFunction.apply(lx, lw, lb if with_bias else torch.zeros_like(lb), 1e-5).backward(dy)
     _close(lx.grad, x64.grad, dtype, terms=989)
 
 
