@@ -196,8 +196,10 @@ def tmp(tmp_path):
 
 @pytest.mark.parametrize("argv, words", MISTAKES, ids=[" ".join(a) for a, _ in MISTAKES])
 def test_each_mistake_is_one_line_and_exit_2(argv, words, tmp, monkeypatch, capsys):
-    # a None entry in sys.modules makes `import matplotlib` fail as if it were not installed
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    # a None entry in sys.modules makes `import matplotlib` fail as if it were not installed (its submodules
+    # too, which an earlier test of this process may have imported)
+    for name in ["matplotlib", *(m for m in list(sys.modules) if m.startswith("matplotlib."))]:
+        monkeypatch.setitem(sys.modules, name, None)
     code, _, err = lab(capsys, *(a.format(tmp=tmp) for a in argv))
     assert_one_line_error((code, err), *(w.format(tmp=tmp) for w in words))
     assert not (tmp / "p.png").exists()
