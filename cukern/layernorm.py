@@ -417,7 +417,8 @@ def _contiguous(a, name: str, op: str):
 
 def layer_norm_backward(dy: DeviceArray, x: DeviceArray, weight: DeviceArray | None = None, *, eps: float = 1e-5,
                         mean: DeviceArray | None = None, rstd: DeviceArray | None = None,
-                        dresidual: DeviceArray | None = None, dx: DeviceArray | None = None) -> tuple:
+                        dresidual: DeviceArray | None = None, dx: DeviceArray | None = None
+                        ) -> tuple[DeviceArray, DeviceArray | None, DeviceArray]:
     """Gradients of :func:`layer_norm` (and of :func:`fused_add_layer_norm`, x then being the new residual).
 
     With ``xhat = (x - mean) * rstd`` and ``g = dy * weight``:

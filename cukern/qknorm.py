@@ -543,7 +543,7 @@ def qk_norm_rope_backward(positions: DeviceArray, dq: DeviceArray, dk: DeviceArr
         gq, gk = dq.copy(), None if dk is None else dk.copy()
         _rotary.rotary_embedding(positions, gq, gk, cos_sin_cache, is_neox=is_neox, rotary_dim=args.rotary_dim,
                                  inverse=True, check_positions=False)
-        dquery, dq_weight = _backward.rms_norm_backward(gq, query, q_weight, eps=e, offset=o, out=gq)
+        dquery, dq_weight = _backward.rms_norm_backward(gq, query, q_weight, eps=e, offset=o, dx=gq)
         dkey, dk_weight = (None, None) if key is None else _backward.rms_norm_backward(gk, key, k_weight, eps=e,
                                                                                        offset=o, out=gk)
     return dquery, dkey, dq_weight, dk_weight

@@ -187,22 +187,22 @@ def bytes_moved(shape, dtype, weight_dtype=None, *, dresidual: bool = False, rst
 # Validation and the call.
 
 
-def _validate(dy, x, weight, rstd, dresidual, out) -> dict:
+def _validate(dy, x, weight, rstd, dresidual, dx) -> dict:
     """Every argument as a CuPy view, checked against x: dtypes, shapes, device, unit last strides."""
-    names = {"dy": dy, "x": x, "weight": weight, "rstd": rstd, "dresidual": dresidual, "out": out}
-    arrays = check_arrays({n: as_array(a, n, writable=n == "out") for n, a in names.items()
+    names = {"dy": dy, "x": x, "weight": weight, "rstd": rstd, "dresidual": dresidual, "dx": dx}
+    arrays = check_arrays({n: as_array(a, n, writable=n == "dx") for n, a in names.items()
                            if a is not None or n in ("dy", "x")})
-    if out is not None:
-        _check.check_writable(arrays["out"], "out")
+    if dx is not None:
+        _check.check_writable(arrays["dx"], "dx")
     return arrays
 
 
 def check_arrays(arrays: dict) -> dict:
     """Every check of the arrays by name (``dy``, ``x``, and any of ``weight``, ``rstd``, ``dresidual`` and
-    ``out``), already converted; reads only shape, strides, dtype and device, so the ``explain`` card's
+    ``dx``), already converted; reads only shape, strides, dtype and device, so the ``explain`` card's
     stand-ins go through it."""
     x = arrays["x"]
-    rmsnorm.check_like_x(arrays, ("dy", "dresidual", "out"))
+    rmsnorm.check_like_x(arrays, ("dy", "dresidual", "dx"))
     r = arrays.get("rstd")
     if r is not None:
         if r.dtype != _F32:
@@ -216,15 +216,15 @@ def check_arrays(arrays: dict) -> dict:
     return arrays
 
 
-def _check_overlaps(out, dy, x, weight, rstd, dresidual) -> None:
-    """out (dx) may be dy or dresidual itself (a thread reads each element before it writes it), and must share
+def _check_overlaps(dx, dy, x, weight, rstd, dresidual) -> None:
+    """dx may be dy or dresidual itself (a thread reads each element before it writes it), and must share
     no element with any other input or partially overlap those two."""
-    if out is None:
+    if dx is None:
         return
     for a, name, same_ok in ((dy, "dy", True), (dresidual, "dresidual", True), (x, "x", False),
                              (weight, "weight", False), (rstd, "rstd", False)):
         if a is not None:
-            _check.check_no_overlap(out, "out", a, name, identical_ok=same_ok)
+            _check.check_no_overlap(dx, "dx", a, name, identical_ok=same_ok)
 
 
 @dataclass(frozen=True)
@@ -251,14 +251,14 @@ def _spec(a, shape):
     return ArraySpec.fresh(shape, np.float32) if a is None else ArraySpec(shape, a.strides + (4,), a.dtype, a.data.ptr)
 
 
-def _plan_call(dy, x, weight, rstd, dresidual, out, eps: float, offset: float) -> _Call:
+def _plan_call(dy, x, weight, rstd, dresidual, dx, eps: float, offset: float) -> _Call:
     device = x.data.device_id
     hidden, lead = x.shape[-1], x.shape[:-1]
     rows = math.prod(lead)
     if x.size == 0:
         return _Call(None, None, None, None, 0, False)
-    dx = out if out is not None else ArraySpec.fresh(x.shape, x.dtype)
-    rowed = [dx, dy, x] + ([dresidual] if dresidual is not None else [])
+    target = dx if dx is not None else ArraySpec.fresh(x.shape, x.dtype)
+    rowed = [target, dy, x] + ([dresidual] if dresidual is not None else [])
     layout = rows_layout(rowed + [_spec(rstd, lead + (1,))])
     copy = len(layout.outer) > 1
     if copy:  # every row array C-contiguous: two levels of strides then hold every row
@@ -279,24 +279,24 @@ def _plan_call(dy, x, weight, rstd, dresidual, out, eps: float, offset: float) -
     return _Call(kernel, tree, p, params, 4 * p.grid * hidden if weight is not None else 0, copy)
 
 
-def _run(dy, x, weight, eps, offset, rstd, dresidual, out):
+def _run(dy, x, weight, eps, offset, rstd, dresidual, dx):
     e, o = rmsnorm._scalars(eps, offset)
     nd = _cupy().ndarray
     key = None
     call = CallCache.MISSING
-    if all(a is None or type(a) is nd for a in (dy, x, weight, rstd, dresidual, out)):
-        key = (e, o, _desc(dy), _desc(x), _desc(weight), _desc(rstd), _desc(dresidual), _desc(out))
+    if all(a is None or type(a) is nd for a in (dy, x, weight, rstd, dresidual, dx)):
+        key = (e, o, _desc(dy), _desc(x), _desc(weight), _desc(rstd), _desc(dresidual), _desc(dx))
         call = _calls.get(key)
     if call is CallCache.MISSING:
-        arrays = _validate(dy, x, weight, rstd, dresidual, out)
-        dy, x, weight, rstd, dresidual, out = (arrays.get(n) for n in ("dy", "x", "weight", "rstd", "dresidual",
-                                                                         "out"))
-        _check_overlaps(out, dy, x, weight, rstd, dresidual)
-        call = _plan_call(dy, x, weight, rstd, dresidual, out, e, o)
+        arrays = _validate(dy, x, weight, rstd, dresidual, dx)
+        dy, x, weight, rstd, dresidual, dx = (arrays.get(n) for n in ("dy", "x", "weight", "rstd", "dresidual",
+                                                                         "dx"))
+        _check_overlaps(dx, dy, x, weight, rstd, dresidual)
+        call = _plan_call(dy, x, weight, rstd, dresidual, dx, e, o)
         if key is not None:
             _calls.put(key, call)
     else:
-        _check_overlaps(out, dy, x, weight, rstd, dresidual)
+        _check_overlaps(dx, dy, x, weight, rstd, dresidual)
     cp = _cupy()
     with on_device(x.data.device_id):
         if call.copy:
@@ -305,30 +305,32 @@ def _run(dy, x, weight, eps, offset, rstd, dresidual, out):
         ws = _reduce.workspace(call.partial_bytes) if call.partial_bytes else None
         dweight = None if weight is None else cp.empty(weight.shape, weight.dtype)
         if call.kernel is None:
-            dx = out if out is not None else cp.empty(x.shape, x.dtype)
+            if dx is None:
+                dx = cp.empty(x.shape, x.dtype)
             if dweight is not None:
                 dweight.fill(0)  # a sum over no rows
             return dx, dweight
-        dx = out if out is not None and not call.copy else cp.empty(x.shape, x.dtype)
+        target = dx if dx is not None and not call.copy else cp.empty(x.shape, x.dtype)
         if call.copy:
             dy, x, rstd, dresidual = (None if a is None else cp.ascontiguousarray(a) for a in (dy, x, rstd, dresidual))
         p = call.plan
         with SEQUENCE_LOCK:
-            launch(call.kernel, p.config, (dx, _NULL if ws is None else ws.scratch, dy, x,
+            launch(call.kernel, p.config, (target, _NULL if ws is None else ws.scratch, dy, x,
                                            _NULL if weight is None else weight, _NULL if rstd is None else rstd,
                                            _NULL if dresidual is None else dresidual, call.params))
             if weight is not None:
                 launch(call.tree_kernel, p.tree_config, (dweight, ws.scratch, np.int64(1), np.int32(x.shape[-1]),
                                                          np.uint32(p.grid), np.uint32(p.per_lane)))
-        if out is not None and call.copy:
-            out[...] = dx
-            dx = out
+        if dx is not None and call.copy:
+            dx[...] = target
+        else:
+            dx = target
     return dx, dweight
 
 
 def rms_norm_backward(dy: DeviceArray, x: DeviceArray, weight: DeviceArray | None = None, *, eps: float = 1e-6,
                       offset: float = 0.0, rstd: DeviceArray | None = None, dresidual: DeviceArray | None = None,
-                      out: DeviceArray | None = None) -> tuple[DeviceArray, DeviceArray | None]:
+                      dx: DeviceArray | None = None) -> tuple[DeviceArray, DeviceArray | None]:
     """Gradients of :func:`cukern.rms_norm` (plain, Gemma offset, fused residual) over the last axis.
 
     With ``r = 1 / sqrt(mean(x**2) + eps)``, ``xhat = x * r`` and ``g = dy * (offset + weight)``:
@@ -357,7 +359,7 @@ def rms_norm_backward(dy: DeviceArray, x: DeviceArray, weight: DeviceArray | Non
         forward used.
     dresidual : cupy.ndarray like x, optional: for the fused form, the gradient arriving at the residual
         output, added into dx.
-    out : cupy.ndarray like x, optional: where dx goes. It may be dy or dresidual itself; it must share no
+    dx : cupy.ndarray like x, optional: where dx goes. It may be dy or dresidual itself; it must share no
         element with x, weight or rstd and not partially overlap dy or dresidual.
 
     Returns
@@ -394,4 +396,4 @@ def rms_norm_backward(dy: DeviceArray, x: DeviceArray, weight: DeviceArray | Non
     >>> bool((cp.asnumpy(dx) == ex).all() and (cp.asnumpy(dweight) == ew).all())
     True
     """
-    return _run(dy, x, weight, eps, offset, rstd, dresidual, out)
+    return _run(dy, x, weight, eps, offset, rstd, dresidual, dx)

@@ -401,7 +401,7 @@ def bad_cases():
 
 
 def _backward_cases(T, H):
-    """rms_norm_backward's bad arguments, one at a time, and out (dx) over its inputs."""
+    """rms_norm_backward's bad arguments, one at a time, and dx over its inputs."""
     f32, floats = np.dtype(np.float32), tuple(np.dtype(t) for t in (np.float32, np.float16, BFLOAT16))
     fn = cukern.rms_norm_backward
 
@@ -413,7 +413,7 @@ def _backward_cases(T, H):
            "weight": _array_values((H,), (f32,), optional=True, shapes=[(H - 1,), (1, H), ()], unit_last=True),
            "rstd": _array_values((T,), (f32,), optional=True, shapes=[(T, 1), (T - 1,), ()]),
            "dresidual": _array_values((T, H), (f32,), optional=True, shapes=[(T, H + 1)], unit_last=True),
-           "out": _array_values((T, H), (f32,), optional=True, shapes=[(T, H - 1)], unit_last=True, written=True),
+           "dx": _array_values((T, H), (f32,), optional=True, shapes=[(T, H - 1)], unit_last=True, written=True),
            "eps": REAL_VALUES + (("negative", -1e-6), ("past float32", 1e39)),
            "offset": REAL_VALUES + (("past float32", -1e39),)}
     cases = _sweep("rms_norm_backward", fn, good, bad)
@@ -421,21 +421,21 @@ def _backward_cases(T, H):
     def out_over(name, same):
         def make():
             views = _views((T, H), 0, 0 if same else 1)
-            return {name: views[0], "out": views[1]}
+            return {name: views[0], "dx": views[1]}
         return make
 
     def out_over_weight():
         buf = _a((T, H))
-        return {"out": buf, "weight": buf[1]}
+        return {"dx": buf, "weight": buf[1]}
 
     def out_over_rstd():
         buf = _a((T, H))
-        return {"out": buf, "rstd": buf[:, 0]}
+        return {"dx": buf, "rstd": buf[:, 0]}
 
-    rows = [("out is x", "out", out_over("x", True)), ("out partially overlaps x", "out", out_over("x", False)),
-            ("out partially overlaps dy", "out", out_over("dy", False)),
-            ("out partially overlaps dresidual", "out", out_over("dresidual", False)),
-            ("out overlaps weight", "out", out_over_weight), ("out overlaps rstd", "out", out_over_rstd)]
+    rows = [("dx is x", "dx", out_over("x", True)), ("dx partially overlaps x", "dx", out_over("x", False)),
+            ("dx partially overlaps dy", "dx", out_over("dy", False)),
+            ("dx partially overlaps dresidual", "dx", out_over("dresidual", False)),
+            ("dx overlaps weight", "dx", out_over_weight), ("dx overlaps rstd", "dx", out_over_rstd)]
     return cases + _overlaps("rms_norm_backward", fn, good, rows)
 
 
@@ -739,7 +739,7 @@ def layout_cases(seed=0, draws=1600):
                 o = None if r.random() < 0.3 else _view(r, shape, f32, unit_last=True)
                 views["out"], views["dweight"] = cukern.rms_norm_backward(
                     views["dy"], views["x"], _a((hidden,), f32), rstd=views.get("rstd"),
-                    dresidual=views.get("dresidual"), out=o)
+                    dresidual=views.get("dresidual"), dx=o)
                 return views, None
             if family in ("rotary", "rotary_positions", "mrope", "qk_norm_rope"):
                 tokens, q_heads, k_heads = int(r.integers(0, 6)), int(r.integers(1, 5)), int(r.integers(1, 3))

@@ -220,8 +220,8 @@ def test_bad_arrays_are_refused():
         f(dy, x, dresidual=unread_cupy_array((3, 64)))
     with pytest.raises(TypeError, match="x has dtype"):
         f(unread_cupy_array((4, 64), np.int32), unread_cupy_array((4, 64), np.int32))
-    with pytest.raises(ValueError, match="out overlaps x"):
-        f(dy, x, out=x)
+    with pytest.raises(ValueError, match="dx overlaps x"):
+        f(dy, x, dx=x)
     with pytest.raises(TypeError, match="return_rstd"):
         rmsnorm.rms_norm(x, return_rstd=1)
     with pytest.raises(TypeError, match="return_rstd"):
@@ -269,7 +269,7 @@ def test_matches_emulator_and_float64(dtype, wdtype, hidden, rows, rng):
     y, rstd = rmsnorm.rms_norm(x, w, 1e-6, offset=offset, return_rstd=True)
     out = _poisoned(cp, x.shape, dtype)
     got = rmsnorm_backward.rms_norm_backward(dy, x, w, eps=1e-6, offset=offset, rstd=rstd if given else None,
-                                             dresidual=dr, out=out)
+                                             dresidual=dr, dx=out)
     assert got[0] is out
     _check(dy, x, w, offset, rstd if given else None, dr, got)
     got = rmsnorm_backward.rms_norm_backward(dy, x, None, eps=1e-6, offset=offset)
@@ -356,7 +356,7 @@ def test_strided_misaligned_and_many_level_views(dtype, rng):
     w = _randn(cp, 64, dtype, rng)
     rstd = cp.asarray(reference.rms_norm_rstd_emulated(x, 1e-6))[..., None]
     out = _poisoned(cp, (2, 5, 4, 64), dtype)[:, :, ::-1]
-    got = rmsnorm_backward.rms_norm_backward(dy, x, w, rstd=rstd[..., 0], out=out)
+    got = rmsnorm_backward.rms_norm_backward(dy, x, w, rstd=rstd[..., 0], dx=out)
     assert got[0] is out
     _check(dy, x, w, 0.0, rstd[..., 0], None, got)
 
@@ -368,7 +368,7 @@ def test_in_place_and_empty(rng):
     x, dy = (_randn(cp, (33, 4096), BFLOAT16, rng) for _ in range(2))
     w = _randn(cp, 4096, F32, rng)
     want = reference.rms_norm_backward_emulated(dy, x, w)
-    dx, dw = rmsnorm_backward.rms_norm_backward(dy, x, w, out=dy)
+    dx, dw = rmsnorm_backward.rms_norm_backward(dy, x, w, dx=dy)
     assert dx is dy and same_bits(dx, want[0]) and same_bits(dw, want[1])
     for shape in ((0, 64), (5, 0), (0, 0), (2, 0, 7)):
         z = cp.zeros(shape, F32)

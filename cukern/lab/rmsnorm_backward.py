@@ -33,7 +33,7 @@ def inputs(shape, dtype) -> dict:
 
 
 def _run(s):
-    return rmsnorm_backward.rms_norm_backward(s["dy"], s["x"], s["w"], rstd=s["rstd"], out=s["out"])
+    return rmsnorm_backward.rms_norm_backward(s["dy"], s["x"], s["w"], rstd=s["rstd"], dx=s["out"])
 
 
 def _cupy(s):
