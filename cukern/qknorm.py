@@ -545,5 +545,5 @@ def qk_norm_rope_backward(positions: DeviceArray, dq: DeviceArray, dk: DeviceArr
                                  inverse=True, check_positions=False)
         dquery, dq_weight = _backward.rms_norm_backward(gq, query, q_weight, eps=e, offset=o, dx=gq)
         dkey, dk_weight = (None, None) if key is None else _backward.rms_norm_backward(gk, key, k_weight, eps=e,
-                                                                                       offset=o, out=gk)
+                                                                                       offset=o, dx=gk)
     return dquery, dkey, dq_weight, dk_weight
