@@ -96,6 +96,12 @@ def kernels(recorded):
             have = c if inst.expression in c.lowered else undeclared.get(source)
             if have is not None and inst.expression in have.lowered:
                 entries[inst] = entry(have.kernel_ptx(inst))
+        # a kernel launched only in instantiations the sample left out: one of them, to PTX
+        named = {i.name for i in entries if i.source == source}
+        lone = {i.name: i for i in sorted(insts, key=lambda i: i.expression) if i.name not in named}
+        if lone:
+            ptx = compile_program(source, list(lone.values()), ARCH.replace("sm_", "compute_"))
+            entries.update((i, entry(ptx.kernel_ptx(i))) for i in lone.values())
     return entries, undeclared
 
 

@@ -32,7 +32,9 @@ struct Chan {
     if (lo.n == 0) return hi;
     const auto n = add_rn(hi.n, lo.n);
     const auto d = sub_rn(lo.mean, hi.mean);
-    const auto f = div_rn(lo.n, n);
+    // Equal counts (a balanced tree's every merge): lo.n / n is 1/2 exactly, the correctly rounded quotient.
+    auto f = static_cast<decltype(n)>(0.5);
+    if (lo.n != hi.n) f = div_rn(lo.n, n);
     return A{n, add_rn(hi.mean, mul_rn(d, f)), add_rn(add_rn(hi.m2, lo.m2), mul_rn(mul_rn(d, d), mul_rn(hi.n, f)))};
   }
 };
