@@ -47,11 +47,12 @@ their order, so the bits do not change. None of this adds a kernel but the compl
 calls are refused under a CUDA-graph capture (temporaries).
 
 Host path: the first call for a given (op, arguments, shape, strides, dtype, 16-byte alignment, device,
-stream, tuning knobs, and ``out``'s shape, strides, dtype, device and item alignment) validates, plans and
-prepares its launches; later such calls find them in a :class:`~cukern._launch.CallCache` and go straight to
-allocating the result (or checking ``out`` against ``x``) and launching. Tuning knobs:
-:class:`~cukern.reduce_plan.Knobs`; the tuning cache's winner is used where there is one
-(:func:`_tuned_knobs`), looked up once per call.
+stream, the tuning cache's generation, and ``out``'s shape, strides, dtype, device and item alignment)
+validates, plans and prepares its launches; later such calls find them in a
+:class:`~cukern._launch.CallCache` and go straight to allocating the result (or checking ``out`` against
+``x``) and launching. Tuning knobs: :class:`~cukern.reduce_plan.Knobs`; the tuning cache's winner is used
+where there is one (:func:`_tuned_knobs`), looked up by the first call of a key (the knobs follow from the
+key and the cache's generation, so a hit looks up nothing).
 
 Accumulation: float32 for float16/bfloat16/float32 results, float64 for float64, int64 for integer results,
 complex64 / complex128 for complex products.
@@ -479,12 +480,13 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
     key = None
     nd = cp.ndarray
     if sm is None and type(x) is nd and (out is None or type(out) is nd):
-        if knobs is None:
-            knobs = _own_knobs(name) or _tuned_knobs(x, axis)
         try:
             key = _fast_key(name, x, axis, dtype, keepdims)
             if key is not None:
-                key += (knobs, type(ddof), ddof) if out is None else (knobs, type(ddof), ddof, *_out_key(out))
+                # None knobs follow from the key and the tuning cache's generation: no lookup on a hit
+                key += (knobs, _tuned.generation, type(ddof), ddof)
+                if out is not None:
+                    key += _out_key(out)
             call = _calls.get(key)
         except TypeError:  # unhashable arguments: the general path reports them
             key, call = None, _MISSING
