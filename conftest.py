@@ -26,15 +26,16 @@ def pytest_collection_modifyitems(config, items):
     if support is not None:
         support.EVERY = config.getoption("every_instantiation")
     # Tests that wait on NVRTC go last: the workers compile (see pytest_collection_finish) while the rest run,
-    # biggest family first, so those tests follow that order: each family's checks then run while the
-    # workers compile the smaller ones, rather than all of them after the last compile.
+    # biggest family first, so those tests follow that order, each placed by the last of its families to be
+    # compiled (its smallest): each family's checks then run while the workers compile the smaller ones, and
+    # a test of every family waits at the end, not ahead of the checks it would hold up.
     def order(item):
         mark = item.get_closest_marker("nvrtc")
         if mark is None:
             return (0, 0)
         import _support
 
-        return (1, -max(len(_support.checked_instantiations(s)) for s in mark.args))
+        return (1, -min(len(_support.checked_instantiations(s)) for s in mark.args))
 
     items.sort(key=order)
     if HAS_GPU:

@@ -16,8 +16,9 @@
 //    columns per block, eight lanes of chunks each, and writes dweight and dbias.
 // 2. Input traffic: the forward reads x (and residual) once and writes out (and residual) once, weight and
 //    bias re-read from L1/L2 by every row; the backward reads dy and x (and dresidual) once and writes dx
-//    once, plus 2 * 4 * hidden bytes a chunk of partials, written and read back once. 16-byte vectors where
-//    pointers and strides allow, element accesses otherwise, a warp's accesses contiguous.
+//    once, plus 2 * 4 * hidden bytes a chunk of partials, written and read back once. Vectors of four
+//    elements (16 bytes of float32, 8 of the half types: cukern/layernorm.py MAX_VEC) where pointers and
+//    strides allow, element accesses otherwise, a warp's accesses contiguous.
 // 3. Accumulation, in float32, every step rounded once (__fadd_rn, __fmul_rn: no contraction into FMAs):
 //    * the row's mean and M2: rms_norm.cu's classes (C = cukern/rmsnorm.py `tree_classes(hidden)`, element
 //      i in class i % C); each class forms its (count, mean, M2) at once (its sum in index order, divided by

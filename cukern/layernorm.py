@@ -44,6 +44,10 @@ SOURCE = "layer_norm"
 # plans 512 threads of 16 elements); longer rows are refused rather than streamed twice.
 MAX_HIDDEN = 8192
 MAX_CHUNKS = 512  # of dweight's and dbias's partial rows (see chunk_rows)
+# Elements a vector at most: float32 takes 16-byte vectors, the half types 8-byte ones, so that every dtype
+# spreads a row's classes over the same threads (256 a row of 4096) and a thread forms and merges four
+# classes' moments, not eight (docs/design/layer_norm.md, "Speed"). A plan choice: the bits do not change.
+MAX_VEC = 4
 PARAM_LANES = 8  # chunk lanes of a layer_norm_param_grads block (kParamLanes in the .cu)
 
 PARAMS = Params((("rows", "i64"), ("inner", "i64"), ("out_s0", "i64"), ("out_s1", "i64"), ("res_s0", "i64"),
@@ -113,12 +117,12 @@ class Plan:
 def plan(kernel: str, hidden: int, rows: int, vec: int, itemsize: int, sm_count: int = 132,
          knobs: Knobs = DEFAULT_KNOBS) -> Plan:
     """Pure launch planning. The tile is rms_norm's (:func:`cukern.rmsnorm.plan`, never its wide kernel: rows
-    past :data:`MAX_HIDDEN` are refused before planning), so the row's classes are split over threads as
-    rms_norm splits them. The forward's grid is rms_norm's; the backward's covers the
+    past :data:`MAX_HIDDEN` are refused before planning) with ``vec`` at most :data:`MAX_VEC`, so the row's
+    classes are split over threads as rms_norm splits them. The forward's grid is rms_norm's; the backward's covers the
     ``ceil(rows / chunk_rows(rows))`` chunks, one a row group."""
     if not 1 <= hidden <= MAX_HIDDEN:
         raise ValueError(f"hidden={hidden}; layer_norm takes 1 to {MAX_HIDDEN} elements a row")
-    tile = rmsnorm.plan(hidden, rows, vec, itemsize, sm_count, knobs)
+    tile = rmsnorm.plan(hidden, rows, min(vec, MAX_VEC), itemsize, sm_count, knobs)
     if tile.kernel != "rows":
         raise ValueError(f"hidden={hidden} with vec={vec} does not fit a row in registers")
     if kernel != "backward":
