@@ -271,12 +271,9 @@ template <typename S> __device__ __forceinline__ S exp_nonpositive(S d) {
   return mul_rn(p, E::pow2(E::magic_int(t) + 64));
 }
 
-// log(s) for finite s >= 1: s = f 2^e with f in [sqrt(1/2), sqrt(2)), log f = 2 atanh((f - 1) / (f + 1)).
-template <typename S> __device__ __forceinline__ S log_at_least_one(S s) {
+// log(f 2^e) for f in [sqrt(1/2), sqrt(2)): e ln2 in two parts, plus log f = 2 atanh((f - 1) / (f + 1)).
+template <typename S> __device__ __forceinline__ S log_parts(S f, int e) {
   using E = ExpLog<S>;
-  int e;
-  S f = frexp(s, &e);
-  if (f < E::kSqrtHalf) f = mul_rn(f, S(2)), --e;
   const S u = div_rn(sub_rn(f, S(1)), add_rn(f, S(1)));
   const S w = mul_rn(u, u);
   S p = E::kLog[E::kLogTerms - 1];
@@ -284,6 +281,20 @@ template <typename S> __device__ __forceinline__ S log_at_least_one(S s) {
   for (int i = E::kLogTerms - 2; i >= 0; --i) p = add_rn(mul_rn(p, w), E::kLog[i]);
   const S se = static_cast<S>(e);
   return add_rn(mul_rn(se, E::kLn2Hi), add_rn(mul_rn(se, E::kLn2Lo), mul_rn(add_rn(u, u), p)));
+}
+
+// s > 0 (normal) as f 2^e, f in [sqrt(1/2), sqrt(2)): frexp's fraction, doubled below sqrt(1/2).
+template <typename S> __device__ __forceinline__ S log_split(S s, int& e) {
+  S f = frexp(s, &e);
+  if (f < ExpLog<S>::kSqrtHalf) f = mul_rn(f, S(2)), --e;
+  return f;
+}
+
+// log(s) for finite s >= 1.
+template <typename S> __device__ __forceinline__ S log_at_least_one(S s) {
+  int e;
+  const S f = log_split(s, e);
+  return log_parts(f, e);
 }
 
 // logsumexp's maximum, of a chain's elements and of two states. Only its value reaches the result, never the
@@ -301,18 +312,22 @@ template <> __device__ __forceinline__ float chain_max(float a, float b) { retur
 // which exp_nonpositive's clamp turns into e = 0, keeping s_hi (>= 1 but for an all -inf slice against the
 // identity, which is empty again). What the operands' order can change (a zero m's sign, the s of an infinite
 // or NaN m) never reaches the result: finish returns m itself for an infinite or NaN m with any s != 0.
-template <typename S> struct MaxSum {
-  S m, s;
+// V, the sum's type: S, or Complex<S> for the complex logsumexp (reduce_lse_complex), whose m is the maximum of
+// the real parts.
+template <typename S, typename V = S> struct MaxSum {
+  S m;
+  V s;
 };
 
-template <typename S> __device__ __forceinline__ MaxSum<S> shuffle_xor(MaxSum<S> v, int m) {
-  return MaxSum<S>{__shfl_xor_sync(0xffffffffu, v.m, m), __shfl_xor_sync(0xffffffffu, v.s, m)};
+template <typename S, typename V> __device__ __forceinline__ MaxSum<S, V> shuffle_xor(MaxSum<S, V> v, int m) {
+  return MaxSum<S, V>{__shfl_xor_sync(0xffffffffu, v.m, m), shuffle_xor(v.s, m)};
 }
 
 struct LogSumExp {
   template <typename A> __device__ __forceinline__ static A identity() {
     using S = decltype(A::m);
-    return A{Limits<S>::lowest(), S(0)};
+    using V = decltype(A::s);
+    return A{Limits<S>::lowest(), V(0)};
   }
   template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
     const bool swap = b.m > a.m || b.m != b.m;
