@@ -297,6 +297,326 @@ template <typename S> __device__ __forceinline__ S log_at_least_one(S s) {
   return log_parts(f, e);
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// The complex logsumexp's cos and sin, atan2 and log|s| (reduce_lse_complex): cukern's own, as the exp and log
+// above, so that cukern/reference.py (cukern/reference/_elementary.py: `_cis`, `_phase`, `_log_abs`) gives
+// their bits. Every step is a correctly rounded operation (add_rn ... div_rn, __fsqrt_rn / __dsqrt_rn), a
+// fused multiply-add (float's Horner steps, as the exp's; and fma(a, b, c) where its result is exact: a
+// product's rounding error, a division's remainder, which the host forms exactly without one), an exact
+// scaling by powers of two, or integer arithmetic; nothing from CUDA's math library (sincos, atan2, hypot and
+// log differ by architecture and release). Measured against long double on the host (the most over 10^7
+// random values of each type; tests/test_logsumexp_complex.py): cos and sin 0.79 ulp, for every finite
+// argument, the largest and those nearest multiples of pi/2 included; the phase 1.75 ulp; log|s| 1.07 ulp
+// where |log|s|| >= 1, else 0.84 eps absolute; the sign s / |s| 2.41 ulp.
+
+// Constants (exact binary values; cukern/reference/_elementary.py holds the same literals). pi/2 for Cody
+// and Waite's reduction in parts (float: three floats, each the rounding of what is left; double: three
+// 33-bit truncations, then the rounded rest, so that k P is exact for k < 2^20); pi/2 and pi as hi + lo;
+// Taylor's coefficients of sin (r^3 on) and cos (r^4 on) for |r| <= pi/4 and of atan for |v| < 1/16, each
+// truncated where the next term is below a hundredth of an ulp; the division's remainder is carried into the
+// phase from a ratio of kRestMin up (below it the remainder could underflow, and the ratio alone is exact
+// enough).
+template <typename S> struct Trig;
+template <> struct Trig<float> {
+  static constexpr float kTwoOverPi = 0x1.45f306p-1f;
+  static constexpr float kMagic = 0x1.8p+23f;
+  static constexpr float kCodyWaiteMax = 0x1p+17f;
+  static constexpr float kRestMin = 0x1p-60f;
+  static constexpr float kPio2Parts[3] = {0x1.921fb6p+0f, -0x1.777a5cp-25f, -0x1.ee59dap-50f};
+  static constexpr float kPio2Hi = 0x1.921fb6p+0f, kPio2Lo = -0x1.777a5cp-25f;
+  static constexpr float kPiHi = 0x1.921fb6p+1f, kPiLo = -0x1.777a5cp-24f;
+  static constexpr int kSinTerms = 4;
+  static constexpr float kSin[kSinTerms] = {-0x1.555556p-3f, 0x1.111112p-7f, -0x1.a01a02p-13f, 0x1.71de3ap-19f};
+  static constexpr int kCosTerms = 4;
+  static constexpr float kCos[kCosTerms] = {0x1.555556p-5f, -0x1.6c16c2p-10f, 0x1.a01a02p-16f, -0x1.27e4fcp-22f};
+  static constexpr int kAtanTerms = 3;
+  static constexpr float kAtan[kAtanTerms] = {-0x1.555556p-2f, 0x1.99999ap-3f, -0x1.24924ap-3f};
+  static constexpr int kLimbs = 2;  // 64-bit words of 2/pi's window in the exact reduction
+};
+template <> struct Trig<double> {
+  static constexpr double kTwoOverPi = 0x1.45f306dc9c883p-1;
+  static constexpr double kMagic = 0x1.8p+52;
+  static constexpr double kCodyWaiteMax = 0x1p+20;
+  static constexpr double kRestMin = 0x1p-500;
+  static constexpr double kPio2Parts[4] = {0x1.921fb544p+0, 0x1.0b4611a6p-34, 0x1.3198a2ep-69, 0x1.b839a252049c1p-104};
+  static constexpr double kPio2Hi = 0x1.921fb54442d18p+0, kPio2Lo = 0x1.1a62633145c07p-54;
+  static constexpr double kPiHi = 0x1.921fb54442d18p+1, kPiLo = 0x1.1a62633145c07p-53;
+  static constexpr int kSinTerms = 8;
+  static constexpr double kSin[kSinTerms] = {-0x1.5555555555555p-3, 0x1.1111111111111p-7, -0x1.a01a01a01a01ap-13,
+                                             0x1.71de3a556c734p-19, -0x1.ae64567f544e4p-26, 0x1.6124613a86d09p-33,
+                                             -0x1.ae7f3e733b81fp-41, 0x1.952c77030ad4ap-49};
+  static constexpr int kCosTerms = 7;
+  static constexpr double kCos[kCosTerms] = {0x1.5555555555555p-5, -0x1.6c16c16c16c17p-10, 0x1.a01a01a01a01ap-16,
+                                             -0x1.27e4fb7789f5cp-22, 0x1.1eed8eff8d898p-29, -0x1.93974a8c07c9dp-37,
+                                             0x1.ae7f3e733b81fp-45};
+  static constexpr int kAtanTerms = 7;
+  static constexpr double kAtan[kAtanTerms] = {-0x1.5555555555555p-2, 0x1.999999999999ap-3, -0x1.2492492492492p-3,
+                                               0x1.c71c71c71c71cp-4, -0x1.745d1745d1746p-4, 0x1.3b13b13b13b14p-4,
+                                               -0x1.1111111111111p-4};
+  static constexpr int kLimbs = 3;
+};
+
+// 2/pi in 64-bit words: 64 zero bits, then its first 1216 bits after the point (the exact reduction reads 192
+// of them from bit E - 1 on, E up to 971).
+__constant__ unsigned long long kTwoOverPiWords[20] = {
+    0x0000000000000000ull, 0xa2f9836e4e441529ull, 0xfc2757d1f534ddc0ull, 0xdb6295993c439041ull,
+    0xfe5163abdebbc561ull, 0xb7246e3a424dd2e0ull, 0x06492eea09d1921cull, 0xfe1deb1cb129a73eull,
+    0xe88235f52ebb4484ull, 0xe99c7026b45f7e41ull, 0x3991d639835339f4ull, 0x9c845f8bbdf9283bull,
+    0x1ff897ffde05980full, 0xef2f118b5a0a6d1full, 0x6d367ecf27cb09b7ull, 0x4f463f669e5fea2dull,
+    0x7527bac7ebe5f17bull, 0x3d0739f78a5292eaull, 0x6bfb5fb11f8d5d08ull, 0x56033046fc7b6babull};
+
+// atan(j / 16), j = 0..16, as hi + lo.
+__constant__ float kAtanSixteenthsF[2][17] = {
+    {0x0p+0f, 0x1.ff55bcp-5f, 0x1.fd5baap-4f, 0x1.7b97b4p-3f, 0x1.f5b760p-3f, 0x1.362774p-2f, 0x1.6f6194p-2f,
+     0x1.a64eecp-2f, 0x1.dac670p-2f, 0x1.0657eap-1f, 0x1.1e00bap-1f, 0x1.345f02p-1f, 0x1.4978fap-1f,
+     0x1.5d5898p-1f, 0x1.700a7cp-1f, 0x1.819d0cp-1f, 0x1.921fb6p-1f},
+    {0x0p+0f, -0x1.1a6042p-30f, -0x1.54f424p-30f, 0x1.79cb60p-28f, -0x1.b4dfc8p-29f, -0x1.1f0286p-27f,
+     0x1.e4def0p-30f, 0x1.e611fep-29f, 0x1.586ed4p-28f, -0x1.6499e6p-26f, 0x1.7bdfd6p-26f, -0x1.98e422p-28f,
+     0x1.934f70p-28f, 0x1.c5a6c6p-27f, 0x1.5e118cp-27f, -0x1.1d4eb6p-26f, -0x1.777a5cp-26f}};
+__constant__ double kAtanSixteenthsD[2][17] = {
+    {0x0p+0, 0x1.ff55bb72cfdeap-5, 0x1.fd5ba9aac2f6ep-4, 0x1.7b97b4bce5b02p-3, 0x1.f5b75f92c80ddp-3,
+     0x1.362773707ebccp-2, 0x1.6f61941e4def1p-2, 0x1.a64eec3cc23fdp-2, 0x1.dac670561bb4fp-2, 0x1.0657e94db30d0p-1,
+     0x1.1e00babdefeb4p-1, 0x1.345f01cce37bbp-1, 0x1.4978fa3269ee1p-1, 0x1.5d58987169b18p-1, 0x1.700a7c5784634p-1,
+     0x1.819d0b7158a4dp-1, 0x1.921fb54442d18p-1},
+    {0x0p+0, -0x1.c934d86d23f1dp-60, -0x1.cd37686760c17p-59, 0x1.347b0b4f881cap-58, 0x1.8ab6e3cf7afbdp-57,
+     -0x1.963a544b672d8p-57, -0x1.c63aae6f6e918p-56, -0x1.24dec1b50b7ffp-56, 0x1.a2b7f222f65e2p-56,
+     -0x1.d5b495f6349e6p-56, -0x1.928df287a668fp-58, 0x1.1021137c71102p-55, 0x1.2419a87f2a458p-56,
+     0x1.0028e4bc5e7cap-57, -0x1.8c34d25aadef6p-56, -0x1.bf76229d3b917p-56, 0x1.1a62633145c07p-55}};
+__device__ __forceinline__ float atan_sixteenth(float, int part, int j) { return kAtanSixteenthsF[part][j]; }
+__device__ __forceinline__ double atan_sixteenth(double, int part, int j) { return kAtanSixteenthsD[part][j]; }
+
+__device__ __forceinline__ float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ double fma_rn(double a, double b, double c) { return __fma_rn(a, b, c); }
+__device__ __forceinline__ float sqrt_rn(float a) { return __fsqrt_rn(a); }
+__device__ __forceinline__ double sqrt_rn(double a) { return __dsqrt_rn(a); }
+
+// s + e = a + b exactly, s = a + b rounded (Knuth's two-sum).
+template <typename S> __device__ __forceinline__ S two_sum(S a, S b, S& e) {
+  const S s = add_rn(a, b);
+  const S bb = sub_rn(s, a);
+  e = add_rn(sub_rn(a, sub_rn(s, bb)), sub_rn(b, bb));
+  return s;
+}
+
+// p + e = a b exactly, p = a b rounded: the fused multiply-add's result is exact (no underflow here).
+template <typename S> __device__ __forceinline__ S two_product(S a, S b, S& e) {
+  const S p = mul_rn(a, b);
+  e = fma_rn(a, b, -p);
+  return p;
+}
+
+// v 2^k as two exact scalings (k / 2, toward zero, and the rest): every k the callers form keeps each power
+// normal; a subnormal product rounds, as on the host.
+template <typename S> __device__ __forceinline__ S scale2(S v, int k) {
+  const int k1 = k / 2;
+  return mul_rn(mul_rn(v, ExpLog<S>::pow2(k1)), ExpLog<S>::pow2(k - k1));
+}
+
+// E with v = f 2^E, f in [1/2, 1), for finite v > 0, subnormal ones too (frexp's exponent, from the bits).
+__device__ __forceinline__ int frexp_exponent(float v) {
+  int b = static_cast<int>(__float_as_uint(v) >> 23);
+  if (b == 0) b = static_cast<int>(__float_as_uint(mul_rn(v, 0x1p+32f)) >> 23) - 32;
+  return b - 126;
+}
+__device__ __forceinline__ int frexp_exponent(double v) {
+  int b = static_cast<int>(static_cast<unsigned long long>(__double_as_longlong(v)) >> 52);
+  if (b == 0) b = static_cast<int>(static_cast<unsigned long long>(__double_as_longlong(mul_rn(v, 0x1p+64))) >> 52) - 64;
+  return b - 1022;
+}
+
+// a = q pi/2 + (hi + lo) (q modulo 4), |hi + lo| <= pi/4 (a little more where k's rounding of a 2/pi falls
+// the other way), lo below half an ulp of hi.
+template <typename S> struct Reduced {
+  S hi, lo;
+  int q;
+};
+
+// Cody and Waite, 0 <= a < kCodyWaiteMax: k = rint(a 2/pi) by the magic constant (q from its bits), a - k P1
+// exact; float: k P2 as a product and its exact error, the differences by a two-sum, then k P3 in one fused
+// step; double: k P2 and k P3 exact, the differences by two-sums, then k P4.
+template <typename S> __device__ __forceinline__ Reduced<S> cody_waite(S a) {
+  using T = Trig<S>;
+  const S km = ExpLog<S>::mad(a, T::kTwoOverPi, T::kMagic);
+  const S k = sub_rn(km, T::kMagic);
+  S h, tail;
+  int q;
+  if constexpr (sizeof(S) == 4) {
+    q = (__float_as_int(km) - __float_as_int(T::kMagic)) & 3;
+    const S t1 = fma_rn(k, -T::kPio2Parts[0], a);
+    S yl, e;
+    const S yh = two_product(k, T::kPio2Parts[1], yl);
+    h = two_sum(t1, -yh, e);
+    tail = fma_rn(k, -T::kPio2Parts[2], sub_rn(e, yl));
+  } else {
+    q = __double2loint(km) & 3;
+    const S t1 = sub_rn(a, mul_rn(k, T::kPio2Parts[0]));
+    S e2, e3;
+    const S h2 = two_sum(t1, -mul_rn(k, T::kPio2Parts[1]), e2);
+    h = two_sum(h2, -mul_rn(k, T::kPio2Parts[2]), e3);
+    tail = sub_rn(add_rn(e2, e3), mul_rn(k, T::kPio2Parts[3]));
+  }
+  const S hi = add_rn(h, tail);
+  return Reduced<S>{hi, sub_rn(tail, sub_rn(hi, h)), q};
+}
+
+// The top 64 bits of (hi, lo) shifted left by sh in [0, 64).
+__device__ __forceinline__ unsigned long long funnel(unsigned long long hi, unsigned long long lo, int sh) {
+  return sh == 0 ? hi : (hi << sh) | (lo >> (64 - sh));
+}
+
+// The exact reduction, finite a >= kCodyWaiteMax: a = M 2^E (M the integer significand); bits of 2/pi before
+// bit E - 1 after the point add multiples of 4 to a 2/pi, so M times the kLimbs words from there on, modulo
+// 2^(64 kLimbs), is a 2/pi modulo 4 with 64 kLimbs - 2 fraction bits (error below 2^-100 for float, 2^-135 for
+// double: the worst-case rest of either type is above 2^-62). q is that rounded to the nearest integer; the
+// rest, in [-1/2, 1/2], normalized (whole words, then clz), is read as hi + lo (its top 48 bits for float,
+// 106 for double: integers converted exactly, then scaled) and multiplied by pi/2 as hi + lo.
+template <typename S> __device__ __forceinline__ Reduced<S> reduce_exact(S a) {
+  using T = Trig<S>;
+  using U = unsigned long long;
+  constexpr int L = T::kLimbs;
+  U m;
+  int e;
+  if constexpr (sizeof(S) == 4) {
+    const unsigned b = __float_as_uint(a);
+    e = static_cast<int>(b >> 23) - 150;
+    m = (b & 0x7fffffu) | 0x800000u;
+  } else {
+    const U b = static_cast<U>(__double_as_longlong(a));
+    e = static_cast<int>(b >> 52) - 1075;
+    m = (b & ((1ull << 52) - 1)) | (1ull << 52);
+  }
+  const int pos = e + 62, w = pos >> 6, sh = pos & 63;
+  U win[L];  // most significant first
+#pragma unroll
+  for (int i = 0; i < L; ++i) win[i] = funnel(kTwoOverPiWords[w + i], kTwoOverPiWords[w + i + 1], sh);
+  U prod[L];  // m win modulo 2^(64 L), least significant first
+  prod[0] = m * win[L - 1];
+  U carry = __umul64hi(m, win[L - 1]);
+#pragma unroll
+  for (int i = L - 2, j = 1; i >= 0; --i, ++j) {
+    const U v = m * win[i] + carry;
+    if (i > 0) carry = __umul64hi(m, win[i]) + (v < carry ? 1ull : 0ull);
+    prod[j] = v;
+  }
+  const U q = (prod[L - 1] + (1ull << 61)) >> 62;
+  prod[L - 1] -= q << 62;
+  const bool neg = (prod[L - 1] >> 63) != 0;
+  U mag[L];  // |rest|, most significant first
+  U add = 1;
+#pragma unroll
+  for (int j = 0; j < L; ++j) {
+    const U n = ~prod[j] + add;
+    add &= n == 0 ? 1ull : 0ull;
+    mag[L - 1 - j] = neg ? n : prod[j];
+  }
+  int shift = 0;
+#pragma unroll
+  for (int r = 0; r < L - 1; ++r) {
+    if (mag[0] == 0) {
+#pragma unroll
+      for (int i = 0; i < L - 1; ++i) mag[i] = mag[i + 1];
+      mag[L - 1] = 0;
+      shift += 64;
+    }
+  }
+  const int lz = __clzll(static_cast<long long>(mag[0]));
+  const U h = funnel(mag[0], mag[1], lz);
+  S rh, rl;
+  if constexpr (sizeof(S) == 4) {
+    const int scale = -22 - lz - shift;
+    rh = scale2(static_cast<S>(h >> 40), scale);
+    rl = scale2(static_cast<S>((h >> 16) & 0xffffffull), scale - 24);
+  } else {
+    const U next = funnel(mag[1], mag[2], lz);
+    const int scale = -51 - lz - shift;
+    rh = scale2(static_cast<S>(h >> 11), scale);
+    rl = scale2(static_cast<S>(((h & 0x7ffull) << 42) | (next >> 22)), scale - 53);
+  }
+  if (neg) rh = -rh, rl = -rl;
+  S lo;
+  const S hi = two_product(rh, T::kPio2Hi, lo);
+  lo = add_rn(lo, add_rn(mul_rn(rh, T::kPio2Lo), mul_rn(rl, T::kPio2Hi)));
+  const S r = add_rn(hi, lo);
+  return Reduced<S>{r, sub_rn(lo, sub_rn(r, hi)), static_cast<int>(q & 3)};
+}
+
+template <typename S, int N> __device__ __forceinline__ S horner(const S (&c)[N], S z) {
+  S p = c[N - 1];
+#pragma unroll
+  for (int i = N - 2; i >= 0; --i) p = ExpLog<S>::mad(p, z, c[i]);
+  return p;
+}
+
+template <typename S> struct CosSin {
+  S c, s;
+};
+
+// cos and sin of theta. |theta| reduced (Cody and Waite below kCodyWaiteMax, else exactly), then with z = h^2:
+// sin = h + (h z s(z) + lo (1 - z / 2)), cos = (1 - z / 2) + (its rounding error, exact + z^2 c(z) - h lo);
+// a quarter turn for odd q, a half turn for q >= 2; sin takes theta's sign (sin(-0) = -0). inf and NaN give
+// NaN.
+template <typename S> __device__ __forceinline__ CosSin<S> cis(S theta) {
+  using T = Trig<S>;
+  if (!isfinite(theta)) {
+    const S nan = sub_rn(theta, theta);
+    return CosSin<S>{nan, nan};
+  }
+  const S a = fabs(theta);
+  const Reduced<S> r = a < T::kCodyWaiteMax ? cody_waite(a) : reduce_exact(a);
+  const S z = mul_rn(r.hi, r.hi);
+  const S hz = mul_rn(S(0.5), z);
+  const S sn = add_rn(r.hi, ExpLog<S>::mad(mul_rn(r.hi, z), horner(T::kSin, z), sub_rn(r.lo, mul_rn(hz, r.lo))));
+  const S w = sub_rn(S(1), hz);
+  const S corr = sub_rn(sub_rn(S(1), w), hz);
+  const S cs = add_rn(w, add_rn(corr, sub_rn(mul_rn(mul_rn(z, z), horner(T::kCos, z)), mul_rn(r.hi, r.lo))));
+  CosSin<S> v = r.q & 1 ? CosSin<S>{-sn, cs} : CosSin<S>{cs, sn};
+  if (r.q & 2) v = CosSin<S>{-v.c, -v.s};
+  if (signbit(theta)) v.s = -v.s;
+  return v;
+}
+
+// log|s| of a finite s != 0, its parts scaled by 2^-E (E the exponent of the larger magnitude, so that the
+// larger lies in [1/2, 1)) and the sign s / |s|: q = re'^2 + im'^2 in [1/4, 2), log|s| = log(q 2^(2E)) / 2.
+template <typename S> struct LogAbs {
+  S log, re, im, sign_re, sign_im;
+};
+template <typename S> __device__ __forceinline__ LogAbs<S> log_abs(S re, S im) {
+  const int e = frexp_exponent(fmax(fabs(re), fabs(im)));
+  const S r = scale2(re, -e), i = scale2(im, -e);
+  const S q = add_rn(mul_rn(r, r), mul_rn(i, i));
+  int eq;
+  const S f = log_split(q, eq);
+  const S root = sqrt_rn(q);
+  return LogAbs<S>{mul_rn(S(0.5), log_parts(f, eq + 2 * e)), r, i, div_rn(r, root), div_rn(i, root)};
+}
+
+// atan2(im, re) in (-pi, pi] for (re, im) as log_abs scales them. t = min / max of the magnitudes and the
+// division's remainder (exact: one fused multiply-add), j = floor(16 t), atan t = atan(j / 16) + atan v,
+// v = (t - j / 16 + remainder / max) / (1 + t j / 16) in [0, 1/16) (t - j / 16 exact), by its series; the
+// octant as K + sigma atan t, K in {0, pi/2, pi} (hi + lo, the leading parts added by a two-sum), then the sign
+// of im. -pi (a negative zero im, or an angle that rounds to -pi) is given as +pi, SciPy's branch.
+template <typename S> __device__ __forceinline__ S phase(S re, S im) {
+  using T = Trig<S>;
+  const S a = fabs(re), b = fabs(im);
+  const bool swap = b > a, neg = re < S(0);
+  const S small = swap ? a : b, big = swap ? b : a;
+  const S t = div_rn(small, big);
+  const S rest = t >= T::kRestMin ? div_rn(fma_rn(-t, big, small), big) : S(0);
+  const int j = static_cast<int>(mul_rn(t, S(16)));
+  const S cj = mul_rn(static_cast<S>(j), S(0.0625));
+  const S v = div_rn(add_rn(sub_rn(t, cj), rest), ExpLog<S>::mad(cj, t, S(1)));
+  const S z = mul_rn(v, v);
+  const S p = ExpLog<S>::mad(mul_rn(v, z), horner(T::kAtan, z), v);
+  const S sigma = swap != neg ? S(-1) : S(1);
+  const S khi = swap ? T::kPio2Hi : (neg ? T::kPiHi : S(0));
+  const S klo = swap ? T::kPio2Lo : (neg ? T::kPiLo : S(0));
+  S e;
+  const S s = two_sum(khi, mul_rn(sigma, atan_sixteenth(S(0), 0, j)), e);
+  S phi = add_rn(s, add_rn(e, add_rn(klo, mul_rn(sigma, add_rn(atan_sixteenth(S(0), 1, j), p)))));
+  if (im < S(0)) phi = -phi;
+  return phi == -T::kPiHi ? T::kPiHi : phi;
+}
+
 // logsumexp's maximum, of a chain's elements and of two states. Only its value reaches the result, never the
 // sign of a zero maximum (x - m and the finish m + log(s) give the same bits for m = +0 and -0: log(s) >= +0)
 // nor a NaN's payload (the GPU's arithmetic gives one NaN pattern), so float takes common/reduce.cuh's
