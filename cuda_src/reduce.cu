@@ -34,15 +34,17 @@
 //    group for rows of one chunk, else tpr / 32 warps, each with its span of chunks); reduce_cols: a strip
 //    of columns by a span of leaves per block, 32 / Q row lanes each owning Q chains, and reduce_cols_fold
 //    for the spans' partials when a column has more than one span; reduce_strided: one output per warp,
-//    one chain per lane; so does reduce_lse_weighted (logsumexp with weights), reading x and the weights
-//    through strides of their own (a broadcast weight, zero strides, is read again for each output).
+//    one chain per lane; so do reduce_lse_weighted (logsumexp with weights), reading x and the weights
+//    through strides of their own (a broadcast weight, zero strides, is read again for each output), and
+//    reduce_lse_complex (complex logsumexp, weighted or not).
 // 2. Input traffic: every element read once. Contiguous spans whose start is 16-byte aligned are read as
 //    16-byte vectors (each lane's vector holds its next CV chains); any other start or stride reads the
 //    same elements one by one into the same chains. Columns: each thread owns VEC adjacent columns, so a
 //    warp reads a contiguous run of every row it visits: coalesced with no transpose.
 // 3. Accumulation: in acc_t<O>: float for float32/float16/bfloat16 results, double for float64, long long
 //    for integer results, double for counts (Count, stored as int64) and any / all (bool results),
-//    Complex<float> / Complex<double> for complex products, along the tree above:
+//    Complex<float> / Complex<double> for complex products (and for complex logsumexp's sum, beside a real
+//    maximum), along the tree above:
 //    chains sequentially, then pairs through the lanes' own values, shuffles, shared memory (tree_push /
 //    tree_result for spans) and the last block. No float atomics anywhere.
 // 4. Staging: registers; shared memory for the full kernel's chunk slots and its block's span stack, the
@@ -55,7 +57,8 @@
 //    per element cost a division each); logsumexp an exp per element (for float a compare, twelve float
 //    operations, nine of them fused multiply-adds, and two integer ones: no rounding or conversion
 //    instruction), with no merge and its selects per element. Both hold a chain's eight loads at once, which
-//    is why their rows kernels keep more registers (row_min_blocks).
+//    is why their rows kernels keep more registers (row_min_blocks). Complex logsumexp adds a cos and a sin
+//    an element (about 50 floating operations an element for complex64, 100 for complex128).
 #include "common/bounds.cuh"
 #include "common/dtype.cuh"
 #include "common/vec.cuh"
@@ -1457,7 +1460,16 @@ struct LseWeightedParams {
   long long outputs, o_inner, o_s0, o_s1, ow_s0, ow_s1;
   long long count, r_inner, r_s0, r_s1, rw_s0, rw_s1;
   int signed_result;  // 1: sgn receives the sum's sign; 0: sgn is not written and a negative sum gives NaN
+  int weighted;       // reduce_lse_complex: 0 reads no w (every weight 1); reduce_lse_weighted always reads it
 };
+
+// The complex sums' parts, each as a real s (the complex logsumexp's states, MaxSum<S, Complex<S>>).
+template <typename S> __device__ __forceinline__ Complex<S> mul_rn(Complex<S> a, S e) {
+  return Complex<S>(mul_rn(a.re, e), mul_rn(a.im, e));
+}
+template <typename S> __device__ __forceinline__ Complex<S> add_rn(Complex<S> a, Complex<S> b) {
+  return Complex<S>(add_rn(a.re, b.re), add_rn(a.im, b.im));
+}
 
 // The state (m, s): m the NaN-propagating maximum of the elements of non-zero weight (-inf for none), s the
 // signed sum of their terms w e^(x - m), any value, 0 included. An element of x = +inf (so m = +inf) adds
@@ -1465,7 +1477,8 @@ struct LseWeightedParams {
 // the result's. The merge is LogSumExp's, s = s_hi + s_lo e^(m_lo - m_hi), but two maxima of +inf add their
 // sums (a factor 1, where exp_nonpositive's clamp of the NaN difference gives 0); equal finite maxima give
 // e^0 = 1 exactly anyway. Commutative bit for bit (equal maxima add s_a + s_b; the identity (-inf, 0) adds
-// s_lo 0 = 0, or keeps a NaN s), as the shuffle trees need.
+// s_lo 0 = 0, or keeps a NaN s), as the shuffle trees need. A complex s (reduce_lse_complex) merges each part
+// so.
 struct WeightedLse {
   template <typename A> __device__ __forceinline__ static A identity() { return LogSumExp::identity<A>(); }
   template <typename A> __device__ __forceinline__ static A apply(A a, A b) {
@@ -1526,14 +1539,13 @@ __device__ __forceinline__ void finish_weighted(O* out, O* sgn, long long o, Max
   out[o] = Store<O>::from(r);
 }
 
-// Instantiated as the family's other kernels are, (input, result, op, block): x and w are converted to the
-// result type first, so T is O, and the op is logsumexp's.
-template <typename T, typename O, int OP, int BLOCK>
-__global__ void __launch_bounds__(BLOCK)
-    reduce_lse_weighted(O* out, O* sgn, const T* x, const T* w, LseWeightedParams p) {
-  static_assert(Same<T, O>::value && OP == OP_LSE, "weighted logsumexp reads x and w in the result's type");
-  using S = acc_t<O>;
-  using A = MaxSum<S>;
+// The walk of reduce_lse_weighted and reduce_lse_complex: one warp an output, as reduce_strided, lane c
+// holding chain c of each leaf in turn: its eight elements of x and w in m order (present: below count; w
+// read only where read_w, else T{}), from which chain(xs, ws, present) forms the chain's state; the states
+// merged by WeightedLse (a leaf's by shuffles, the leaves' on lane 0's stack), then finish(o, state) on lane 0.
+template <int BLOCK, typename A, typename T, typename Chain, typename Finish>
+__device__ __forceinline__ void lse_walk(const T* x, const T* w, const LseWeightedParams& p, bool read_w, Chain chain,
+                                         Finish finish) {
   constexpr int kWarps = BLOCK / 32;
   __shared__ A stacks[kWarps][STACK_DEPTH];
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -1549,24 +1561,135 @@ __global__ void __launch_bounds__(BLOCK)
     const T* wo = w + oq * p.ow_s0 + orem * p.ow_s1;
     for (long long k = 0; k < leaves; ++k) {
       long long q = (k * LEAF + lane) / p.r_inner, rem = (k * LEAF + lane) % p.r_inner;
-      S xs[CHAIN_LENGTH], ws[CHAIN_LENGTH];
+      T xs[CHAIN_LENGTH], ws[CHAIN_LENGTH];
+      bool present[CHAIN_LENGTH];
 #pragma unroll
       for (int m = 0; m < CHAIN_LENGTH; ++m) {
-        const bool present = k * LEAF + m * CHAINS + lane < p.count;
-        xs[m] = present ? to_acc<S>(xo[q * p.r_s0 + rem * p.r_s1]) : S(0);
-        ws[m] = present ? to_acc<S>(wo[q * p.rw_s0 + rem * p.rw_s1]) : S(0);
+        present[m] = k * LEAF + m * CHAINS + lane < p.count;
+        xs[m] = present[m] ? xo[q * p.r_s0 + rem * p.r_s1] : T{};
+        ws[m] = present[m] && read_w ? wo[q * p.rw_s0 + rem * p.rw_s1] : T{};
         q += step_q;
         rem += step_r;
         if (rem >= p.r_inner) rem -= p.r_inner, ++q;
       }
-      const A v = group_tree_reduce<32, WeightedLse>(weighted_chain<A>(xs, ws));
+      const A v = group_tree_reduce<32, WeightedLse>(chain(xs, ws, present));
       if (lane == 0) tree_push<WeightedLse>(stacks[warp], v, static_cast<unsigned long long>(k));
     }
-    if (lane == 0) {
-      finish_weighted(out, sgn, o, tree_result<WeightedLse>(stacks[warp], static_cast<unsigned long long>(leaves)),
-                      p.signed_result);
+    if (lane == 0) finish(o, tree_result<WeightedLse>(stacks[warp], static_cast<unsigned long long>(leaves)));
+  }
+}
+
+// Instantiated as the family's other kernels are, (input, result, op, block): x and w are converted to the
+// result type first, so T is O, and the op is logsumexp's. A pair past count has w = 0 (T{}): dropped.
+template <typename T, typename O, int OP, int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+    reduce_lse_weighted(O* out, O* sgn, const T* x, const T* w, LseWeightedParams p) {
+  static_assert(Same<T, O>::value && OP == OP_LSE, "weighted logsumexp reads x and w in the result's type");
+  using S = acc_t<O>;
+  using A = MaxSum<S>;
+  lse_walk<BLOCK, A>(
+      x, w, p, true,
+      [](const T(&xs)[CHAIN_LENGTH], const T(&ws)[CHAIN_LENGTH], const bool(&)[CHAIN_LENGTH]) {
+        S xv[CHAIN_LENGTH], wv[CHAIN_LENGTH];
+#pragma unroll
+        for (int m = 0; m < CHAIN_LENGTH; ++m) xv[m] = to_acc<S>(xs[m]), wv[m] = to_acc<S>(ws[m]);
+        return weighted_chain<A>(xv, wv);
+      },
+      [&](long long o, A v) { finish_weighted(out, sgn, o, v, p.signed_result); });
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Complex logsumexp: log(sum_i w_i e^(x_i)) of complex x (and weights w, complex or every one 1), SciPy's:
+// the principal logarithm, its imaginary part in (-pi, pi]; with return_sign, log|sum| and sum / |sum|. One
+// warp an output, as reduce_lse_weighted (same scalars, same strides, same tree): a chain's state is (m, s),
+// m the NaN-propagating maximum of the real parts of its kept elements, s the complex sum of their terms
+// w e^(x_re - m) (cos x_im, sin x_im) with cukern's exp, cos and sin above; the states merge by WeightedLse,
+// part by part. x and w are of the result's type.
+
+// One chain's state from its eight elements in m order; keep[k]: present and (weighted) of non-zero weight.
+// An element of x_re = +inf adds w (cos x_im, sin x_im) (m = +inf: the sum of the +inf elements' terms);
+// one of x_re = -inf adds w 0 (e^(-inf + i y) = 0 for every y, inf and NaN included, as C's cexp), its
+// x_im never read. Each product is rounded once; the weight's by the textbook complex product. s =
+// ((t_0 + t_1) + t_2) + ... from 0, so no part of s is ever -0.
+template <typename A, typename S>
+__device__ __forceinline__ A complex_chain(const Complex<S> (&x)[CHAIN_LENGTH], const Complex<S> (&w)[CHAIN_LENGTH],
+                                           const bool (&keep)[CHAIN_LENGTH], bool weighted) {
+  S m = Limits<S>::lowest();
+#pragma unroll
+  for (int k = 0; k < CHAIN_LENGTH; ++k) {
+    if (keep[k]) m = chain_max(m, x[k].re);
+  }
+  Complex<S> s(S(0), S(0));
+#pragma unroll
+  for (int k = 0; k < CHAIN_LENGTH; ++k) {
+    if (keep[k]) {
+      const CosSin<S> c = cis(x[k].re == Limits<S>::lowest() ? S(0) : x[k].im);
+      const S e = x[k].re == Limits<S>::highest() ? S(1) : exp_nonpositive(sub_rn(x[k].re, m));
+      Complex<S> t(mul_rn(e, c.c), mul_rn(e, c.s));
+      if (weighted) {
+        t = Complex<S>(sub_rn(mul_rn(w[k].re, t.re), mul_rn(w[k].im, t.im)),
+                       add_rn(mul_rn(w[k].re, t.im), mul_rn(w[k].im, t.re)));
+      }
+      s = add_rn(s, t);
     }
   }
+  return A{m, s};
+}
+
+// The result of a state: NaN (every part) for a NaN in m or s, or s == 0 under m = +inf; -inf (+0i; the sign
+// 0) for s == 0 (a cancelled sum, no kept element, or -inf at every one); else m + log|s| (+inf for m = +inf or
+// an infinite part of s, whose direction then stands for s: each infinite part as +-1, a finite one beside it
+// as 0), the phase atan2(s_im, s_re) in (-pi, pi] and the sign s / |s|. signed_result: mag receives the real
+// part and sgn the sign; else out the complex log.
+template <typename S>
+__device__ __forceinline__ void finish_complex(Complex<S>* out, Complex<S>* sgn, S* mag, long long o,
+                                               MaxSum<S, Complex<S>> v, int signed_result) {
+  const S inf = Limits<S>::highest();
+  const S nan = sub_rn(inf, inf);
+  const bool zero = v.s.re == S(0) && v.s.im == S(0);
+  S re, im;
+  Complex<S> g;
+  if (v.m != v.m || v.s.re != v.s.re || v.s.im != v.s.im || (zero && v.m == inf)) {
+    re = nan, im = nan, g = Complex<S>(nan, nan);
+  } else if (zero) {
+    re = -inf, im = S(0), g = Complex<S>(S(0), S(0));
+  } else {
+    const bool wide = isinf(v.s.re) || isinf(v.s.im);
+    const S dr = wide ? (isinf(v.s.re) ? copysign(S(1), v.s.re) : S(0)) : v.s.re;
+    const S di = wide ? (isinf(v.s.im) ? copysign(S(1), v.s.im) : S(0)) : v.s.im;
+    const LogAbs<S> l = log_abs(dr, di);
+    re = wide || v.m == inf ? inf : add_rn(v.m, l.log);
+    im = phase(l.re, l.im);
+    g = Complex<S>(l.sign_re, l.sign_im);
+  }
+  if (signed_result) {
+    mag[o] = re;
+    sgn[o] = g;
+  } else {
+    out[o] = Complex<S>(re, im);
+  }
+}
+
+template <typename C> struct PartOf;
+template <typename S> struct PartOf<Complex<S>> { using type = S; };
+
+// Instantiated as the family's other kernels are, (input, result, op, block), T = O a complex type.
+template <typename T, typename O, int OP, int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+    reduce_lse_complex(O* out, O* sgn, typename PartOf<O>::type* mag, const T* x, const T* w, LseWeightedParams p) {
+  static_assert(Same<T, O>::value && kIsComplex<O> && OP == OP_LSE, "complex logsumexp reads x and w as its result");
+  using S = typename PartOf<O>::type;
+  using A = MaxSum<S, O>;
+  const bool weighted = p.weighted != 0;
+  lse_walk<BLOCK, A>(
+      x, w, p, weighted,
+      [weighted](const T(&xs)[CHAIN_LENGTH], const T(&ws)[CHAIN_LENGTH], const bool(&present)[CHAIN_LENGTH]) {
+        bool keep[CHAIN_LENGTH];
+#pragma unroll
+        for (int m = 0; m < CHAIN_LENGTH; ++m) keep[m] = present[m] && (!weighted || ws[m].re != S(0) || ws[m].im != S(0));
+        return complex_chain<A>(xs, ws, keep, weighted);
+      },
+      [&](long long o, A v) { finish_complex(out, sgn, mag, o, v, p.signed_result); });
 }
 
 }  // namespace cukern

@@ -20,11 +20,12 @@ host for all-NaN slices (NumPy's warning), so a CUDA-graph capture refuses them.
 kernels of their own at one tuning point (:data:`~cukern.reduce_plan.COMPACT_KNOBS`); their column layouts
 take the strided kernel. logsumexp with weights ``b`` (SciPy's) has one more, ``reduce_lse_weighted``: a
 warp an output, as the strided kernel, reading x and b through their own strides
-(:func:`~cukern.reduce_plan.plan_weighted`).
+(:func:`~cukern.reduce_plan.plan_weighted`); complex logsumexp, weighted or not, ``reduce_lse_complex``, the
+same plan with a complex sum and cukern's own cos, sin and atan2.
 
 NumPy's dtypes and memory order. Every op takes the input dtypes NumPy takes for it
 (:data:`~cukern.reduce_plan.PUBLIC_INPUTS`: int8, int16 and the unsigned types too, bool for maxima, minima
-and norms, complex64 / complex128 for every op but sum_of_squares and logsumexp) and gives NumPy's result
+and norms, complex64 / complex128 for every op but sum_of_squares) and gives NumPy's result
 dtype, and ``dtype=`` takes NumPy's targets (:func:`~cukern.reduce_plan.targets`). The kernels read only their
 own dtypes, so the others are lowered on the device first (:func:`~cukern.reduce_plan.route`): narrower
 integers and bool converted exactly to int32, uint32 to int64 (one more pass over x); uint64 sums and products
@@ -156,6 +157,7 @@ from .reduce_plan import (  # noqa: F401
     bytes_moved,
     check_input,
     cols_geometry,
+    complex_instantiation,
     gather_axes,
     instantiations,
     kernel_dtype,
@@ -565,10 +567,10 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
 
 
 def _keep_order(reduce_c, x, axes, perm, keepdims: bool):
-    """NumPy's K order: ``reduce_c(view, axes)`` (a reduction giving a C-contiguous result) of x with its kept
-    axes in memory order (``perm``, from :func:`~cukern._layout.k_order`; the reduced axes keep their order, so
-    every result's tree and bits are unchanged), transposed back: an F-ordered input gives an F-ordered
-    result, as NumPy's."""
+    """NumPy's K order: ``reduce_c(view, axes)`` (a reduction giving a C-contiguous result, or a pair of them) of x
+    with its kept axes in memory order (``perm``, from :func:`~cukern._layout.k_order`; the reduced axes keep
+    their order, so every result's tree and bits are unchanged), transposed back: an F-ordered input gives an
+    F-ordered result, as NumPy's."""
     nd, nk = x.ndim, x.ndim - len(axes)
     r = reduce_c(x.transpose(perm), tuple(range(nk, nd)))
     if keepdims:
@@ -576,6 +578,8 @@ def _keep_order(reduce_c, x, axes, perm, keepdims: bool):
     else:
         kept = perm[:nk]
         back = [kept.index(a) for a in sorted(kept)]
+    if isinstance(r, tuple):  # logsumexp's (result, sign)
+        return tuple(v.transpose(back) for v in r)
     return r.transpose(back)
 
 
@@ -1154,24 +1158,29 @@ def logsumexp(x: DeviceArray, axis: Axis = None, *, b: DeviceArray | None = None
 
     Parameters
     ----------
-    x : cupy.ndarray of a float type, an integer type or bool; any strides.
+    x : cupy.ndarray of a float type, an integer type, bool, complex64 or complex128; any strides.
     axis : None, int or tuple of ints. None reduces everything.
-    b : cupy.ndarray of a float type, an integer type or bool, optional
+    b : cupy.ndarray of a float, integer, bool or complex type, optional
         Weights broadcast against x (the reduction runs over the broadcast shape). An element of zero weight
-        is dropped, whatever x holds there; negative weights subtract.
+        is dropped, whatever x holds there; negative weights subtract, complex ones turn the term.
     keepdims : keep reduced axes as size 1.
     return_sign : bool
-        Return ``(log|s|, sign(s))``, s the weighted sum; without it a negative s gives NaN.
-    out : cupy.ndarray with the result's shape, optional, not overlapping x or b; receives ``log|s|``.
+        Return ``(log|s|, sign(s))``, s the weighted sum; without it a negative real s gives NaN (a complex
+        result is the logarithm of any s).
+    out : cupy.ndarray with the result's shape, optional, not overlapping x or b; receives ``log|s|`` (the
+        complex logarithm for a complex result without ``return_sign``).
 
     Returns
     -------
     res : cupy.ndarray
         x's dtype for floats (half types accumulate in float32), float64 for integer and bool x (converted
-        first); with ``b`` SciPy's promotion of the two (integer and bool results float64).
+        first); with ``b`` SciPy's promotion of the two (integer and bool results float64). Complex x (or
+        ``b``) gives complex64 or complex128: the principal logarithm, its imaginary part in (-pi, pi]; with
+        ``return_sign``, ``log|s|`` in the parts' dtype (float32, float64).
     sgn : cupy.ndarray, with ``return_sign`` only
         The sign of s in res's dtype: 1, -1, 0 for a zero sum (res -inf), NaN where res is NaN; -1 for an
-        empty slice, as SciPy's.
+        empty slice, as SciPy's. Complex results: ``s / |s|`` (complex, 0 for a zero sum, -1 + 0j for an empty
+        slice).
 
     Notes
     -----
@@ -1193,6 +1202,15 @@ def logsumexp(x: DeviceArray, axis: Axis = None, *, b: DeviceArray | None = None
     +inf or NaN x, SciPy's fallback sum reads the dropped element and returns NaN; cukern keeps it
     dropped (-inf).
 
+    Complex x or ``b`` (``reduce_lse_complex``, SciPy 1.15-1.17's semantics): m is the maximum of the real
+    parts of the elements of non-zero weight, s the complex sum of ``b * exp(x - m)`` along the same tree,
+    each term's ``exp(x_re - m) * (cos x_im, sin x_im)`` by cukern's own exp, cos and sin (an exact argument
+    reduction for every finite ``x_im``), and the result ``m + log|s| + i atan2(s_im, s_re)`` with cukern's own
+    log and atan2 (-pi given as +pi); its bits are :func:`cukern.reference.logsumexp_complex_emulated`'s. An
+    element of real part -inf adds 0, one of +inf makes the result +inf with the phase of those elements'
+    terms (NaN if they cancel), a NaN in either part NaN; a complex x is converted from real weights, real x
+    from complex ones. Without ``b`` and ``out`` the result keeps NumPy's K order.
+
     float16: the sum accumulates in float32 and the result is rounded to float16 once, so it is the
     correctly rounded value unless the float32 steps' few ulps fall across a rounding boundary. SciPy
     computes each step in float16: over CuPy's ``test_array_inputs`` array (100 x 1000 float16 values in
@@ -1210,11 +1228,21 @@ def logsumexp(x: DeviceArray, axis: Axis = None, *, b: DeviceArray | None = None
     >>> r, sign = cukern.logsumexp(cp.array([1.0, 2.0, 3.0]), b=cp.array([1.0, -1.0, 0.0]), return_sign=True)
     >>> print(float(sign))
     -1.0
+    >>> z = cukern.logsumexp(cp.array([0.0, 1j * cp.pi / 2]))
+    >>> print(z.dtype, round(float(z.real), 6), round(float(z.imag), 6))
+    complex128 0.346574 0.785398
     """
     x = _check.as_array(x, "x")
     check_input("logsumexp", x.dtype)
     return_sign = _check.check_flag(return_sign, "return_sign")
-    if b is not None:
+    if b is None and x.dtype in COMPLEX and out is None:
+        keepdims = _check.check_keepdims(keepdims)
+        axes = normalize_axis(axis, x.ndim)
+        perm = k_order(x.shape, x.strides, axes)
+        if perm is not None:  # NumPy's K order, as the other reductions keep it
+            return _keep_order(lambda v, a: _weighted_logsumexp(v, a, None, keepdims, return_sign, None), x, axes,
+                               perm, keepdims)
+    if b is not None or x.dtype in COMPLEX:
         return _weighted_logsumexp(x, axis, b, _check.check_keepdims(keepdims), return_sign, out)
     if x.dtype.kind in "biu":
         x, _, out = _result_of(x, axis, keepdims, np.float64, out)
@@ -1240,39 +1268,47 @@ def logsumexp(x: DeviceArray, axis: Axis = None, *, b: DeviceArray | None = None
 
 
 def _weighted_logsumexp(x, axis, b, keepdims: bool, return_sign: bool, out):
-    """logsumexp with weights ``b``: checked, then x and b converted to the result dtype, broadcast, and
-    reduced by ``reduce_lse_weighted`` (after a copy for deeper layouts)."""
+    """logsumexp with weights ``b``, or of complex x (``b`` then may be None): checked, then x and b converted
+    to the result dtype, broadcast, and reduced by ``reduce_lse_weighted`` (real results) or
+    ``reduce_lse_complex`` (complex ones), after a copy for deeper layouts."""
     cp = _cupy()
-    b = _check.as_array(b, "b")
-    if b.dtype not in PUBLIC_INPUTS["logsumexp"]:
-        raise TypeError(f"b has dtype {dtype_name(b.dtype)}; logsumexp supports "
-                        + ", ".join(dtype_name(t) for t in PUBLIC_INPUTS["logsumexp"]))
-    _check.check_same_device({"x": x, "b": b})
-    try:
-        shape = np.broadcast_shapes(x.shape, b.shape)
-    except ValueError:
-        raise ValueError(f"b has shape {b.shape}, which does not broadcast against x's {x.shape}") from None
-    final = weighted_dtype(x.dtype, b.dtype)
+    if b is None:
+        shape, final = x.shape, x.dtype
+    else:
+        b = _check.as_array(b, "b")
+        if b.dtype not in PUBLIC_INPUTS["logsumexp"]:
+            raise TypeError(f"b has dtype {dtype_name(b.dtype)}; logsumexp supports "
+                            + ", ".join(dtype_name(t) for t in PUBLIC_INPUTS["logsumexp"]))
+        _check.check_same_device({"x": x, "b": b})
+        try:
+            shape = np.broadcast_shapes(x.shape, b.shape)
+        except ValueError:
+            raise ValueError(f"b has shape {b.shape}, which does not broadcast against x's {x.shape}") from None
+        final = weighted_dtype(x.dtype, b.dtype)
+    is_complex = final in COMPLEX
+    # a complex result with return_sign: log|sum| in the parts' dtype, the sign complex (SciPy's)
+    res_dtype = real_of(final) if is_complex and return_sign else final
     axes = normalize_axis(axis, len(shape))
     rshape = result_shape(shape, axes, keepdims)
     if out is not None:
-        out = _validate_out(out, rshape, final, x)
-        _check.check_no_overlap(out, "out", b, "b", identical_ok=False)
+        out = _validate_out(out, rshape, res_dtype, x)
+        if b is not None:
+            _check.check_no_overlap(out, "out", b, "b", identical_ok=False)
     count = math.prod(shape[i] for i in axes)
     outputs = math.prod(shape[i] for i in range(len(shape)) if i not in axes)
     with on_device(x.data.device_id):
         if count == 0 or outputs == 0:
-            r = cp.empty(rshape, final)
+            r = cp.empty(rshape, res_dtype)
             r.fill(-np.inf)
             sign = cp.empty(rshape, final) if return_sign else None
             if sign is not None:
                 sign.fill(-1)  # SciPy's sign of its empty result, -inf
         else:
-            if x.dtype != final or b.dtype != final:
+            if x.dtype != final or (b is not None and b.dtype != final):
                 refuse_temporary_in_capture("logsumexp", "x or b is converted to the result dtype first; pass "
                                             f"both as {dtype_name(final)}")
-            xv = cp.broadcast_to(x if x.dtype == final else _convert.astype(x, final), shape)
-            bv = cp.broadcast_to(b if b.dtype == final else _convert.astype(b, final), shape)
+            xv = cp.broadcast_to(_lse_operand(x, final), shape)
+            bv = xv if b is None else cp.broadcast_to(_lse_operand(b, final), shape)
             device = x.data.device_id
             pl = plan_weighted(shape, _elements(xv), _elements(bv), axes, sm_count(device))
             if pl.copy:
@@ -1280,19 +1316,35 @@ def _weighted_logsumexp(x, axis, b, keepdims: bool, return_sign: bool, out):
                                             "then reduced ones; make those copies before the capture")
                 order = [i for i in range(len(shape)) if i not in axes] + list(axes)
                 xv = cp.ascontiguousarray(xv.transpose(order))
-                bv = cp.ascontiguousarray(bv.transpose(order))
+                bv = xv if b is None else cp.ascontiguousarray(bv.transpose(order))
             kept = result_shape(shape, axes, False)
-            r = cp.empty(kept, final)
+            r = cp.empty(kept, res_dtype)
             sign = cp.empty(kept, final) if return_sign else None
-            kernel = get_kernel(weighted_instantiation(final))
-            launch(kernel, pl.config, (r, NULL if sign is None else sign, xv, bv,
-                                       struct_argument(pl.params(return_sign))))
+            signs = NULL if sign is None else sign
+            if is_complex:
+                # the complex log into r, or log|sum| into r (the third pointer) and the sign
+                args = (NULL, signs, r) if return_sign else (r, NULL, NULL)
+                launch(get_kernel(complex_instantiation(final)), pl.config,
+                       (*args, xv, bv, struct_argument(pl.params(return_sign, weighted=b is not None))))
+            else:
+                launch(get_kernel(weighted_instantiation(final)), pl.config,
+                       (r, signs, xv, bv, struct_argument(pl.params(return_sign))))
             r = r.reshape(rshape)
             sign = None if sign is None else sign.reshape(rshape)
         if out is not None:
             _convert.copyto(out, r)
             r = out
     return (r, sign) if return_sign else r
+
+
+def _lse_operand(a, final):
+    """x or b in logsumexp's result dtype: as it is, or converted (a real array to a complex result through
+    its parts' dtype, exactly)."""
+    if a.dtype == final:
+        return a
+    if final in COMPLEX and a.dtype not in COMPLEX:
+        return _convert.astype(a, real_of(final)).astype(final)
+    return _convert.astype(a, final)
 
 
 def _elements(a) -> tuple:

@@ -259,13 +259,13 @@ COMPLEX = (C64, C128)
 # Every dtype a ``dtype=`` or ``out=`` may name (NumPy's numeric types and bool; bfloat16 too).
 NUMERIC = (BOOL,) + EVERY_INT + FLOATS + COMPLEX
 _REAL = (BOOL,) + EVERY_INT + FLOATS
-# The public ops' inputs: every integer and bool where NumPy takes them, complex for sum, mean, norm, prod and
-# the maxima and minima.
+# The public ops' inputs: every integer and bool where NumPy takes them, complex for sum, mean, norm, prod, the
+# maxima and minima and logsumexp (SciPy's complex logsumexp: its own kernel, complex_instantiation).
 PUBLIC_INPUTS = {
     "sum": NUMERIC, "mean": NUMERIC, "norm": NUMERIC, "amax": NUMERIC, "amin": NUMERIC, "nanmax": NUMERIC,
     "nanmin": NUMERIC, "prod": NUMERIC,
     "var": NUMERIC, "std": NUMERIC, "nansum": NUMERIC, "nanmean": NUMERIC, "count_nonzero": NUMERIC,
-    "sum_of_squares": _REAL, "logsumexp": _REAL,
+    "sum_of_squares": _REAL, "logsumexp": _REAL + COMPLEX,
     "count_not_nan": FLOATS, "any": NUMERIC, "all": NUMERIC,
 }
 # Why an accepted-by-NumPy input is refused (the message names the way around it).
@@ -458,6 +458,9 @@ def route(op: str, dtype, final) -> Route:
         else:
             how, via = "cast", (I64 if t == U32 else I32)
         return Route(op, how, via, via if op in MINMAX_OPS else kernel_dtypes(op, via)[0])
+    if op == "logsumexp" and t in COMPLEX:
+        # SciPy's complex logsumexp: a kernel of its own (complex_instantiation) reads x as it is
+        return Route(op, "direct", t, t)
     if op == "prod" and final in COMPLEX:
         # A complex product mixes the parts, so it is no pair of real trees: the complex kernels, on x converted
         # to the target when that is another dtype, as NumPy multiplies in it.
@@ -855,6 +858,13 @@ def weighted_instantiation(t) -> Instantiation:
     return Instantiation(SOURCE, "reduce_lse_weighted", (t, t, OP_LSE, STRIDED_BLOCK))
 
 
+def complex_instantiation(t) -> Instantiation:
+    """The complex logsumexp kernel of result dtype ``t`` (complex64 or complex128; x and b converted to it),
+    weighted or not."""
+    t = np.dtype(t)
+    return Instantiation(SOURCE, "reduce_lse_complex", (t, t, OP_LSE, STRIDED_BLOCK))
+
+
 def lift_modes(t, o, kernel_op: int) -> int:
     """reduce.cu ``lift_modes``: the lift modes (bits 1 << LIFT_*) that the kernels for input ``t``, kernel
     result ``o`` and ``kernel_op`` implement: non-zero counting alone for count results (int64 counts and
@@ -934,6 +944,8 @@ def instantiations() -> list:
         out.add(_fold_inst(a, o, _combine_op(op)))
     for t in FLOATS:
         out.add(weighted_instantiation(t))
+    for t in COMPLEX:
+        out.add(complex_instantiation(t))
     return sorted(out, key=lambda i: (i.name, i.expression))
 
 
@@ -1035,19 +1047,21 @@ def plan_instantiations(pl: Plan, t, o, op: int) -> list:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Weighted logsumexp (reduce.cu reduce_lse_weighted): x and the weights b, broadcast to one shape, reduced by
-# one warp an output over at most two kept and two reduced levels that both arrays share; deeper layouts are
-# first copied (x and b, kept axes then reduced ones, the broadcast b made whole).
+# Weighted logsumexp (reduce.cu reduce_lse_weighted), and complex logsumexp, weighted or not (reduce_lse_complex,
+# the same scalars and plan): x and the weights b, broadcast to one shape, reduced by one warp an output over
+# at most two kept and two reduced levels that both arrays share; deeper layouts are first copied (x and b,
+# kept axes then reduced ones, the broadcast b made whole).
 
 LSE_WEIGHTED_PARAMS = Params((("outputs", "i64"), ("o_inner", "i64"), ("o_s0", "i64"), ("o_s1", "i64"),
                               ("ow_s0", "i64"), ("ow_s1", "i64"), ("count", "i64"), ("r_inner", "i64"),
                               ("r_s0", "i64"), ("r_s1", "i64"), ("rw_s0", "i64"), ("rw_s1", "i64"),
-                              ("signed_result", "i32")))
+                              ("signed_result", "i32"), ("weighted", "i32")))
 
 
 def weighted_dtype(x_dtype, b_dtype) -> np.dtype:
     """The result dtype of logsumexp of ``x_dtype`` weighted by ``b_dtype``: SciPy's, the two promoted, integer
-    and bool results made float64; bfloat16 promotes as float32 would, but with bool or itself it stays."""
+    and bool results made float64 (complex ones stay complex: int64 with complex64 gives complex128, as NumPy
+    promotes); bfloat16 promotes as float32 would, but with bool or itself it stays."""
     t, u = np.dtype(x_dtype), np.dtype(b_dtype)
     if BFLOAT16 in (t, u):
         other = u if t == BFLOAT16 else t
@@ -1056,7 +1070,7 @@ def weighted_dtype(x_dtype, b_dtype) -> np.dtype:
         r = np.result_type(F32, other)
     else:
         r = np.result_type(t, u)
-    return r if r.kind == "f" else F64
+    return r if r.kind in "fc" else F64
 
 
 def _shared_levels(shape, x_strides, b_strides) -> tuple:
@@ -1089,11 +1103,12 @@ class WeightedPlan(_OneLaunch):
     block: int
     grid: int
 
-    def params(self, signed_result: bool) -> np.ndarray:
+    def params(self, signed_result: bool, weighted: bool = True) -> np.ndarray:
+        """The kernel's scalars; ``weighted`` False (reduce_lse_complex only): b is not read, every weight 1."""
         (oi, o0, o1, ow0, ow1), (ri, r0, r1, rw0, rw1) = self.kept, self.red
         return LSE_WEIGHTED_PARAMS.struct(outputs=self.outputs, o_inner=oi, o_s0=o0, o_s1=o1, ow_s0=ow0,
                                           ow_s1=ow1, count=self.count, r_inner=ri, r_s0=r0, r_s1=r1, rw_s0=rw0,
-                                          rw_s1=rw1, signed_result=int(signed_result))
+                                          rw_s1=rw1, signed_result=int(signed_result), weighted=int(weighted))
 
 
 def plan_weighted(shape, x_strides, b_strides, axes, sm_count: int = 132) -> WeightedPlan:

@@ -180,6 +180,16 @@ def cases():
                     cukern.logsumexp(_a(s, t), axis=ax, b=_a(bs, t), return_sign=True)))
     out.append(("logsumexp weighted transposed float32", lambda: cukern.logsumexp(
         _a((4, 4, 4, 50)).transpose(1, 0, 2, 3), axis=3, b=_a((50,)))))
+    c64, c128 = np.complex64, np.complex128
+    for (lay, (shape, axis, b_shape)), t, tb in itertools.product(weighted.items(), (c64, c128, f32),
+                                                                 (c64, c128, f64, None)):
+        if t == f32 and tb in (f64, None):
+            continue  # real results: the cases above
+        out.append((f"logsumexp complex {lay} {np.dtype(t).name} b {tb and np.dtype(tb).name}",
+                    lambda s=shape, ax=axis, bs=b_shape, t=t, tb=tb: cukern.logsumexp(
+                        _a(s, t), axis=ax, b=None if tb is None else _a(bs, tb), return_sign=tb == c128)))
+    out.append(("logsumexp complex transposed complex128", lambda: cukern.logsumexp(
+        _a((4, 4, 4, 50), c128).transpose(1, 0, 2, 3), axis=3, return_sign=True)))
     for op in ("sum", "mean", "var", "norm"):
         for t, d in ((f32, f64), (bf16, f32), (np.int32, f64), (f16, f32)):
             out.append((f"{op} dtype {np.dtype(t).name}->{np.dtype(d).name}",
@@ -791,6 +801,16 @@ def layout_cases(seed=0, draws=1600):
                               f32)
                     got = cukern.logsumexp(x, axis=axis, b=b, return_sign=bool(r.random() < 0.5))
                     views = {"x": x, "b": b, "axis": axis, "op": "logsumexp weighted"}
+                    return (dict(views, sign=got[1]) if isinstance(got, tuple) else views), got
+                if family == "reduce" and r.random() < 0.2:  # complex x, with complex weights or none
+                    x = _view(r, shape, np.complex64, unit_last)
+                    b = None
+                    if r.random() < 0.5:
+                        b = _view(r, tuple(n if r.random() < 0.6 else 1 for n in shape)[int(r.integers(len(shape) + 1)):],
+                                  np.complex64)
+                    got = cukern.logsumexp(x, axis=axis, b=b, return_sign=bool(r.random() < 0.5))
+                    views = {"x": x, "axis": axis, "op": "logsumexp complex"}
+                    views = views if b is None else dict(views, b=b)
                     return (dict(views, sign=got[1]) if isinstance(got, tuple) else views), got
                 return {"x": x, "axis": axis, "op": op}, getattr(cukern, op)(x, axis=axis, out=o)
             shape = (int(r.integers(0, 40)),) + dims(int(r.integers(0, 3)), 1, 5)

@@ -161,10 +161,8 @@ def _numpy_call(op, a, kw, out):
             raise TypeError("a norm is real")
         d = d or (a.real.dtype if a.dtype.kind in "fc" else np.dtype(np.float64))
         return np.sum(a.real, dtype=d, **kw)
-    if op == "logsumexp":  # scipy.special.logsumexp: x's float dtype, float64 for integers and bool
-        if a.dtype.kind == "c":
-            raise TypeError("complex")
-        return np.sum(a, dtype=a.dtype if a.dtype.kind == "f" else np.float64, **kw)
+    if op == "logsumexp":  # scipy.special.logsumexp: x's float or complex dtype, float64 for integers and bool
+        return np.sum(a, dtype=a.dtype if a.dtype.kind in "fc" else np.float64, **kw)
     if op in EXTREMES:
         if "dtype" in kw:
             return _UFUNC[op].reduce(a, **kw)

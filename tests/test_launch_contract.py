@@ -349,6 +349,18 @@ def _model(name, args):
             kept = _rows(outputs, p["o_inner"], p[o + "0"], p[o + "1"], 1, 0)
             red = _rows(count, p["r_inner"], p[r + "0"], p[r + "1"], 1, 0)
             yield array, ptr, (kept[:, None] + red).ravel(), None
+    elif name == "reduce_lse_complex":  # (out or null, sgn or null, mag or null, x, b, p): as the weighted one
+        p = a[5]
+        outputs, count = p["outputs"], p["count"]
+        yield "result", a[0] or a[2], np.arange(outputs, dtype=np.int64), None
+        if a[1]:
+            yield "sign", a[1], np.arange(outputs, dtype=np.int64), None
+        for array, ptr, o, r in (("x", a[3], "o_s", "r_s"), ("b", a[4], "ow_s", "rw_s")):
+            if array == "b" and not p["weighted"]:
+                continue  # not read (b is x's pointer)
+            kept = _rows(outputs, p["o_inner"], p[o + "0"], p[o + "1"], 1, 0)
+            red = _rows(count, p["r_inner"], p[r + "0"], p[r + "1"], 1, 0)
+            yield array, ptr, (kept[:, None] + red).ravel(), None
     elif name in ("segment_warp", "segment_cols"):  # (out, x, offsets, p): offsets[s] and offsets[s + 1]
         p = a[3]
         yield "result", a[0], np.arange(p["segments"] * p["cols"], dtype=np.int64), None

@@ -219,7 +219,7 @@ def test_unweighted_signs():
 
 
 @pytest.mark.parametrize("b, kw, err, match", [
-    (fake_array((4, 5), np.complex64), {}, TypeError, "b has dtype complex64; logsumexp supports"),
+    (fake_array((4, 5), np.dtype("M8[s]")), {}, TypeError, r"b has dtype datetime64\[s\]; logsumexp supports"),
     (fake_array((3,), np.float32), {}, ValueError,
      r"b has shape \(3,\), which does not broadcast against x's \(4, 5\)"),
     (fake_array((5,), np.float32), {"return_sign": 1}, TypeError, "return_sign must be True or False"),
@@ -365,7 +365,6 @@ def test_weighted_out_empty_and_errors_before_launch():
     assert r.dtype == np.float16 and (r.get() == -INF).all() and (g.get() == -1).all()
     out.fill(7)
     for kw, err, match in (({"b": b[:3]}, ValueError, "does not broadcast"),
-                           ({"b": b.astype(np.complex64)}, TypeError, "b has dtype complex64"),
                            ({"b": b, "out": cupy.empty(5, np.float32)}, ValueError, "out has shape"),
                            ({"b": b, "return_sign": None}, TypeError, "return_sign must be True or False")):
         with pytest.raises(err, match=match):

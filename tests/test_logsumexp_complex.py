@@ -1,6 +1,9 @@
-"""Complex logsumexp's elementary functions: cukern's own cos, sin, atan2 and log|s| (reduce.cu ``Trig``; the
-host's in cukern/reference/_elementary.py) against long double and exact rationals, and their constants
-against the kernel's and against exact values (CPU)."""
+"""Complex logsumexp (SciPy's: the principal log of sum(b exp(x)), or log|sum| and sum / |sum| with
+return_sign). CPU: cukern's own cos, sin, atan2 and log|s| (reduce.cu ``Trig``) against long double and exact
+rationals, their constants against the kernel's and against exact values, the emulator against a long-double
+reference within a bound scaled by the sum's condition, SciPy's semantics on special values and on SciPy's and
+CuPy's own cases, the dtype rule, the merge's commutativity, the plan and validation; NVRTC: the two kernels on
+every architecture; GPU: bits against the emulator."""
 
 from __future__ import annotations
 
@@ -11,12 +14,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _support import same_bits
+from _support import fake_array, same_bits
 
+from cukern import reduce as R
 from cukern import reduce_plan as P
+from cukern import reference
+from cukern._dtypes import BFLOAT16
 from cukern.reference import _elementary as E
+from cukern.reference import reductions as tree
 
 INF, NAN = np.inf, np.nan
+C64, C128 = np.dtype(np.complex64), np.dtype(np.complex128)
 SRC = (Path(P.__file__).parent.parent / "cuda_src" / "reduce.cu").read_text()
 # long double's significand: 64 bits on x86 (the accuracy tests' reference), 53 where it is double
 WIDE = np.finfo(np.longdouble).nmant >= 63
@@ -275,3 +283,517 @@ def test_float32_fused_steps_and_exact_errors():
         s, err = E._two_sum(a, b)
         for i in range(0, 2000, 97):
             assert Fraction(float(s[i])) + Fraction(float(err[i])) == Fraction(float(a[i])) + Fraction(float(b[i]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The emulator against long double (CPU).
+
+def _condition(x, b, axis):
+    """sum |terms| / |sum| of each output (long double): the sum's condition, which bounds the relative error
+    of |sum| and the absolute error of its log and phase."""
+    z, g = np.broadcast_arrays(np.asarray(x).astype(np.clongdouble),
+                               np.ones(1, np.clongdouble) if b is None else np.asarray(b).astype(np.clongdouble))
+    m = np.max(z.real, axis=axis, keepdims=True)
+    terms = g * np.exp(z - m)
+    return (np.sum(np.abs(terms), axis=axis) / np.abs(np.sum(terms, axis=axis))).astype(np.float64)
+
+
+def _bound(dtype, kappa, n, value):
+    """The error bound of the complex logsumexp. Each term w e^(x - m) (cos, sin) is within about 4.5 ulps
+    (exp 2.5 for float32, cos and sin 0.77, the products one each), the tree adds 8 + log2(n / 8) roundings
+    to each (chains of 8, then pairs), so the sum's error is below u (13 + log2 n) sum|terms| and that of log|s|
+    and the phase below u (13 + log2 n) kappa; the finish adds a few ulps of the value (log|s| and the phase
+    within 1.6, m + log|s| one more)."""
+    u = float(np.finfo(P.real_of(dtype)).eps)
+    return u * (kappa * (13 + math.log2(max(n, 1))) + 4 * np.abs(value))
+
+
+@needs_wide
+@pytest.mark.parametrize("dtype", (C64, C128), ids=str)
+@pytest.mark.parametrize("shape, axis, weights", [
+    ((64, 3000), 1, None), ((2000, 16), 0, None), ((100003,), None, None), ((7, 1), 1, None),
+    ((5, 700), 1, (1, 700)), ((3, 4, 257), (0, 2), (257,)), ((4, 1, 2, 1), None, (3, 1, 5)), ((6, 33), 0, ()),
+])
+def test_emulator_is_close_to_long_double(dtype, shape, axis, weights, rng):
+    """Random phases over several turns (a sum that partly cancels) and small ones, complex weights of either
+    sign and some zero, within :func:`_bound`; the sign with return_sign too."""
+    for spread in (20.0, 0.5):
+        x = (3 * rng.standard_normal(shape) + 1j * rng.uniform(-spread, spread, shape)).astype(dtype)
+        b = None
+        if weights is not None:
+            b = (rng.uniform(-0.3, 2, weights) + 1j * rng.uniform(-0.5, 0.5, weights)).astype(dtype)
+            if b.size > 3:
+                b.reshape(-1)[::4] = 0
+        got = reference.logsumexp_complex_emulated(x, b, axis)
+        want = reference.reduce_logsumexp(x, axis, b=b)
+        assert got.dtype == dtype and got.shape == want.shape
+        full = np.broadcast_shapes(shape, () if b is None else b.shape)
+        n = math.prod(full) // max(1, got.size)
+        kappa = _condition(x, b, axis)
+        tol = _bound(dtype, kappa, n, want.real)
+        assert (np.abs(got.real - want.real) <= tol).all()
+        assert (_circular(got.imag.astype(np.float64), want.imag) <= tol + 2 * np.finfo(P.real_of(dtype)).eps).all()
+        r, sign = reference.logsumexp_complex_emulated(x, b, axis, return_sign=True)
+        assert r.dtype == P.real_of(dtype) and sign.dtype == dtype
+        assert same_bits(r, got.real)
+        wr, wsign = reference.reduce_logsumexp(x, axis, b=b, return_sign=True)
+        assert (np.abs(sign - wsign) <= tol + 4 * np.finfo(P.real_of(dtype)).eps).all()
+
+
+@needs_wide
+def test_huge_and_tiny_phases_are_reduced_exactly():
+    """Imaginary parts up to the largest float (the exact reduction) and tiny ones (SciPy's gh-21709: relative
+    precision kept): the emulator against long double."""
+    for dtype in (C64, C128):
+        t = P.real_of(dtype).type
+        im = np.array([1e30, -3e37, 2.5e38, 1e5, 2.0**17 + 0.5, 7.0e4], np.float64)
+        if t is np.float64:
+            im = np.concatenate([im, [1e300, -1.7e308, 6381956970095103 * 2.0**797]])
+        x = (np.zeros_like(im) + 1j * im).astype(dtype)
+        got = reference.logsumexp_complex_emulated(x.reshape(-1, 1), axis=1)
+        want = np.log(np.exp(x.astype(np.clongdouble)))
+        assert (np.abs(got.real) <= 2 * np.finfo(t).eps).all()
+        assert (_circular(got.imag.astype(np.float64), want.imag.astype(np.float64)) <= 4 * np.finfo(t).eps).all()
+    x = np.array([0, 2.2204460492503132e-17j])
+    got = reference.logsumexp_complex_emulated(x)
+    assert got.real == math.log(2) and abs(got.imag - 1.1102230246251566e-17) <= 1e-15 * 1.1102230246251566e-17
+
+
+# ---------------------------------------------------------------------------------------------------------
+# SciPy's semantics (CPU).
+
+def _c(re, im=0.0):
+    return complex(re, im)
+
+
+# (x, b, the complex result, the return_sign pair): SciPy's principal log and sign where they are defined; the
+# rules of reduce.cu's finish_complex elsewhere (an element of real part -inf adds 0 whatever its imaginary part
+# is, as C's cexp gives; one of +inf adds b e^(i x_im); NaN for a NaN part or +inf that cancels).
+SPECIAL = [
+    ([1000, 1000], None, _c(1000 + math.log(2)), (1000 + math.log(2), 1)),
+    ([1, 1, 1], [1, -1, -1], _c(1, math.pi), (1.0, -1)),
+    ([1, 100], [1, 0], _c(1), (1.0, 1)),
+    ([0, math.log(2)], [_c(0, 1), _c(0, -1)], _c(0, -math.pi / 2), (0.0, _c(0, -1))),
+    ([1, 1], [1, -1], _c(-INF), (-INF, 0)),
+    ([_c(INF, 1), 0], None, _c(INF, 1), (INF, _c(math.cos(1), math.sin(1)))),
+    ([_c(-INF, NAN), 0], None, _c(0), (0.0, 1)),
+    ([_c(-INF, INF), -INF], None, _c(-INF), (-INF, 0)),
+    ([_c(NAN, 0), 1], None, _c(NAN, NAN), (NAN, _c(NAN, NAN))),
+    ([_c(1, NAN), 0], None, _c(NAN, NAN), (NAN, _c(NAN, NAN))),
+    ([_c(1, INF), 0], None, _c(NAN, NAN), (NAN, _c(NAN, NAN))),
+    ([INF, INF], [1, -1], _c(NAN, NAN), (NAN, _c(NAN, NAN))),
+    ([INF, 1], [_c(0, 2), 1], _c(INF, math.pi / 2), (INF, _c(0, 1))),
+    ([_c(NAN, NAN), 3], [0, 1], _c(3), (3.0, 1)),
+    ([1, 2], [0, 0], _c(-INF), (-INF, 0)),
+    ([0, 0], [1e308, _c(0, 1e308)], _c(0.5 * math.log(2) + math.log(1e308), math.pi / 4),
+     (0.5 * math.log(2) + math.log(1e308), _c(math.sqrt(0.5), math.sqrt(0.5)))),
+    ([0, 0], [1e308, 1e308], _c(INF), (INF, 1)),
+]
+
+
+@pytest.mark.parametrize("x, b, value, signed", SPECIAL)
+def test_special_values(x, b, value, signed):
+    xs = np.array(x, np.complex128)
+    bs = None if b is None else np.array(b, np.complex128)
+    for dtype in (C128, C64):
+        if dtype == C64 and any(abs(v) > 1e38 for v in (b or []) if np.isfinite(v)):
+            continue
+        got = reference.logsumexp_complex_emulated(xs.astype(dtype), None if bs is None else bs.astype(dtype))
+        r, sign = reference.logsumexp_complex_emulated(xs.astype(dtype), None if bs is None else bs.astype(dtype),
+                                                       return_sign=True)
+        assert got.dtype == dtype and r.dtype == P.real_of(dtype) and sign.dtype == dtype
+        tol = 8 * np.finfo(P.real_of(dtype)).eps * max(1, abs(value.real) if np.isfinite(value.real) else 1)
+        for g, w in ((got.real, value.real), (got.imag, value.imag), (r, signed[0]),
+                     (sign.real, complex(signed[1]).real), (sign.imag, complex(signed[1]).imag)):
+            if np.isnan(w) or np.isinf(w):
+                assert np.isnan(g) if np.isnan(w) else g == w, (x, b, dtype, g, w)
+            else:
+                assert abs(float(g) - w) <= tol, (x, b, dtype, g, w)
+        want = reference.reduce_logsumexp(xs, b=bs)
+        assert np.isnan(want) == np.isnan(value), (x, b, want)
+        if not np.isnan(value) and not (np.isinf(value.real) and np.isfinite(want.real)):  # long double's wider range
+            assert want == value or (np.isfinite(value) and abs(want - value) <= 1e-12 * max(1, abs(value))), (x, b)
+
+
+def test_the_branch_cut_is_scipys():
+    """The imaginary part lies in (-pi, pi]: a phase of -pi (a negative real sum with a zero or negative zero
+    imaginary part, or an angle that rounds to -pi) is given as +pi, as SciPy's _wrap_radians gives it; a
+    complex64 imaginary part of float32's pi (above pi) is one turn past the cut: its principal value is
+    pi_f - 2 pi, where SciPy's float32 arithmetic gives pi_f."""
+    pi = np.float64(np.pi)
+    for x, want in (([_c(0, pi)], pi), ([_c(0, -pi)], pi), ([0, _c(0, 1e-300)], 5e-301), ([_c(0, -pi / 2)], -pi / 2)):
+        got = reference.logsumexp_complex_emulated(np.array(x, C128))
+        assert got.imag == want and abs(got.real - (math.log(2) if len(x) == 2 else 0)) <= 1e-16, x
+    for b in ([-1, -1], [_c(-1, -0.0), _c(-1, -0.0)]):  # a sum of -2 + 0i: +pi, whatever the zeros' signs
+        got = reference.logsumexp_complex_emulated(np.zeros(2, C128), np.array(b, C128))
+        assert got.imag == pi and got.real == math.log(2)
+    got = reference.logsumexp_complex_emulated(np.array([_c(0, np.pi)], C64))
+    assert got.imag == np.float32(np.pi) - np.float32(2 * np.pi) + np.float32(np.pi) - np.float32(np.pi) or \
+        abs(float(got.imag) - (float(np.float32(np.pi)) - 2 * np.pi)) <= 2.4e-7
+
+
+def test_empty_slices_give_minus_inf_and_sign_minus_one():
+    for b in (None, np.ones((1, 0), np.complex64)):
+        x = np.ones((3, 0), np.complex64)
+        got = reference.logsumexp_complex_emulated(x, b, 1)
+        assert got.dtype == C64 and got.shape == (3,) and (got == -INF).all()
+        r, g = reference.logsumexp_complex_emulated(x, b, 1, return_sign=True)
+        assert r.dtype == np.float32 and (r == -INF).all() and g.dtype == C64 and (g == -1).all()
+        r, g = reference.reduce_logsumexp(x, 1, b=b, return_sign=True)
+        assert (r == -INF).all() and (g == -1).all()
+
+
+def test_scipys_own_complex_cases():
+    """scipy/special/tests/test_logsumexp.py (1.15-1.17): the complex sign (s exp(r) is the sum of exps, s its
+    direction); gh-21610 (phases within (-pi, pi], close to log(sum(exp(x)))); small imaginary parts kept
+    (gh-21709); the dtypes of a and b promoted (a complex one stays complex)."""
+    a = np.array([1 + 1j, 2 - 1j, -2 + 3j])
+    r, s = reference.logsumexp_complex_emulated(a, return_sign=True)
+    total = np.sum(np.exp(a))
+    np.testing.assert_allclose(s, total / abs(total), rtol=1e-14)
+    np.testing.assert_allclose(s * np.exp(r), total, rtol=1e-14)
+    rng = np.random.default_rng(324984329582349862)
+    x = rng.uniform(1, 40, (10, 100)) + 1j * rng.uniform(1, 40, (10, 100))
+    for dtype in (C64, C128):
+        xd = x.astype(dtype)
+        res = reference.logsumexp_complex_emulated(xd, axis=1)
+        ref = np.log(np.sum(np.exp(xd.astype(np.complex128)), axis=1))
+        assert (np.abs(res.imag) <= np.float32(np.pi)).all()
+        np.testing.assert_allclose(res, ref, rtol=1e-6 if dtype == C64 else 1e-13)
+        out, sgn = reference.logsumexp_complex_emulated(xd, axis=1, return_sign=True)
+        np.testing.assert_allclose(out, np.real(np.log(np.sum(np.exp(xd.astype(np.complex128)), axis=1))),
+                                   rtol=1e-6 if dtype == C64 else 1e-13)
+        total = np.sum(np.exp(xd.astype(np.complex128)), axis=1)
+        np.testing.assert_allclose(sgn, total / np.abs(total), rtol=1e-5 if dtype == C64 else 1e-12)
+    for ta in ("float32", "float64", "int32", "int64", "complex64", "complex128"):
+        for tb in ("float32", "float64", "int32", "int64", "complex64", "complex128"):
+            want = np.result_type(ta, tb, np.float32)
+            assert P.weighted_dtype(np.dtype(ta), np.dtype(tb)) == want, (ta, tb)
+            if want.kind == "c":
+                got = reference.logsumexp_complex_emulated(np.array([2, 1], ta), np.array([1, -1], tb))
+                assert got.dtype == want
+                np.testing.assert_allclose(got, math.log(math.exp(2) - math.exp(1)), rtol=1e-6)
+
+
+def _shaped_random(shape, dtype):
+    """cupy.testing.shaped_random's complex values (v14.2.0): a fresh RandomState(0), real parts then imaginary
+    parts from rand, times 10."""
+    state = np.random.RandomState(0)
+    return ((state.rand(*shape) + 1j * state.rand(*shape)) * 10).astype(dtype)
+
+
+def _shaped_arange(shape, dtype):
+    """cupy.testing.shaped_arange's complex values: k + kj, k = 1..size."""
+    a = np.arange(1, math.prod(shape) + 1)
+    return (a + a * 1j).astype(dtype).reshape(shape)
+
+
+def test_cupys_complex_cases():
+    """CuPy v14.2.0's tests of cupyx.scipy.special.logsumexp (special_tests/test_logsumexp.py) with complex64
+    and complex128 inputs, which cukern refused before: their inputs, SciPy's dtypes (complex results; a real
+    log|sum| and a complex sign with return_sign), and within their tolerance (rtol 1e-6 where they state it,
+    else 1e-7) of the long-double reference, which SciPy's value meets up to its own rounding."""
+    for dtype in (C64, C128):
+        cases = [  # (name, x, b, axis, return_sign, rtol)
+            ("large_numbers", np.array([1000, 1000], dtype), None, None, False, 1e-7),
+            ("array_inputs", _shaped_random((100, 1000), dtype), None, None, False, 1e-6),
+            ("sign_argument", np.array([1, 1, 1], dtype), np.array([1, -1, -1], dtype), None, True, 1e-7),
+            ("sign_multi_dims", _shaped_random((1, 1, 3, 4), dtype), _shaped_random((1, 1, 1, 4), dtype), None,
+             True, 1e-6),
+            ("sign_multi_dims_axis", _shaped_random((1, 2, 3, 4), dtype), _shaped_random((1, 2, 3, 4), dtype), 2,
+             True, 1e-6),
+            ("sign_multi_dims_axis_2d", _shaped_random((1, 2, 3, 4), dtype), _shaped_random((1, 2, 3, 4), dtype),
+             (1, 3), True, 1e-6),
+            ("b_zero", np.array([1, 100], dtype), np.array([1, 0], dtype), None, False, 1e-7),
+            ("b_multi_dims", _shaped_arange((4, 1, 2, 1), dtype), _shaped_arange((3, 1, 5), dtype), None, False,
+             1e-7),
+        ]
+        for name, x, b, axis, signed, rtol in cases:
+            got = reference.logsumexp_complex_emulated(x, b, axis, return_sign=signed)
+            want = reference.reduce_logsumexp(x, axis, b=b, return_sign=signed)
+            if signed:
+                assert got[0].dtype == P.real_of(dtype) and got[1].dtype == dtype, name
+                np.testing.assert_allclose(got[0], want[0], rtol=rtol, err_msg=name)
+                np.testing.assert_allclose(got[1], want[1], rtol=rtol, atol=1e-7, err_msg=name)
+            else:
+                assert got.dtype == dtype, name
+                np.testing.assert_allclose(got, want, rtol=rtol, err_msg=name)
+
+
+def test_against_scipy_where_it_is_installed(rng):
+    special = pytest.importorskip("scipy.special")
+    for dtype in (C64, C128):
+        x = (rng.standard_normal((6, 500)) * 4 + 1j * rng.uniform(-3, 3, (6, 500))).astype(dtype)
+        b = (rng.uniform(0.1, 2, (500,)) + 1j * rng.uniform(-1, 1, (500,))).astype(dtype)
+        for kw in ({}, {"b": b}):
+            got = reference.logsumexp_complex_emulated(x, kw.get("b"), 1)
+            want = special.logsumexp(x, axis=1, **kw)
+            assert got.dtype == want.dtype
+            np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == C64 else 1e-12)
+            r, s = reference.logsumexp_complex_emulated(x, kw.get("b"), 1, return_sign=True)
+            wr, ws = special.logsumexp(x, axis=1, return_sign=True, **kw)
+            assert r.dtype == wr.dtype and s.dtype == ws.dtype
+            np.testing.assert_allclose(r, wr, rtol=1e-5 if dtype == C64 else 1e-12)
+            np.testing.assert_allclose(s, ws, rtol=1e-5 if dtype == C64 else 1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The tree's pieces (CPU).
+
+def _state(t, m, sr, si):
+    return (np.array([m], t), np.array([sr], t), np.array([si], t))
+
+
+def test_complex_merge_is_commutative_and_the_identity_exact(rng):
+    """The shuffle trees need a merge that gives the same bits either way round, and the tree's padding an
+    identity that changes nothing (for every state the chains form: no part of s is -0)."""
+    for t in (np.float32, np.float64):
+        vals = [(-INF, 0, 0), (-INF, NAN, 0), (INF, 1, -2), (INF, 0, 0), (INF, -1, 0), (NAN, 1, 1), (0.0, 1, 0),
+                (-0.0, -1, 3), (3.5, 7, -1), (3.5, -7, 1), (-80.0, 3, 0), (-200.0, -1e-3, 2e-3), (1e30, 2, 2)]
+        vals += list(zip(rng.standard_normal(10) * 10, rng.standard_normal(10), rng.standard_normal(10)))
+        states = [_state(t, *v) for v in vals]
+        identity = _state(t, -INF, 0, 0)
+        for a in states:
+            for b in states:
+                u, v = tree._lse_weighted_merge(a, b), tree._lse_weighted_merge(b, a)
+                assert same_bits(np.stack(tree._lse_complex_finish(*u)), np.stack(tree._lse_complex_finish(*v))), (a, b)
+            got = tree._lse_weighted_merge(a, identity)
+            assert same_bits(np.stack(got), np.stack(a)) or np.isnan(a[0][0]) or np.isnan(a[1][0]), a
+        m, sr, si = tree._lse_weighted_merge(_state(t, INF, 2, 1), _state(t, INF, -3, 1))
+        assert m[0] == INF and sr[0] == -1 and si[0] == 2
+
+
+def test_a_complex_chain_by_hand():
+    """One chain of eight (elements 32 apart in a leaf), weights of zero drop their element, +inf in another
+    chain: m the largest real part kept, s the terms summed left to right from 0."""
+    x = np.array([0.5 + 1j, 2 - 1j, _c(INF), 3 + 0.25j, _c(-INF, NAN), 1 + 2j, 2 + 0j, -1 - 1j])
+    w = np.array([2, 1j, 0, 0, 3, 1, 0.5 - 0.5j, 0], np.complex128)
+    xs, ws = np.zeros((1, 256), np.complex128), np.zeros((1, 256), np.complex128)
+    xs[0, ::32], ws[0, ::32] = x, w
+    m, sr, si = tree._lse_complex_chains(xs, ws)
+    assert m[0, 0] == 2.0 and (m[0, 1:] == -INF).all() and (sr[0, 1:] == 0).all() and (si[0, 1:] == 0).all()
+    e = tree._exp_nonpositive
+    want_r = want_i = np.float64(0)
+    for xi, wi in zip(x, w):
+        if wi == 0:
+            continue
+        c, s = E._cis(np.array([0.0 if xi.real == -INF else xi.imag]))
+        ex = e(np.array([xi.real - 2.0]))[0]
+        tr, ti = ex * c[0], ex * s[0]
+        tr, ti = wi.real * tr - wi.imag * ti, wi.real * ti + wi.imag * tr
+        want_r, want_i = want_r + tr, want_i + ti
+    assert sr[0, 0] == want_r and si[0, 0] == want_i
+    m, sr, si = tree._lse_complex_chains(xs, None)  # unweighted: every present element, +inf included
+    assert m[0, 0] == INF and np.isfinite(sr[0, 0])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dtypes, plans, instantiations and validation (CPU).
+
+@pytest.mark.parametrize("x, b, want", [
+    (np.complex64, np.complex64, np.complex64), (np.complex64, np.float32, np.complex64),
+    (np.float32, np.complex64, np.complex64), (np.complex64, np.float64, np.complex128),
+    (np.int64, np.complex64, np.complex128), (np.int8, np.complex64, np.complex64), (np.bool_, np.complex128, np.complex128),
+    (np.float16, np.complex64, np.complex64), (BFLOAT16, np.complex64, np.complex64),
+    (BFLOAT16, np.complex128, np.complex128),
+])
+def test_complex_result_dtypes_are_scipys_promotion(x, b, want):
+    assert P.weighted_dtype(x, b) == np.dtype(want) and P.weighted_dtype(b, x) == np.dtype(want)
+    assert P.result_dtype("logsumexp", np.complex64) == C64 and P.result_dtype("logsumexp", np.complex128) == C128
+
+
+def test_two_kernels_serve_every_complex_call():
+    insts = P.instantiations()
+    mine = sorted(i.expression for i in insts if i.name == "reduce_lse_complex")
+    assert mine == sorted(P.complex_instantiation(t).expression for t in (C64, C128))
+    assert len(insts) <= 800
+    pl = P.plan_weighted((64, 1000), (1000, 1), (1000, 1), (1,))
+    p = pl.params(False, weighted=False)
+    assert p["weighted"] == 0 and p["signed_result"] == 0
+    assert pl.params(True)["weighted"] == 1
+
+
+@pytest.mark.parametrize("x, b, kw, err, match", [
+    (fake_array((4, 5), np.complex64), fake_array((3,), np.complex64), {}, ValueError,
+     r"b has shape \(3,\), which does not broadcast against x's \(4, 5\)"),
+    (fake_array((4, 5), np.complex64), None, {"return_sign": 1}, TypeError, "return_sign must be True or False"),
+    (fake_array((4, 5), np.complex128), None, {"keepdims": "yes"}, TypeError, "keepdims must be a bool"),
+    (fake_array((4, 5), np.complex64), None, {"axis": 2}, np.exceptions.AxisError, "out of bounds"),
+    (fake_array((4, 5), np.float32), fake_array((5,), np.dtype("M8[s]")), {}, TypeError,
+     "b has dtype datetime64.s.; logsumexp supports"),
+    (fake_array((4, 5), np.dtype("M8[s]")), None, {}, TypeError, "x has dtype datetime64.s.; logsumexp supports"),
+])
+def test_complex_arguments_are_checked(x, b, kw, err, match, monkeypatch):
+    monkeypatch.setattr(R._check, "as_array", lambda a, name, **_: a)  # fake arrays stand in for CuPy's
+    with pytest.raises(err, match=match) as info:
+        R.logsumexp(x, b=b, **kw)
+    assert "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# NVRTC: the two kernels on every architecture.
+
+@pytest.mark.nvrtc("reduce")
+@pytest.mark.parametrize("arch", ("sm_80", "sm_90", "sm_100", "sm_120"))
+def test_complex_kernels_compile_without_local_memory_or_cuda_math(arch):
+    """No local memory and no spill on any architecture; no instruction of CUDA's approximate math (sin.approx,
+    cos.approx, ex2.approx, lg2.approx) and no rounding to an integer by cvt.rni: every step is one whose bits
+    the emulator repeats."""
+    from _support import assert_no_spills
+
+    from cukern._compile import compile_program
+
+    insts = [P.complex_instantiation(t) for t in (C64, C128)]
+    c = compile_program(P.SOURCE, insts, arch)
+    for inst in insts:
+        ptx = c.kernel_ptx(inst)
+        assert ".local" not in ptx
+        assert not re.search(r"\b(sin|cos|ex2|lg2|rsqrt)\.approx|cvt\.rni", ptx), inst.expression
+    for name, r in c.resources().items():
+        assert_no_spills(r, arch, name)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU: bits against the emulator.
+
+def _complex(rng, shape, dtype, spread=20.0, scale=4.0):
+    return (scale * rng.standard_normal(shape) + 1j * rng.uniform(-spread, spread, shape)).astype(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", (C64, C128), ids=str)
+def test_complex_bits_match_the_emulator(dtype, rng):
+    """Every layout the plan tells apart (one or two kept and reduced levels, deeper ones copied), leaves and
+    chains partly filled, with and without weights (complex, real, broadcast, zero), return_sign, keepdims."""
+    import cupy
+
+    for shape, b_shape, axis in (((100003,), None, None), ((33, 4099), None, 1), ((5000, 33), None, 0),
+                                 ((6, 7, 65), None, (0, 2)), ((17, 1), None, 1), ((4, 1, 2, 1), (3, 1, 5), None),
+                                 ((33, 4099), (1, 4099), 1), ((64, 300), (), -1), ((2, 3, 4, 5), (3, 1, 5), (1, 3)),
+                                 ((3, 4, 5, 6), (4, 5, 6), (0, 2))):
+        xh = _complex(rng, shape, dtype)
+        bh = None
+        if b_shape is not None:
+            bh = (rng.uniform(-0.2, 2, b_shape) + 1j * rng.uniform(-1, 1, b_shape)).astype(dtype)
+            if bh.size > 4:
+                bh.reshape(-1)[::5] = 0
+        x = cupy.asarray(xh)
+        b = None if bh is None else cupy.asarray(bh)
+        for signed in (False, True):
+            for keepdims in (False, True):
+                got = R.logsumexp(x, axis, b=b, keepdims=keepdims, return_sign=signed)
+                want = reference.logsumexp_complex_emulated(xh, bh, axis, keepdims, signed)
+                if signed:
+                    assert same_bits(got[0], want[0]) and same_bits(got[1], want[1]), (shape, b_shape, axis)
+                else:
+                    assert same_bits(got, want), (shape, b_shape, axis, keepdims)
+
+
+@pytest.mark.gpu
+def test_complex_views_huge_phases_and_mixed_dtypes_match_the_emulator(rng):
+    """Strided, negative-stride and transposed x and b; imaginary parts past the Cody-Waite bound up to the
+    largest float (the exact reduction, a branch some lanes of a warp take); real x with complex b, integer x
+    with complex b, complex x with real b (promoted first)."""
+    import cupy
+
+    for dtype in (C64, C128):
+        xh = _complex(rng, (40, 90), dtype)
+        bh = (rng.uniform(-1, 2, (40, 90)) + 1j * rng.uniform(-1, 1, (40, 90))).astype(dtype)
+        x, b = cupy.asarray(xh), cupy.asarray(bh)
+        for xv, bv, xvh, bvh, axis in ((x[:, ::3], b[:, 1::3], xh[:, ::3], bh[:, 1::3], 1),
+                                       (x[::-1], None, xh[::-1], None, 0), (x.T, b.T, xh.T, bh.T, 1),
+                                       (x[::2, 5:], b[1::2, :-5], xh[::2, 5:], bh[1::2, :-5], None)):
+            got = R.logsumexp(xv, axis, b=bv, return_sign=True)
+            want = reference.logsumexp_complex_emulated(xvh, bvh, axis, return_sign=True)
+            assert same_bits(got[0], want[0]) and same_bits(got[1], want[1]), (dtype, axis)
+        t = P.real_of(dtype).type
+        top = 308 if t is np.float64 else 38
+        huge = (rng.standard_normal((8, 700)) + 1j * 10.0 ** rng.uniform(-3, top, (8, 700))
+                * rng.choice([-1, 1], (8, 700))).astype(dtype)
+        got = R.logsumexp(cupy.asarray(huge), 1)
+        assert same_bits(got, reference.logsumexp_complex_emulated(huge, None, 1))
+    xh = rng.standard_normal((8, 300)).astype(np.float32)
+    bh = (rng.uniform(0, 1, 300) + 1j * rng.uniform(-1, 1, 300)).astype(np.complex64)
+    for xv, bv in ((xh, bh), (rng.integers(-5, 5, (8, 300)), bh), (xh.astype(np.complex64), bh.real)):
+        got = R.logsumexp(cupy.asarray(xv), 1, b=cupy.asarray(bv))
+        want = reference.logsumexp_complex_emulated(xv, bv, 1)
+        assert got.dtype == want.dtype and same_bits(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", (C64, C128), ids=str)
+def test_complex_special_values_on_the_gpu(dtype):
+    import cupy
+
+    for x, b, value, signed in SPECIAL:
+        if dtype == C64 and b is not None and any(np.isfinite(v) and abs(v) > 1e38 for v in b):
+            continue
+        xh = np.array(x, np.complex128).astype(dtype)
+        bh = None if b is None else np.array(b, np.complex128).astype(dtype)
+        bd = None if bh is None else cupy.asarray(bh)
+        got = R.logsumexp(cupy.asarray(xh), b=bd)
+        assert same_bits(got, reference.logsumexp_complex_emulated(xh, bh)), (x, b)
+        got = R.logsumexp(cupy.asarray(xh), b=bd, return_sign=True)
+        want = reference.logsumexp_complex_emulated(xh, bh, return_sign=True)
+        assert same_bits(got[0], want[0]) and same_bits(got[1], want[1]), (x, b)
+    # the special elements spread over leaves and rows
+    xh = np.zeros((6, 5000), dtype)
+    xh[0, 4000] = _c(INF, 2)
+    xh[1, 7], xh[1, 4999] = _c(INF, 0), _c(INF, math.pi)
+    xh[2, 2500] = _c(1, NAN)
+    xh[3, 2500] = _c(-INF, NAN)
+    xh[4] = -INF
+    xh[5, 123] = _c(NAN, 0)
+    got = R.logsumexp(cupy.asarray(xh), 1, return_sign=True)
+    want = reference.logsumexp_complex_emulated(xh, None, 1, return_sign=True)
+    assert same_bits(got[0], want[0]) and same_bits(got[1], want[1])
+
+
+@pytest.mark.gpu
+def test_complex_out_empty_and_errors_before_launch():
+    import cupy
+
+    x = cupy.asarray((np.arange(20) + 1j * np.arange(20)[::-1]).reshape(4, 5).astype(np.complex64))
+    out = cupy.full(4, 7, np.complex128)
+    assert R.logsumexp(x, 1, out=out) is out
+    want = reference.logsumexp_complex_emulated(x.get(), None, 1)
+    np.testing.assert_array_equal(out.get(), want.astype(np.complex128))
+    mag = cupy.full(4, 7, np.float32)
+    r, g = R.logsumexp(x, 1, return_sign=True, out=mag)
+    assert r is mag and same_bits(r, reference.logsumexp_complex_emulated(x.get(), None, 1, return_sign=True)[0])
+    r, g = R.logsumexp(cupy.zeros((3, 0), np.complex128), 1, return_sign=True)
+    assert r.dtype == np.float64 and (r.get() == -INF).all() and g.dtype == C128 and (g.get() == -1).all()
+    r = R.logsumexp(cupy.zeros((3, 0), np.complex64), 1)
+    assert r.dtype == C64 and (r.get() == -INF).all()
+    out.fill(7)
+    for kw, err, match in (({"b": x[:, :3]}, ValueError, "does not broadcast"),
+                           ({"out": cupy.empty(5, np.complex64)}, ValueError, "out has shape"),
+                           ({"return_sign": None}, TypeError, "return_sign must be True or False")):
+        with pytest.raises(err, match=match):
+            R.logsumexp(x, 1, **kw)
+    with pytest.raises(ValueError, match="out overlaps x"):
+        R.logsumexp(x, 1, out=x[:, 0])
+    assert (out.get() == 7).all()
+
+
+@pytest.mark.gpu
+def test_complex_capture_replays_and_refuses_temporaries(rng):
+    import cupy
+
+    from _support import refused_in_capture, replayed_alone
+
+    x = cupy.asarray(_complex(rng, (64, 500), C64))
+    b = cupy.asarray(rng.uniform(0, 1, (500,)).astype(np.float32))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    for call in (lambda: R.logsumexp(x, 1, b=b),  # b converted to complex64 first
+                 lambda: R.logsumexp(x.reshape(4, 4, 4, 500).transpose(1, 0, 2, 3), 3)):  # 3 kept levels
+        with stream:
+            call()
+        refused_in_capture(stream, call)
+
+    def refill():
+        x[...] = cupy.asarray(_complex(rng, x.shape, C64))
+
+    got = replayed_alone(stream, lambda: [R.logsumexp(x, 1, return_sign=True)], refill)
+    want = reference.logsumexp_complex_emulated(x.get(), None, 1, return_sign=True)
+    assert same_bits(got[0][0], want[0]) and same_bits(got[0][1], want[1])

@@ -11,6 +11,7 @@ from _reduce_support import LAYOUT_CLASSES, OP_NAMES, ZERO_SIZE_VIEWS, _axis_cho
 from _support import ARCHS, assert_no_spills, checked_instantiations, compiled, fake_array, ptxas_ran
 
 from cukern import _tuned
+from cukern.reference import _elementary as E
 from cukern.reference import reductions as tree
 from cukern import reduce as R
 from cukern import reduce_plan as P
@@ -65,6 +66,20 @@ def _exp_fmas(ptx: str) -> tuple:
     return len(fmas), exps
 
 
+def _complex_lse_fmas(dtype) -> int:
+    """The fused multiply-adds reduce_lse_complex calls for: complex64's (the host's tree._fma32 repeats them),
+    per element (eight a chain) the exp's, four in Cody and Waite's reduction, one in the exact reduction's
+    product, sin's and cos's Horner steps; the exp's in each of the seven merges (five shuffle levels, the
+    stack's push and result); the phase's five. complex128's only where the result is exact (the host forms
+    it without one): the exact reduction's product error (eight a chain) and the phase's division remainder."""
+    if np.dtype(dtype) == np.complex128:
+        return 8 + 1
+    t = E._trig(np.float32)
+    exp = len(tree._explog(np.float32)["exp"]) + 1
+    element = exp + 4 + 1 + 1 + (len(t["sin"]) - 1) + (len(t["cos"]) - 1)
+    return 8 * element + 7 * exp + 3 + (len(t["atan"]) - 1)
+
+
 @pytest.mark.nvrtc(P.SOURCE)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_no_float_accumulation_is_fused(arch):
@@ -78,6 +93,13 @@ def test_no_float_accumulation_is_fused(arch):
     terms = len(tree._explog(np.float32)["exp"])
     for inst in checked_instantiations(P.SOURCE):
         ptx = c.kernel_ptx(inst)
+        if inst.name == "reduce_lse_complex":
+            assert "cvt.rni" not in ptx, inst.expression
+            assert len(re.findall(r"\bfma\.rn\.f(32|64)\b", ptx)) == _complex_lse_fmas(inst.args[1]), inst.expression
+            # nothing left to contract: every other float add, subtraction and product rounds on its own, but
+            # frexp's scaling of a subnormal argument and its x + x for inf and NaN (log|s|'s q is neither)
+            assert len(re.findall(r"\b(add|sub|mul)\.f(32|64)\b", ptx)) <= 2, inst.expression
+            continue
         if inst.args[2] == P.OP_LSE:
             assert "cvt.rni" not in ptx, inst.expression
             if P.acc_dtype(inst.args[1]) == np.float32:
@@ -114,8 +136,8 @@ def test_instantiations_are_generated_and_cover_the_dispatcher():
     insts = P.instantiations()
     assert len(insts) == len(set(insts))
     # CI compiles all of them for four architectures (var and std add 64, prod and logsumexp 52, complex
-    # products 8 of those; weighted logsumexp 4; the NaN-aware ops none; the int64 counts and the bool results
-    # of any and all 42; the 512-thread rows of inputs of at most 4 bytes 80)
+    # products 8 of those; weighted logsumexp 4, complex logsumexp 2; the NaN-aware ops none; the int64 counts
+    # and the bool results of any and all 42; the 512-thread rows of inputs of at most 4 bytes 80)
     assert len(insts) <= 800
     have = set(insts)
     shapes = [(1,), (31,), (1000003,), (4097, 3), (3, 4097), (1, 4097), (4097, 1), (7, 5, 9), (2, 3, 4, 5)]

@@ -88,6 +88,7 @@ from .reductions import (
     prod_emulated,
     logsumexp_emulated,
     logsumexp_weighted_emulated,
+    logsumexp_complex_emulated,
 )
 from .argreduce import (
     argmax,
@@ -126,7 +127,8 @@ __all__ = [
     "cumprod_emulated", "cumsum", "cumsum_emulated", "extreme_emulated", "float8_e4m3fn_bits",
     "fused_add_layer_norm_emulated", "fused_add_rms_norm", "fused_add_rms_norm_emulated",
     "fused_add_rms_norm_fp8_emulated", "layer_norm", "layer_norm_backward", "layer_norm_backward_emulated",
-    "layer_norm_emulated", "layer_norm_stats_emulated", "logsumexp_emulated", "logsumexp_weighted_emulated",
+    "layer_norm_emulated", "layer_norm_stats_emulated", "logsumexp_complex_emulated", "logsumexp_emulated",
+    "logsumexp_weighted_emulated",
     "mean_emulated", "mrope_rows", "nanargmax", "nanargmax_emulated", "nanargmin", "nanargmin_emulated",
     "nanmax_emulated", "nanmean_emulated", "nanmin_emulated", "nansum_emulated", "norm_emulated", "prod_emulated",
     "qk_norm_rope", "qk_norm_rope_backward", "qk_norm_rope_backward_emulated", "qk_norm_rope_emulated", "reduce_amax",

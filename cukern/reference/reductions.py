@@ -10,7 +10,8 @@ import numpy as np
 
 from .._typing import Array, Axis, DTypeLike, HostArray, HostResult
 from ._common import _astype, _numpy
-from ._elementary import _exp_nonpositive, _explog, _fma32, _log_at_least_one  # noqa: F401
+from ._elementary import _cis, _exp_nonpositive, _explog, _fma32, _log_abs, _log_at_least_one  # noqa: F401
+from ._elementary import _phase
 from .argreduce import _arg_emulated
 
 
@@ -684,7 +685,12 @@ def reduce_logsumexp(x: Array, axis: Axis = None, keepdims: bool = False, b: Arr
     1000.6931471805599
     >>> print(reduce_logsumexp(np.array([0.0, 0.0]), b=np.array([1.0, -3.0]), return_sign=True))
     (array(0.69314718), array(-1.))
+
+    A complex x or b (:func:`_reduce_logsumexp_complex`): the principal ``log(sum(b * exp(x)))``, complex128,
+    or with ``return_sign`` (``log|sum|``, float64; ``sum / |sum|``, complex128).
     """
+    if np.iscomplexobj(x) or (b is not None and np.iscomplexobj(b)):
+        return _reduce_logsumexp_complex(x, axis, keepdims, b, return_sign)
     if b is None:
         w = _wide(x).astype(np.float64)
         with np.errstate(all="ignore"):
@@ -718,6 +724,51 @@ def reduce_logsumexp(x: Array, axis: Axis = None, keepdims: bool = False, b: Arr
     if return_sign:
         return r, sign
     return np.where(sign < 0, np.nan, r)
+
+
+def _reduce_logsumexp_complex(x, axis, keepdims, b, return_sign):
+    """:func:`reduce_logsumexp` of a complex x or b, the textbook sum in long double (64-bit significands where
+    the platform has them, x86's; else float64) and returned in complex128 (float64 for ``log|sum|``): m the
+    maximum of the real parts of the elements of non-zero weight, s = sum(b exp(x - m)) with NumPy's complex
+    exp, an element of real part +inf adding b exp(i x_im), one of -inf nothing (times b); then
+    :func:`_lse_complex_finish`'s rules: NaN for a NaN in m or s (or s == 0 at m = +inf), -inf (sign 0) for
+    s == 0, +inf for m = +inf or an infinite part of s (its direction standing for s), else m + log|s|, the
+    phase in (-pi, pi] and s / |s|."""
+    z = _numpy(x).astype(np.clongdouble)
+    g = np.ones((), np.clongdouble) if b is None else _numpy(b).astype(np.clongdouble)
+    z, g = np.broadcast_arrays(z, g)
+    with np.errstate(all="ignore"):
+        if z.size == 0:
+            shape = np.sum(z, axis=axis, keepdims=keepdims).shape
+            r = np.full(shape, -np.inf)
+            return (r, np.full(shape, -1 + 0j)) if return_sign else r.astype(np.complex128)
+        keep = g != 0
+        re, im = z.real, z.imag
+        m = np.max(np.where(keep, re, -np.inf), axis=axis, keepdims=True)
+        mag = np.where(re == np.inf, 1, np.where(m == np.inf, 0, np.exp(re - np.where(np.isfinite(m), m, 0))))
+        terms = np.where(keep, g * (mag * np.exp(1j * np.where(re == -np.inf, 0, im))), 0)
+        s = np.sum(terms, axis=axis, keepdims=True)
+        bad = np.isnan(m) | np.isnan(s.real) | np.isnan(s.imag)
+        zero = s == 0
+        wide = np.isinf(s.real) | np.isinf(s.imag)
+        d = np.where(wide, np.where(np.isinf(s.real), np.sign(s.real), 0) + 1j * np.where(np.isinf(s.imag),
+                                                                                          np.sign(s.imag), 0), s)
+        pi = np.arctan2(np.longdouble(0), np.longdouble(-1))
+        phase = np.arctan2(d.imag, d.real)
+        phase = np.where(phase == -pi, pi, phase)
+        real = np.where(wide | (m == np.inf), np.inf, m + np.log(np.abs(d)))
+        sign = d / np.abs(d)
+        nan = bad | (zero & (m == np.inf))
+        real = np.where(nan, np.nan, np.where(zero, -np.inf, real))
+        phase = np.where(nan, np.nan, np.where(zero, 0, phase))
+        sign = np.where(nan, np.nan + 1j * np.nan, np.where(zero, 0, sign))
+    if not keepdims:
+        real, phase, sign = (np.squeeze(v, axis=axis) for v in (real, phase, sign))
+    if return_sign:
+        return real.astype(np.float64), sign.astype(np.complex128)
+    out = np.empty(np.shape(real), np.complex128)
+    out.real, out.imag = real, phase
+    return out
 
 
 def nansum_emulated(x: Array, axis: Axis = None, dtype: DTypeLike | None = None, keepdims: bool = False) -> HostArray:
@@ -955,12 +1006,14 @@ def _lse_weighted_chains(x, w):
 
 
 def _lse_weighted_merge(a, b):
-    """reduce.cu's WeightedLse merge of (m, s) arrays: :func:`_lse_merge`, but two maxima of +inf add their
-    sums (a factor 1 in place of the exp's 0)."""
+    """reduce.cu's WeightedLse merge of (m, s) arrays, or of (m, s_re, s_im) for complex sums (each part as a
+    real s): :func:`_lse_merge`, but two maxima of +inf add their sums (a factor 1 in place of the exp's 0)."""
     with np.errstate(all="ignore"):
-        hm, hs, lm, ls = _lse_ordered(a, b)
-        e = np.where((hm == lm) & (hm == np.inf), hm.dtype.type(1), _exp_nonpositive(lm - hm))
-        return _tree_max(a[0], b[0]), hs + ls * e
+        swap = (b[0] > a[0]) | np.isnan(b[0])
+        hi = tuple(np.where(swap, v, u) for u, v in zip(a, b))
+        lo = tuple(np.where(swap, u, v) for u, v in zip(a, b))
+        e = np.where((hi[0] == lo[0]) & (hi[0] == np.inf), hi[0].dtype.type(1), _exp_nonpositive(lo[0] - hi[0]))
+        return (_tree_max(a[0], b[0]),) + tuple(h + u * e for h, u in zip(hi[1:], lo[1:]))
 
 
 def _lse_weighted_finish(m, s, signed: bool):
@@ -1018,6 +1071,121 @@ def logsumexp_weighted_emulated(x: Array, b: Array, axis: Axis = None, keepdims:
     r, sign = _lse_weighted_finish(m, s, return_sign)
     r = _astype(r, final).reshape(shape)
     return (r, _astype(sign, final).reshape(shape)) if return_sign else r
+
+
+def _lse_complex_chains(x, w):
+    """Each chain's (m, s_re, s_im) over the last axis of complex ``x`` (rows, n) and its weights ``w`` (complex,
+    or None: no weights), as reduce.cu ``complex_chain`` forms it: m the NaN-propagating maximum of the real
+    parts of the kept elements (those below n, and of non-zero weight), s the left-to-right sum from 0 of their
+    terms w e^(x_re - m) (cos x_im, sin x_im) (:func:`_cis`; each product rounded once, the weight's by the
+    textbook complex product): w (cos, sin) for x_re = +inf, 0 (times w) for x_re = -inf whatever x_im is."""
+    v, count = _chain_elements(x, 0)
+    t = x.real.dtype.type
+    if w is None:
+        keep = np.arange(v.shape[-1]) < count[:, None]
+        keep = np.broadcast_to(keep, v.shape)
+    else:
+        g, _ = _chain_elements(w, 0)
+        keep = g != 0
+    re, im = v.real, v.imag
+    with np.errstate(all="ignore"):
+        m = np.full(v.shape[:-1], t(-np.inf))
+        for k in range(v.shape[-1]):
+            m = np.where(keep[..., k], _tree_max(m, re[..., k]), m)
+        sr, si = np.zeros(v.shape[:-1], t), np.zeros(v.shape[:-1], t)
+        for k in range(v.shape[-1]):
+            r = re[..., k]
+            c, sn = _cis(np.where(r == -np.inf, t(0), im[..., k]))
+            e = np.where(r == np.inf, t(1), _exp_nonpositive(r - m))
+            tr, ti = e * c, e * sn
+            if w is not None:
+                gr, gi = g[..., k].real, g[..., k].imag
+                tr, ti = gr * tr - gi * ti, gr * ti + gi * tr
+            sr = np.where(keep[..., k], sr + tr, sr)
+            si = np.where(keep[..., k], si + ti, si)
+    return m, sr, si
+
+
+def _lse_complex_finish(m, sr, si):
+    """reduce.cu ``finish_complex``: (real part, imaginary part, sign's real part, sign's imaginary part) of
+    states (m, s_re, s_im). NaN (every part) for a NaN in m or s, or s == 0 under m = +inf; (-inf, 0, 0, 0) for
+    s == 0; else m + log|s| (+inf for m = +inf or an infinite part of s, whose direction then stands for s:
+    each infinite part as +-1, a finite one beside it as 0), the phase atan2(s_im, s_re) in (-pi, pi] and
+    the sign s / |s| (:func:`_phase`, :func:`_log_abs`)."""
+    t = m.dtype.type
+    with np.errstate(all="ignore"):
+        bad = np.isnan(m) | np.isnan(sr) | np.isnan(si)
+        zero = (sr == 0) & (si == 0)
+        wide = np.isinf(sr) | np.isinf(si)
+        dr = np.where(wide, np.where(np.isinf(sr), np.copysign(t(1), sr), t(0)), sr)
+        di = np.where(wide, np.where(np.isinf(si), np.copysign(t(1), si), t(0)), si)
+        ok = ~bad & ~zero
+        dr, di = np.where(ok, dr, t(1)), np.where(ok, di, t(0))
+        log_abs, (ur, ui), gr, gi = _log_abs(dr, di)
+        re = np.where(wide | (m == np.inf), t(np.inf), m + log_abs)
+        im = _phase(ur, ui)
+        nan = bad | (zero & (m == np.inf))
+        parts = []
+        for v, z in ((re, -np.inf), (im, 0), (gr, 0), (gi, 0)):
+            parts.append(np.where(nan, t(np.nan), np.where(zero, t(z), v)))
+    return tuple(parts)
+
+
+def logsumexp_complex_emulated(x: Array, b: Array | None = None, axis: Axis = None, keepdims: bool = False,
+                               return_sign: bool = False) -> HostArray | tuple[HostArray, HostArray]:
+    """The bits :func:`cukern.logsumexp` returns for a complex result: complex ``x``, or weights ``b`` that make
+    the result complex (:func:`cukern.reduce_plan.weighted_dtype`; x and b converted to it and broadcast). Per
+    output, the chains of :func:`reduction_tree` over its elements (C order over ``axis``) form (m, s) at once
+    (:func:`_lse_complex_chains`: m the maximum of the real parts, s the complex sum of w e^(x - m) with
+    cukern's own exp, cos and sin), merge up the tree by :func:`_lse_weighted_merge` and finish as
+    :func:`_lse_complex_finish`. Returns the complex log (its imaginary part in (-pi, pi]), or with
+    ``return_sign`` (``log|sum|`` in the parts' dtype, the sign ``sum / |sum|``); an empty slice gives -inf
+    (+0j) and the sign -1 + 0j, as SciPy's.
+
+    Examples
+    --------
+    >>> from cukern.reference import logsumexp_complex_emulated
+    >>> print(logsumexp_complex_emulated(np.array([0, 1j * np.pi / 2], np.complex128)))
+    (0.34657359027997264+0.7853981633974483j)
+    >>> r, sign = logsumexp_complex_emulated(np.array([1, 1, 1], np.complex64), np.array([1, -1, -1]),
+    ...                                      return_sign=True)
+    >>> print(r, sign)
+    1.0 (-1+0j)
+    """
+    import cukern.reduce_plan as P
+
+    x = _numpy(x)
+    final = x.dtype if b is None else P.weighted_dtype(x.dtype, _numpy(b).dtype)
+    if final.kind != "c":
+        raise ValueError(f"x ({x.dtype}) and b give a {final} result; logsumexp_complex_emulated takes complex ones")
+    x = _astype(x, P.real_of(final)).astype(final) if x.dtype.kind != "c" else x.astype(final)
+    w = None
+    if b is not None:
+        b = _numpy(b)
+        b = _astype(b, P.real_of(final)).astype(final) if b.dtype.kind != "c" else b.astype(final)
+        x, w = np.broadcast_arrays(x, b)
+    axes = P.normalize_axis(axis, x.ndim)
+    shape = P.result_shape(x.shape, axes, keepdims)
+    part = P.real_of(final)
+    n = int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+    if n == 0:
+        r = np.full(shape, -np.inf, part if return_sign else final)
+        return (r, np.full(shape, -1, final)) if return_sign else r
+    kept = [i for i in range(x.ndim) if i not in axes]
+    order = kept + list(axes)
+    v = np.transpose(x, order).reshape(-1, n)
+    g = None if w is None else np.transpose(w, order).reshape(-1, n)
+    m, sr, si = _upper_tree(_lse_complex_chains(v, g), _lse_weighted_merge, (-np.inf, 0, 0))
+    re, im, gr, gi = _lse_complex_finish(m, sr, si)
+
+    def joined(u, v):
+        z = np.empty(u.shape, final)
+        z.real, z.imag = u, v
+        return z.reshape(shape)
+
+    if return_sign:
+        return re.reshape(shape), joined(gr, gi)
+    return joined(re, im)
 
 
 def logsumexp_emulated(x: Array, axis: Axis = None, keepdims: bool = False) -> HostArray:
