@@ -146,6 +146,17 @@ def test_column_scan_card_names_the_column_kernel():
     assert c.traffic["re_read"] == ["each tile a second time for the results, from L2"]
 
 
+def test_complex_logsumexp_card_names_its_own_kernel():
+    """Complex x takes reduce_lse_complex (one warp an output), not the real logsumexp's kernels or a route of
+    the parts."""
+    for dtype, part in (("complex64", "float"), ("complex128", "double")):
+        c = card.explain("logsumexp_rows", (1024, 4096), dtype, device=H200, axis=-1)
+        assert [launch["kernel"] for launch in c.launches] == [
+            f"cukern::reduce_lse_complex<cukern::Complex<{part}>, cukern::Complex<{part}>, 6, 128>"]
+        assert c.tile["kind"] == "strided" and c.tile["outputs"] == 1024 and c.tile["elements_per_output"] == 4096
+        assert c.traffic["bytes_written"] == 1024 * (8 if part == "float" else 16)
+
+
 def test_blocks_per_sm():
     assert device.blocks_per_sm(48, 64, 256, H200) == (5, "registers")
     assert device.blocks_per_sm(32, 0, 1024, H200) == (2, "threads")

@@ -16,6 +16,7 @@ import cukern.lab.tune as tune
 
 from .. import reduce, reduce_plan
 from .._dtypes import dtype_name, parse_dtype
+from .._layout import contiguous_strides
 from .bench import Case
 
 
@@ -154,9 +155,53 @@ def _lowered(name: str, shape: tuple, dt: np.dtype, axis):
     return rt.op, shape, rt.via, axis, rt.kernel, _LOWERED.get(rt.how, "").format(via=dtype_name(rt.via))
 
 
+def _describe_complex_logsumexp(shape, dt, axis, device):
+    """logsumexp of complex x: reduce_lse_complex, one warp an output over x's own strides (C-contiguous here),
+    the plan of the weighted kernel."""
+    axes = reduce_plan.normalize_axis(axis, len(shape))
+    strides = contiguous_strides(tuple(shape))
+    pl = reduce_plan.plan_weighted(shape, strides, strides, axes, device.sm_count)
+    outputs, count = pl.outputs, pl.count
+    written = outputs * dt.itemsize
+    nbytes = reduce_plan.bytes_moved(shape, dt, axis, op="logsumexp")
+    part = dtype_name(reduce_plan.real_of(dt))
+    launches = [card.Launch(reduce_plan.complex_instantiation(dt), pl.grid, pl.block, "strided kernel, one pass")]
+    tile = {"kind": "strided", "grid": pl.grid, "block": pl.block, "outputs": outputs, "elements_per_output": count,
+            "one_block_computes": f"{pl.block // 32} outputs, one per warp",
+            "one_thread_computes": "1/32 of one output's elements: a chain of 8 at a time, each an exp, a cos and a sin"}
+    traffic = {"bytes_read": nbytes - written, "bytes_written": written,
+               "counted_by": "cukern.reduce.bytes_moved(shape, dtype, axis, op='logsumexp')",
+               "access_bytes": f"{dt.itemsize} B", "coalesced": "where the reduced inner stride is 1",
+               "re_read": ["nothing: every element is read once"]}
+    accumulation = {"reduces": f"complex logsumexp of {count:,} elements per output",
+                    "precision": (f"{part} state (max of the real parts, complex scaled sum), cukern's own exp, cos, "
+                                  f"sin, atan2 and log; result {dtype_name(dt)}"),
+                    "order": (f"one fixed tree per reduced length (chains of {reduce_plan.TREE_CHAIN_LENGTH} "
+                              f"elements {reduce_plan.TREE_CHAINS} apart, then pairs): the same bits for every launch "
+                              "and GPU (cukern.reference.logsumexp_complex_emulated)"),
+                    "combine": "pairs of neighbours: shuffles, a leaf stack per warp", "passes": 1}
+    # floating operations an element, counted from reduce.cu's steps: the exp, the argument reduction (Cody and
+    # Waite's), the sin and cos series, the products and the sums (float's fused steps count once)
+    per_element = 50 if dt == np.dtype(np.complex64) else 100
+    notes = [f"about {per_element} floating operations an element (an exp, a reduction of the phase, two series), "
+             "where the real logsumexp takes about 15; one warp an output, so a full reduction runs on one warp"]
+    if pl.copy:
+        notes.append("the input is first copied to contiguous (reduced axes last); that copy is not in the count")
+
+    def measure():
+        x = inputs(shape, dt)
+        return lambda: reduce.logsumexp(x, axis=axis)
+
+    return card.Described(launches=launches, tile=tile, traffic=traffic, accumulation=accumulation,
+                          knobs=dict(_FIXED["strided"]), bytes=nbytes, bytes_written=written,
+                          flops=outputs * count * per_element, measure=measure, notes=notes)
+
+
 def _describe(public: str):
     def describe(shape, x_dt, params, device, knobs):
         x_shape, x_axis = shape, bench.parse_axis(params["axis"])
+        if public == "logsumexp" and np.dtype(x_dt) in reduce_plan.COMPLEX:
+            return _describe_complex_logsumexp(shape, np.dtype(x_dt), x_axis, device)
         name, shape, dt, axis, lowered, note = _lowered(public, shape, x_dt, x_axis)
         op = reduce_plan.OPS[name]
         final = reduce_plan.default_dtype(name, dt)
