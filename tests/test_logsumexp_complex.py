@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _support import fake_array, same_bits
+from _support import ARCHS, fake_array, same_bits
 
 from cukern import reduce as R
 from cukern import reduce_plan as P
@@ -631,14 +631,14 @@ def test_complex_arguments_are_checked(x, b, kw, err, match, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# NVRTC: the two kernels on every architecture.
+# NVRTC: the two kernels (sm_90 here; .ci/run compiles them for sm_80, sm_100 and sm_120 with no local memory).
 
 @pytest.mark.nvrtc("reduce")
-@pytest.mark.parametrize("arch", ("sm_80", "sm_90", "sm_100", "sm_120"))
+@pytest.mark.parametrize("arch", ARCHS)
 def test_complex_kernels_compile_without_local_memory_or_cuda_math(arch):
-    """No local memory and no spill on any architecture; no instruction of CUDA's approximate math (sin.approx,
-    cos.approx, ex2.approx, lg2.approx) and no rounding to an integer by cvt.rni: every step is one whose bits
-    the emulator repeats."""
+    """No local memory and no spill; no instruction of CUDA's approximate math (sin.approx, cos.approx,
+    ex2.approx, lg2.approx) and no rounding to an integer by cvt.rni: every step is one whose bits the emulator
+    repeats."""
     from _support import assert_no_spills
 
     from cukern._compile import compile_program
