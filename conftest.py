@@ -19,6 +19,8 @@ HAS_GPU = _gpu_available()
 def pytest_addoption(parser):
     parser.addoption("--every-instantiation", action="store_true",
                      help="compile and inspect every kernel instantiation, not a covering sample (.ci/run)")
+    parser.addoption("--wheel", action="store_true",
+                     help="build the wheel and install it into a fresh venv (tests marked wheel; .ci/run)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -38,6 +40,11 @@ def pytest_collection_modifyitems(config, items):
         return (1, -min(len(_support.checked_instantiations(s)) for s in mark.args))
 
     items.sort(key=order)
+    if not config.getoption("wheel"):
+        later = pytest.mark.skip(reason="builds and installs the wheel: --wheel (.ci/run runs it)")
+        for item in items:
+            if "wheel" in item.keywords:
+                item.add_marker(later)
     if HAS_GPU:
         return
     skip = pytest.mark.skip(reason="no CUDA GPU")

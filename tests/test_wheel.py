@@ -8,6 +8,7 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import pytest
 from _support import NEEDS_CUPY, NO_CUPY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +28,7 @@ print("ok", c.source_dir())
 """
 
 
+@pytest.mark.wheel
 def test_wheel_installs_and_compiles(tmp_path):
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
