@@ -43,18 +43,10 @@ def test_bandwidth_series_use_the_benchmarks_bytes():
 
 
 def test_bandwidth_plot_renders(tmp_path):
+    """From the committed results file (every case the benchmark records), or a synthetic one without it."""
     pytest.importorskip("matplotlib")
     path = tmp_path / "bandwidth.png"
-    report.plot_bandwidth(synthetic_results(), path)
-    assert path.read_bytes()[:8] == PNG
-
-
-def test_bandwidth_plot_of_the_committed_results(tmp_path):
-    pytest.importorskip("matplotlib")
-    if not RESULTS.exists():
-        pytest.skip("no results file yet")
-    path = tmp_path / "h200.png"
-    report.plot_bandwidth(json.loads(RESULTS.read_text()), path)
+    report.plot_bandwidth(json.loads(RESULTS.read_text()) if RESULTS.exists() else synthetic_results(), path)
     assert path.read_bytes()[:8] == PNG
 
 
