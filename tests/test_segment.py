@@ -14,6 +14,7 @@ from _support import (
     assert_no_spills,
     checked_instantiations,
     compiled,
+    ptxas_ran,
     same_bits,
     struct_fields,
 )
@@ -177,12 +178,13 @@ def test_nan_and_signed_zero():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_instantiation_compiles_without_spills_or_contraction(arch):
     c = compiled(S.SOURCE, arch)
-    res = c.resources()
+    res = c.resources() if ptxas_ran(c) else None  # else .ci/run checks the machine code (tests/_support.py)
     insts = checked_instantiations(S.SOURCE)
     assert len(c.lowered) == len(insts)
     assert ".local" not in c.ptx
     for inst in insts:
-        assert_no_spills(res[c.lowered[inst.expression]], arch, inst.expression)
+        if res is not None:
+            assert_no_spills(res[c.lowered[inst.expression]], arch, inst.expression)
         body = c.kernel_ptx(inst)
         assert "fma.rn" not in body and ".approx" not in body, inst.expression
         if inst.name == "segment_warp":
