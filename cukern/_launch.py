@@ -97,6 +97,69 @@ def launch(kernel, config: LaunchConfig, args, signature: Signature | None = Non
     kernel(config.grid, config.block, args, shared_mem=config.shared_mem)
 
 
+class Prepared:
+    """One launch with its arguments laid out once, in the form ``cuLaunchKernel`` takes them: a buffer with
+    every argument's bytes and an array of pointers to each. A call writes only the words that change (the
+    ``slots``: argument positions whose value is given per call, such as the output's and the input's
+    addresses, or ``(position, field)`` for an 8-byte-aligned field of a struct argument), then launches
+    through the driver on ``stream`` (a handle). Nothing is converted per call,
+    which is most of a small call's host cost through ``Function.__call__`` (docs/design/timing.md).
+
+    ``args`` are typed as :func:`launch` takes them (arrays or ``MemoryPointer``: their address; NumPy
+    scalars; :meth:`Params.struct` structs, as NumPy arrays), the slots' entries being placeholders. Calls on
+    one object are serialized by a lock (they share the buffer) for the microseconds of the enqueue; the
+    driver copies the arguments when the launch is enqueued, so the buffer is free again when it returns."""
+
+    __slots__ = ("kernel", "config", "args", "slots", "_words", "_dims", "_values", "_pointers", "_address",
+                 "_function", "_launch", "_lock")
+
+    def __init__(self, kernel, config: LaunchConfig, args, slots: tuple):
+        self.kernel, self.config, self.args, self.slots = kernel, config, tuple(args), tuple(slots)
+        pieces = [_argument_bytes(a) for a in self.args]
+        offsets = np.cumsum([0] + [-(-len(p) // 8) * 8 for p in pieces])  # each argument 8-byte aligned
+        values = np.zeros(max(int(offsets[-1]) // 8, 1), np.uint64)
+        raw = values.view(np.uint8)
+        for piece, at in zip(pieces, offsets):
+            raw[at:at + len(piece)] = np.frombuffer(piece, np.uint8)
+        self._values = values
+        self._words = tuple(_word(offsets, self.args, s) for s in self.slots)
+        self._pointers = np.array([values.ctypes.data + int(at) for at in offsets[:-1]], np.uint64)
+        self._address = self._pointers.ctypes.data
+        grid = tuple(config.grid) + (1,) * (3 - len(config.grid))
+        block = tuple(config.block) + (1,) * (3 - len(config.block))
+        self._dims = grid + block + (config.shared_mem,)
+        self._function = kernel.ptr
+        self._launch = cupy().cuda.driver.launchKernel
+        self._lock = threading.Lock()
+
+    def __call__(self, stream: int, *addresses: int) -> None:
+        """Launch on ``stream`` with ``addresses`` in the slots, in order."""
+        with self._lock:
+            values = self._values
+            for word, address in zip(self._words, addresses):
+                values[word] = address
+            self._launch(self._function, *self._dims, stream, self._address, 0)
+
+
+def _word(offsets, args, slot) -> int:
+    """The buffer word a slot writes: an argument's, or a struct field's (``(position, field)``)."""
+    i, name = (slot, None) if isinstance(slot, int) else slot
+    at = int(offsets[i]) + (0 if name is None else args[i].dtype.fields[name][1])
+    if at % 8:
+        raise ValueError(f"slot {slot} is not 8-byte aligned in the parameter buffer")
+    return at // 8
+
+
+def _argument_bytes(a) -> bytes:
+    """The bytes ``cuLaunchKernel`` reads for one argument typed as :func:`launch` takes it (an int: an
+    address)."""
+    if isinstance(a, (np.generic, np.ndarray)):
+        return a.tobytes()
+    if isinstance(a, int):
+        return np.uint64(a).tobytes()
+    return np.uint64(a.ptr if hasattr(a, "ptr") else a.data.ptr).tobytes()
+
+
 _NO_SWITCH = nullcontext()
 _cupy = None
 # CuPy is an extra rather than a dependency because its wheel is built per CUDA major version

@@ -111,7 +111,7 @@ import cukern._tuned as _tuned
 
 from ._compile import get_kernel
 from ._dtypes import BFLOAT16, dtype_name, storage
-from ._launch import NULL, SEQUENCE_LOCK, CallCache, Signature, launch, on_device, refuse_temporary_in_capture
+from ._launch import NULL, SEQUENCE_LOCK, CallCache, Prepared, Signature, launch, on_device, refuse_temporary_in_capture
 from ._launch import sm_count, stream_key, struct_argument
 from ._launch import cupy as _cupy
 from ._layout import k_order
@@ -247,28 +247,26 @@ def workspace(scratch: int = 0) -> Workspace:
 
 
 class _Single:
-    """One kernel launch, prepared: the kernel, its launch shape and every argument but the output and the
-    input address, typed once. ``run(out, x)`` launches into ``out`` (an array or a device address);
-    calling it on ``x`` allocates the result of ``shape`` and ``dtype`` first. Valid for inputs of the
-    shape, strides, dtype, 16-byte alignment, device and stream it was prepared for (the cache key)."""
+    """One kernel launch, prepared (:class:`~cukern._launch.Prepared`): the kernel, its launch shape and
+    every argument but the output's and the input's addresses, laid out once. ``run(out, x)`` launches
+    from address ``x`` into address ``out`` on the current stream; calling it on an array ``x`` allocates
+    the result of ``shape`` and ``dtype`` first. Valid for inputs of the shape, strides, dtype, 16-byte
+    alignment, device and stream it was prepared for (the cache key)."""
 
-    __slots__ = ("kernel", "config", "head", "offset", "tail", "shape", "dtype")
+    __slots__ = ("launch", "shape", "dtype")
 
-    def __init__(self, kernel, config, signature: Signature, head, offset: int, tail, shape, dtype):
-        args = signature.convert((None, *head, 0, *tail))
-        self.kernel, self.config = kernel, config
-        self.head, self.tail = args[1:1 + len(head)], args[2 + len(head):]
-        self.offset, self.shape, self.dtype = offset, shape, storage(dtype)
+    def __init__(self, kernel, config, signature: Signature, head, tail, shape, dtype):
+        args = signature.convert((0, *head, 0, *tail))  # the two addresses: slots written per call
+        self.launch = Prepared(kernel, config, args, (0, 1 + len(head)))
+        self.shape, self.dtype = shape, storage(dtype)
 
-    def run(self, out, x) -> None:
-        # The array itself is passed as the pointer when no offset applies: cheaper than a NumPy scalar.
-        src = np.uint64(x.data.ptr + self.offset) if self.offset else x
-        launch(self.kernel, self.config, (out, *self.head, src, *self.tail))
+    def run(self, out: int, x: int) -> None:
+        self.launch(_cupy().cuda.get_current_stream().ptr, out, x)
 
     def __call__(self, x):
-        out = _cupy().ndarray(self.shape, self.dtype)
-        src = np.uint64(x.data.ptr + self.offset) if self.offset else x
-        launch(self.kernel, self.config, (out, *self.head, src, *self.tail))
+        cp = _cupy()
+        out = cp.ndarray(self.shape, self.dtype)
+        self.launch(cp.cuda.get_current_stream().ptr, out.data.ptr, x.data.ptr)
         return out
 
 
@@ -279,17 +277,17 @@ class _TwoPass:
     __slots__ = ("first", "second", "partials", "shape", "dtype")
 
     def __init__(self, first: _Single, second: _Single, partials: int, shape, dtype):
-        self.first, self.second, self.partials = first, second, np.uint64(partials)
+        self.first, self.second, self.partials = first, second, partials
         self.shape, self.dtype = shape, storage(dtype)
 
-    def run(self, out, x) -> None:
+    def run(self, out: int, x: int) -> None:
         with SEQUENCE_LOCK:
             self.first.run(self.partials, x)
             self.second.run(out, self.partials)
 
     def __call__(self, x):
         out = _cupy().ndarray(self.shape, self.dtype)
-        self.run(out, x)
+        self.run(out.data.ptr, x.data.ptr)
         return out
 
 
@@ -306,23 +304,23 @@ def _prepare(pl: Plan, x, o, op: Op, divisor: float, shape):
         # Element i at x[i * stride] from x's own first element, whatever the stride's sign: the tree
         # numbers elements in x's order, never in memory order.
         (n, stride), = layout.red
-        return _Single(kernels[0], p.config, _FULL_SIG, (ws.partials.data.ptr, ws.counter.data.ptr), 0,
+        return _Single(kernels[0], p.config, _FULL_SIG, (ws.partials.data.ptr, ws.counter.data.ptr),
                        (n, stride) + tail, shape, o)
     if kind == "rows":
         inner, s0, s1 = two_level(layout.kept)
-        return _Single(kernels[0], p.config, _ROWS_SIG, (), 0,
+        return _Single(kernels[0], p.config, _ROWS_SIG, (),
                        (layout.outputs, layout.count, inner, s0, s1, p.tpr) + tail, shape, o)
     if kind == "strided":
         o_inner, o_s0, o_s1 = two_level(layout.kept)
         r_inner, r_s0, r_s1 = two_level(layout.red)
-        return _Single(kernels[0], p.config, _STRIDED_SIG, (), 0,
+        return _Single(kernels[0], p.config, _STRIDED_SIG, (),
                        (layout.outputs, o_inner, o_s0, o_s1, layout.count, r_inner, r_s0, r_s1) + tail, shape, o)
     outer, s_outer, rows, s_row, cols = cols_geometry(layout)
     geometry = (outer, rows, cols, s_outer, s_row, p.span, p.spans, p.strips, p.vector)
     if pl.fold is None:
-        return _Single(kernels[0], p.config, _COLS_SIG, (), 0, geometry + tail, shape, o)
-    first = _Single(kernels[0], p.config, _COLS_SIG, (), 0, geometry + (op.lift << FINISH_BITS, 1.0), shape, o)
-    second = _Single(kernels[1], pl.fold.config, _FOLD_SIG, (), 0, (outer, cols, p.spans) + tail, shape, o)
+        return _Single(kernels[0], p.config, _COLS_SIG, (), geometry + tail, shape, o)
+    first = _Single(kernels[0], p.config, _COLS_SIG, (), geometry + (op.lift << FINISH_BITS, 1.0), shape, o)
+    second = _Single(kernels[1], pl.fold.config, _FOLD_SIG, (), (outer, cols, p.spans) + tail, shape, o)
     return _TwoPass(first, second, ws.scratch.data.ptr, shape, o)
 
 
@@ -496,7 +494,7 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
             if out is None:
                 return call(x)
             _check.check_no_overlap(out, "out", x, "x", identical_ok=False)
-            call.run(out, x)
+            call.run(out.data.ptr, x.data.ptr)
             return out
     op = OPS[name]
     x = _check.as_array(x, "x")
@@ -551,14 +549,14 @@ def _reduce(name: str, x, axis, dtype, keepdims: bool, out, knobs: Knobs | None 
                 _calls.put(key, call)
             if out is None:
                 return call(x)
-            call.run(out, x)
+            call.run(out.data.ptr, x.data.ptr)
             return out
         if pl.copy:
             order = [i for i in range(x.ndim) if i not in axes] + list(axes)
             x = cp.ascontiguousarray(x.transpose(order))
         kept = result_shape(shape, axes, False) if keepdims else shape
         result = cp.empty(kept, storage(o))
-        _prepare(pl, x, o, op, divisor, kept).run(result, x)
+        _prepare(pl, x, o, op, divisor, kept).run(result.data.ptr, x.data.ptr)
         result = result.reshape(shape)
         if out is None:
             return result if result.dtype == final else _convert.astype(result, final)

@@ -54,7 +54,7 @@ from ._compile import Instantiation, get_kernel
 from ._dtypes import BFLOAT16, dtype_name, parse_dtype
 from ._interop import check_item_aligned
 from ._launch import NULL, X_COPIED, CallCache, LaunchConfig, Params, launch, on_device, refuse_temporary_in_capture
-from ._launch import SEQUENCE_LOCK, sm_count, stream_key, struct_argument
+from ._launch import SEQUENCE_LOCK, Prepared, sm_count, stream_key, struct_argument
 from ._launch import cupy as _cupy
 from ._layout import collapse, k_order
 from ._typing import DeviceArray, DTypeLike
@@ -429,10 +429,12 @@ def workspace(tiles: int):
 class _Call:
     kernel: object
     plan: Plan
-    struct: np.ndarray  # PARAMS packed once, epoch 0: a look-back call copies it and sets its epoch
+    struct: np.ndarray  # PARAMS packed once, epoch 0 (a look-back launch writes each call's epoch into it)
     out_dtype: np.dtype
     shape: tuple  # the result's
     params: object = None  # the column kernels' PARAMS argument, made once (no look-back: no epoch)
+    # the look-back launch prepared for each workspace it ran with, by the workspace's addresses
+    launches: dict = field(default_factory=dict)
 
 
 _calls = CallCache()
@@ -475,6 +477,19 @@ def _prepare(op: str, x, axis, dtype, out) -> _Call:
     struct = PARAMS.struct(**fields, epoch=0)
     params = struct_argument(struct) if pl.kernel in ("columns", "column_tiles") else None
     return _Call(kernel, pl, struct, o, shape, params)
+
+
+def _lookback(ws: Workspace, call: _Call) -> Prepared:
+    """``call``'s look-back launch prepared for workspace ``ws`` (made on its first use): per call it takes
+    the output's and the input's addresses and the epoch (a field of the struct)."""
+    at = (ws.counter.data.ptr, ws.status.data.ptr, ws.values.data.ptr, ws.tiles)
+    prepared = call.launches.get(at)
+    if prepared is None:
+        _, status, values, size = at
+        words = (status, values, status + 8 * size, values + 16 * size, values + 32 * size)
+        prepared = call.launches[at] = Prepared(call.kernel, call.plan.config, (
+            0, 0, ws.counter, *map(np.uint64, words), call.struct), (0, 1, (8, "epoch")))
+    return prepared
 
 
 def _validate_out(out, call: _Call, x):
@@ -634,14 +649,7 @@ def _run(op: str, x, axis, dtype, out, korder: bool = True):
                     launch(call.kernel[1], pl.prefix_config, (values, call.params))
                     launch(call.kernel[2], pl.config, (dst, src, values, call.params))
             else:
-                # a copy a call (packing the struct field by field cost more than the rest of the call)
-                struct = call.struct.copy()
-                struct["epoch"] = epoch
-                params = struct_argument(struct)
-                status, values, size = ws.status.data.ptr, ws.values.data.ptr, ws.tiles
-                launch(call.kernel, pl.config,
-                       (dst, src, ws.counter, np.uint64(status), np.uint64(values), np.uint64(status + 8 * size),
-                        np.uint64(values + 16 * size), np.uint64(values + 32 * size), params))
+                _lookback(ws, call)(cp.cuda.get_current_stream().ptr, dst.data.ptr, src.data.ptr, epoch)
         if out is None:
             return dst
         if dst is not out:

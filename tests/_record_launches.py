@@ -96,6 +96,8 @@ launches = []
 
 
 class _Kernel:
+    ptr = 0  # a Prepared launch's function handle; its calls are recorded (_prepared) and never reach a driver
+
     def __init__(self, inst):
         self.inst = inst
         self.kernel = self
@@ -106,6 +108,22 @@ class _Kernel:
                          [_describe(a) for a in args]))
         if self.inst.name == "rotary_first_bad_position":  # the answer: no position outside the cache
             np.frombuffer(pinned[int(args[0].struct)], np.int64)[0] = 1 << 62
+
+
+def _prepared(self, stream, *values):
+    """A :class:`cukern._launch.Prepared` launch, recorded as the same arguments through ``kernel(...)``: a
+    slot's address as a pointer, a struct with its slot fields set."""
+    args = list(self.args)
+    for slot, value in zip(self.slots, values):
+        if isinstance(slot, tuple):
+            i, name = slot
+            args[i] = args[i].copy()
+            args[i][name] = value
+        else:
+            args[slot] = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(value, 1, None, device_id=0), 0)
+    args = [_Struct(a) if isinstance(a, np.ndarray) else a for a in args]
+    config = self.config
+    self.kernel(config.grid, config.block, args, shared_mem=config.shared_mem)
 
 
 def _describe(a):
@@ -137,6 +155,7 @@ def _install():
 
     cupy.asarray = upload
     _launch._runtime = type("Runtime", (), {"getDevice": staticmethod(lambda: 0)})
+    _launch.Prepared.__call__ = _prepared
     _launch._sm_counts[0] = 132
     _launch._gpu_seen = True
     _tuned._device_names[0] = "NVIDIA H200"

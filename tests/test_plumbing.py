@@ -90,6 +90,38 @@ def test_launch_config_rejects_swapped_or_empty_sizes():
         LaunchConfig((0,), (128,))
 
 
+def test_prepared_launch_hands_the_driver_each_arguments_bytes_and_its_slots(monkeypatch):
+    import ctypes
+    from types import SimpleNamespace
+
+    from cukern import _launch
+
+    seen = []
+    p = Params((("n", "i64"), ("epoch", "i32")))
+    sizes = (8, 4, 8, p.dtype.itemsize)
+
+    def launch_kernel(*args):  # cuLaunchKernel's reading of kernelParams: one pointer per argument
+        pointers = (ctypes.c_uint64 * len(sizes)).from_address(args[9])
+        seen.append((args[:9] + args[10:], [ctypes.string_at(a, n) for a, n in zip(pointers, sizes)]))
+
+    driver = SimpleNamespace(launchKernel=launch_kernel)
+    monkeypatch.setattr(_launch, "_cupy", SimpleNamespace(cuda=SimpleNamespace(driver=driver)))
+    struct = p.struct(n=-5, epoch=0)
+    prepared = _launch.Prepared(SimpleNamespace(ptr=1234), LaunchConfig((5,), (128,), 64),
+                                (np.uint64(0), np.int32(-3), np.uint64(0), struct), (0, 2, (3, "epoch")))
+    prepared(7, 0xA00, 0xB00, 9)
+    prepared(0, 0xC00, 0xD00, 10)
+    expected = p.struct(n=-5, epoch=9)
+    assert seen[0] == ((1234, 5, 1, 1, 128, 1, 1, 64, 7, 0), [
+        np.uint64(0xA00).tobytes(), np.int32(-3).tobytes(), np.uint64(0xB00).tobytes(), expected.tobytes()])
+    expected["epoch"] = 10
+    assert seen[1][0][8] == 0 and seen[1][1][0] == np.uint64(0xC00).tobytes()
+    assert seen[1][1][3] == expected.tobytes() and struct["epoch"] == 0  # the caller's struct is copied
+    pair = Params((("a", "i32"), ("b", "i32"))).struct(a=1, b=2)
+    with pytest.raises(ValueError, match="8-byte aligned"):  # a slot is a whole word of the buffer
+        _launch.Prepared(SimpleNamespace(ptr=1), LaunchConfig((1,), (32,)), (pair,), ((0, "b"),))
+
+
 def fake(shape, strides):
     return fake_array(shape, np.float16, strides)
 
