@@ -69,6 +69,8 @@ def explain_mistake(draw):
             value = draw(st.sampled_from(["7", "-9", "0,0", "1,1,1"]) | NOT_INT.filter(lambda w: w.strip().lower() != "none"))
         elif key.endswith("_dtype"):
             value = draw(st.sampled_from(["int8", "float64", "bf16"]) | NOT_INT.filter(lambda w: not takes(w)))
+        elif spec.params[key] is None:  # "none" is this parameter's default, not a mistake
+            value = draw(st.sampled_from(["-1", "-3", str(2**70)]) | NOT_INT.filter(lambda w: w.strip().lower() != "none"))
         else:
             value = draw(st.sampled_from(["-1", "-3", "none", str(2**70)]) | NOT_INT)
         argv += ["--param", f"{key}={value}"]
