@@ -1,6 +1,6 @@
-"""What several test modules share: NVRTC compilations made once per test run (started in worker processes
-when the selected tests ask for them), one closeness rule per dtype, the one stand-in array, and the lines
-that hide CuPy from a process."""
+"""What several test modules share: NVRTC compilations and launch recordings made once per test run (started
+in worker processes when the selected tests ask for them), one closeness rule per dtype, the one stand-in
+array, and the lines that hide CuPy from a process."""
 
 from __future__ import annotations
 
@@ -8,10 +8,15 @@ import functools
 import math
 import multiprocessing
 import os
+import pickle
+import subprocess
+import sys
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -51,14 +56,15 @@ SAMPLED_PAST = 40
 def _covers(inst) -> set:
     """What one instantiation stands for in the sample: each template argument's value, and the pair of the
     first two (for the reductions the input and result dtypes, for RMSNorm x's and the weight's dtypes); for
-    the reductions' full and rows kernels and the scans also the second with the third (each result dtype
-    with each operation, which tests/test_reduce_plan.py's branch count and tests/test_scan.py's register
-    count read)."""
+    the reductions' full kernel and the scans also the second with the third (each result dtype with each
+    operation, which tests/test_reduce_plan.py's branch count and tests/test_scan.py's register count read).
+    The reductions' rows kernel, whose dtype and operation code is the full kernel's, stands for its
+    values alone."""
     args = [(i, repr(a)) for i, a in enumerate(inst.args)]
     covered = {(inst.name, a) for a in args}
-    if len(args) > 1:
+    if len(args) > 1 and inst.name != "reduce_rows":
         covered.add((inst.name, args[0], args[1]))
-    if len(args) > 2 and (inst.name in ("reduce_full", "reduce_rows") or inst.source == "scan"):
+    if len(args) > 2 and (inst.name == "reduce_full" or inst.source == "scan"):
         covered.add((inst.name, args[1], args[2]))
     return covered
 
@@ -182,6 +188,44 @@ def compiled(source: str, arch: str):
             except BrokenProcessPool:
                 return _compile(source, arch)
     return _merged(pieces) if pieces else _compile(source, arch)
+
+
+_recordings: dict = {}
+
+
+def start_recordings(modes) -> None:
+    """Start tests/_record_launches.py once for each of ``modes`` in a process of its own at a lower priority,
+    as :func:`prefetch` starts NVRTC: the conftest calls this at collection for the modes the selected tests
+    mark with ``records``, so the recordings run while other tests do. No GPU in that process, on any
+    machine: CuPy's own steps (a cast, a copy) would run its kernels over the recorder's made-up addresses
+    and fault, where with no GPU they fail at once."""
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": str(here.parent), "CUDA_VISIBLE_DEVICES": ""}
+    for mode in dict.fromkeys(modes):
+        if mode not in _recordings:
+            out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+            process = subprocess.Popen([sys.executable, str(here / "_record_launches.py"), mode], stdout=out,
+                                       stderr=err, cwd=here.parent, env=env, preexec_fn=lambda: os.nice(10))
+            _recordings[mode] = (process, out, err)
+
+
+@functools.lru_cache(maxsize=None)
+def recording(mode: str):
+    """What tests/_record_launches.py recorded in ``mode`` (started now if collection did not start it)."""
+    start_recordings([mode])
+    process, out, err = _recordings[mode]
+    process.wait(timeout=300)
+    err.seek(0)
+    assert process.returncode == 0, err.read().decode()[-3000:]
+    out.seek(0)
+    return pickle.load(out)
+
+
+def stop_recordings() -> None:
+    """Stop the recordings still running (a run cut short must not wait for them)."""
+    for process, _, _ in _recordings.values():
+        if process.poll() is None:
+            process.kill()
 
 
 @dataclass(frozen=True)

@@ -4,23 +4,18 @@ launch bounds, the grid against the hardware's limits, shared memory against wha
 every address inside an array the op was given or made. tests/_record_launches.py runs the ops in a process
 of its own over memory nothing reads and records each launch."""
 
+import bisect
 import collections
-import os
-import pickle
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from _support import assert_no_spills, compiled
+from _support import assert_no_spills, compiled, recording
 
 import cukern
 from cukern import families
 from cukern._compile import compile_program
 
-HERE = Path(__file__).parent
 SOURCES = [f.SOURCE for f in families.all_families()]
 ARCH = "sm_90"
 MAX_GRID_X, MAX_GRID_YZ = 2**31 - 1, 65535
@@ -29,19 +24,9 @@ MAX_SHARED = 227 * 1024  # sm_90's most a block may take, opted in
 ARG_TYPES = {"int32": "32", "uint32": "32", "int64": "64", "uint64": "64", "float32": "f32", "float64": "f64"}
 
 
-def record(mode: str):
-    # no GPU in the recorder's process, on any machine: CuPy's own steps (a cast, a copy) would run its kernels
-    # over the recorder's made-up addresses and fault, where with no GPU they fail at once
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "CUDA_VISIBLE_DEVICES": ""}
-    run = subprocess.run([sys.executable, str(HERE / "_record_launches.py"), mode], capture_output=True,
-                         cwd=HERE.parent, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr.decode()[-3000:]
-    return pickle.loads(run.stdout)
-
-
 @pytest.fixture(scope="module")
 def recorded():
-    return record("launches")
+    return recording("launches")
 
 
 def launches(recorded):
@@ -114,12 +99,14 @@ def parameters(kernels, inst):
 
 
 @pytest.mark.nvrtc(*SOURCES)
+@pytest.mark.records("launches")
 def test_every_kernel_of_every_family_is_launched(recorded):
     launched = {(launch[0].source, launch[0].name) for _, launch in launches(recorded)}
     declared = {(f.SOURCE, i.name) for f in families.all_families() for i in f.instantiations()}
     assert declared <= launched, sorted(declared - launched)
 
 
+@pytest.mark.records("launches")
 def test_ops_refuse_or_reach_cupy_only(recorded):
     """A case ends in a launch, in a refusal (TypeError, ValueError), or where a step of CuPy's own needs the
     driver; any other exception is a bug in the host path."""
@@ -130,6 +117,7 @@ def test_ops_refuse_or_reach_cupy_only(recorded):
 
 
 @pytest.mark.nvrtc(*SOURCES)
+@pytest.mark.records("launches")
 def test_arguments_match_the_kernel_parameters(recorded, kernels):
     bad = []
     for name, (inst, _, _, _, _, args) in launches(recorded):
@@ -140,6 +128,7 @@ def test_arguments_match_the_kernel_parameters(recorded, kernels):
 
 
 @pytest.mark.nvrtc(*SOURCES)
+@pytest.mark.records("launches")
 def test_blocks_grids_and_shared_memory_fit(recorded, kernels):
     bad = []
     for name, (inst, grid, block, shared, limit, _) in launches(recorded):
@@ -155,13 +144,17 @@ def test_blocks_grids_and_shared_memory_fit(recorded, kernels):
     assert not bad, bad[:5]
 
 
+@pytest.mark.records("launches")
 def test_addresses_fall_inside_arrays(recorded):
     cases, allocations = recorded
     spans = sorted(allocations)
+    bases = [base for base, _ in spans]
 
     def inside(address):
-        return address == 0 or 0x7F0000000000 <= address < 0x7F0001000000 or any(  # null, pinned, arrays
-            base <= address <= base + size for base, size in spans)
+        if address == 0 or 0x7F0000000000 <= address < 0x7F0001000000:  # null, pinned
+            return True
+        at = bisect.bisect_right(bases, address) - 1  # the last array starting at or below the address
+        return at >= 0 and address <= bases[at] + spans[at][1]
 
     bad = [(name, inst.expression, a) for name, (inst, *_, args) in launches(recorded) for a in args
            if (a[0] == "ptr" or a[0] == "uint64" and a[1] >= 1 << 40) and not inside(a[1])]
@@ -169,6 +162,7 @@ def test_addresses_fall_inside_arrays(recorded):
 
 
 @pytest.mark.nvrtc(*SOURCES)
+@pytest.mark.records("launches")
 def test_undeclared_instantiations_compile_clean(kernels):
     """The instantiations no family lists (its ``instantiations`` says which it leaves to compile on first use)
     that these cases launch: no local memory, no spill."""
@@ -178,12 +172,13 @@ def test_undeclared_instantiations_compile_clean(kernels):
             assert_no_spills(r, ARCH, name)
 
 
+@pytest.mark.records("capture")
 def test_captured_calls_refuse_first_or_keep_their_memory():
     """Each case once as it is (which makes the stream's workspaces), then again while the stream "captures"
     a CUDA graph: it refuses with a RuntimeError before anything is recorded, or it records launches that
     touch no memory the call made and gave back before it returned (where a replay would write once the pool
     hands it on), and it neither waits for the stream nor copies from the host nor pins memory there."""
-    cases, _ = record("capture")
+    cases, _ = recording("capture")
     waits = [(name, error) for name, error, _, _ in cases if error and error.startswith("CaptureViolation")]
     partial = [(name, error) for name, error, done, _ in cases if error and error.startswith("RuntimeError") and done]
     freed = [(name, hit) for name, _, _, hit in cases if hit]
@@ -202,6 +197,7 @@ KINDS = {"numpy": "TypeError", "list": "TypeError", "scalar": "TypeError", "None
                                                            "int64", "uint8", "uint64", "bool", "complex64")}}
 
 
+@pytest.mark.records("bad")
 def test_bad_inputs_are_refused_before_any_launch():
     """Every public op given one bad argument at a time (tests/_record_launches.py's ``bad_cases``: host
     arrays, lists, scalars, None, each dtype the op does not take, wrong shapes and strides, broadcast and
@@ -210,7 +206,7 @@ def test_bad_inputs_are_refused_before_any_launch():
     about the GPU's state, so no RuntimeError) of the kind :data:`KINDS` names, in one line naming the
     argument, raised before anything is recorded. Each valid call launches, or ends where a step of CuPy's
     own needs the driver (nanmax's host check of its result)."""
-    records = record("bad")
+    records = recording("bad")
     broken = [(name, kinds[:1], message) for name, arg, kinds, message, _ in records
               if arg is None and kinds and not {"CUDARuntimeError", "CUDADriverError"} & set(kinds)]
     wrong = []
@@ -378,6 +374,7 @@ def _elements(ptr, shape, strides):
     return set(at.ravel().tolist())
 
 
+@pytest.mark.records("layouts")
 def test_launches_address_exactly_the_views_elements():
     """Seeded draws of layouts (tests/_record_launches.py ``layout_cases``: any axis order, steps either way,
     offsets into a buffer, size-1 and zero-size axes, query and key in one fused qkv buffer, mrope's
@@ -387,7 +384,7 @@ def test_launches_address_exactly_the_views_elements():
     counted apart, as are calls that end in CuPy's own copy (no GPU here); rotary_embedding_positions' own
     frequency table is not modelled. Every op of a family of several, and each wide rms_norm kernel, is
     drawn and checked a few times at least."""
-    records = record("layouts")
+    records = recording("layouts")
     bad, checked, copied, ops = [], collections.Counter(), collections.Counter(), collections.Counter()
     for family, case, error, done, views in records:
         if error is not None:
