@@ -73,13 +73,13 @@ def rng():
 def pytest_collection_finish(session):
     """NVRTC is most of the suite's time and keeps one core busy: compile the families the selected tests mark
     with ``nvrtc`` in worker processes from the start, so each is compiled once per run, on every core, while
-    the unmarked tests run; and start the launch recordings they mark with ``records``."""
+    the unmarked tests run; and start the recordings they mark with ``records``."""
     sources = [s for item in session.items for mark in item.iter_markers("nvrtc") for s in mark.args]
-    modes = [m for item in session.items for mark in item.iter_markers("records") for m in mark.args]
-    if (sources or modes) and not session.config.option.collectonly:
+    recorders = [mark.args for item in session.items for mark in item.iter_markers("records")]
+    if (sources or recorders) and not session.config.option.collectonly:
         import _support
 
-        _support.start_recordings(modes)
+        _support.start_recordings(recorders)
         _support.prefetch(sources)
 
 

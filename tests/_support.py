@@ -193,27 +193,31 @@ def compiled(source: str, arch: str):
 _recordings: dict = {}
 
 
-def start_recordings(modes) -> None:
-    """Start tests/_record_launches.py once for each of ``modes`` in a process of its own at a lower priority,
-    as :func:`prefetch` starts NVRTC: the conftest calls this at collection for the modes the selected tests
-    mark with ``records``, so the recordings run while other tests do. No GPU in that process, on any
-    machine: CuPy's own steps (a cast, a copy) would run its kernels over the recorder's made-up addresses
-    and fault, where with no GPU they fail at once."""
+def start_recordings(commands) -> None:
+    """Start each of ``commands`` (``(script, *args)``, a recorder in tests/ such as _record_launches.py and its
+    arguments) once, in a process of its own at a lower priority, as :func:`prefetch` starts NVRTC: the
+    conftest calls this at collection for the commands the selected tests mark with ``records``, so the
+    recordings run while other tests do. No GPU in those processes, on any machine: CuPy's own steps (a cast,
+    a copy) would run its kernels over a recorder's made-up addresses and fault, where with no GPU they fail
+    at once."""
     here = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": str(here.parent), "CUDA_VISIBLE_DEVICES": ""}
-    for mode in dict.fromkeys(modes):
-        if mode not in _recordings:
+    for command in dict.fromkeys(tuple(c) for c in commands):
+        if command not in _recordings:
+            script, *args = command
             out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-            process = subprocess.Popen([sys.executable, str(here / "_record_launches.py"), mode], stdout=out,
-                                       stderr=err, cwd=here.parent, env=env, preexec_fn=lambda: os.nice(10))
-            _recordings[mode] = (process, out, err)
+            process = subprocess.Popen([sys.executable, str(here / script), *args], stdout=out, stderr=err,
+                                       cwd=here.parent, env=env, preexec_fn=lambda: os.nice(10))
+            _recordings[command] = (process, out, err)
 
 
 @functools.lru_cache(maxsize=None)
-def recording(mode: str):
-    """What tests/_record_launches.py recorded in ``mode`` (started now if collection did not start it)."""
-    start_recordings([mode])
-    process, out, err = _recordings[mode]
+def recording(script: str, *args: str):
+    """What the recorder ``script`` pickled to its output, run with ``args`` (started now if collection did
+    not start it)."""
+    command = (script, *args)
+    start_recordings([command])
+    process, out, err = _recordings[command]
     process.wait(timeout=300)
     err.seek(0)
     assert process.returncode == 0, err.read().decode()[-3000:]

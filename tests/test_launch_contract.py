@@ -17,6 +17,7 @@ from cukern import families
 from cukern._compile import compile_program
 
 SOURCES = [f.SOURCE for f in families.all_families()]
+RECORDER = "_record_launches.py"  # run by tests/_support.py, started at collection (the records marks)
 ARCH = "sm_90"
 MAX_GRID_X, MAX_GRID_YZ = 2**31 - 1, 65535
 STATIC_SHARED = 48 * 1024  # what a block may take without opting in
@@ -26,7 +27,7 @@ ARG_TYPES = {"int32": "32", "uint32": "32", "int64": "64", "uint64": "64", "floa
 
 @pytest.fixture(scope="module")
 def recorded():
-    return recording("launches")
+    return recording(RECORDER, "launches")
 
 
 def launches(recorded):
@@ -99,14 +100,14 @@ def parameters(kernels, inst):
 
 
 @pytest.mark.nvrtc(*SOURCES)
-@pytest.mark.records("launches")
+@pytest.mark.records(RECORDER, "launches")
 def test_every_kernel_of_every_family_is_launched(recorded):
     launched = {(launch[0].source, launch[0].name) for _, launch in launches(recorded)}
     declared = {(f.SOURCE, i.name) for f in families.all_families() for i in f.instantiations()}
     assert declared <= launched, sorted(declared - launched)
 
 
-@pytest.mark.records("launches")
+@pytest.mark.records(RECORDER, "launches")
 def test_ops_refuse_or_reach_cupy_only(recorded):
     """A case ends in a launch, in a refusal (TypeError, ValueError), or where a step of CuPy's own needs the
     driver; any other exception is a bug in the host path."""
@@ -117,7 +118,7 @@ def test_ops_refuse_or_reach_cupy_only(recorded):
 
 
 @pytest.mark.nvrtc(*SOURCES)
-@pytest.mark.records("launches")
+@pytest.mark.records(RECORDER, "launches")
 def test_arguments_match_the_kernel_parameters(recorded, kernels):
     bad = []
     for name, (inst, _, _, _, _, args) in launches(recorded):
@@ -128,7 +129,7 @@ def test_arguments_match_the_kernel_parameters(recorded, kernels):
 
 
 @pytest.mark.nvrtc(*SOURCES)
-@pytest.mark.records("launches")
+@pytest.mark.records(RECORDER, "launches")
 def test_blocks_grids_and_shared_memory_fit(recorded, kernels):
     bad = []
     for name, (inst, grid, block, shared, limit, _) in launches(recorded):
@@ -144,7 +145,7 @@ def test_blocks_grids_and_shared_memory_fit(recorded, kernels):
     assert not bad, bad[:5]
 
 
-@pytest.mark.records("launches")
+@pytest.mark.records(RECORDER, "launches")
 def test_addresses_fall_inside_arrays(recorded):
     cases, allocations = recorded
     spans = sorted(allocations)
@@ -162,7 +163,7 @@ def test_addresses_fall_inside_arrays(recorded):
 
 
 @pytest.mark.nvrtc(*SOURCES)
-@pytest.mark.records("launches")
+@pytest.mark.records(RECORDER, "launches")
 def test_undeclared_instantiations_compile_clean(kernels):
     """The instantiations no family lists (its ``instantiations`` says which it leaves to compile on first use)
     that these cases launch: no local memory, no spill."""
@@ -172,13 +173,13 @@ def test_undeclared_instantiations_compile_clean(kernels):
             assert_no_spills(r, ARCH, name)
 
 
-@pytest.mark.records("capture")
+@pytest.mark.records(RECORDER, "capture")
 def test_captured_calls_refuse_first_or_keep_their_memory():
     """Each case once as it is (which makes the stream's workspaces), then again while the stream "captures"
     a CUDA graph: it refuses with a RuntimeError before anything is recorded, or it records launches that
     touch no memory the call made and gave back before it returned (where a replay would write once the pool
     hands it on), and it neither waits for the stream nor copies from the host nor pins memory there."""
-    cases, _ = recording("capture")
+    cases, _ = recording(RECORDER, "capture")
     waits = [(name, error) for name, error, _, _ in cases if error and error.startswith("CaptureViolation")]
     partial = [(name, error) for name, error, done, _ in cases if error and error.startswith("RuntimeError") and done]
     freed = [(name, hit) for name, _, _, hit in cases if hit]
@@ -197,7 +198,7 @@ KINDS = {"numpy": "TypeError", "list": "TypeError", "scalar": "TypeError", "None
                                                            "int64", "uint8", "uint64", "bool", "complex64")}}
 
 
-@pytest.mark.records("bad")
+@pytest.mark.records(RECORDER, "bad")
 def test_bad_inputs_are_refused_before_any_launch():
     """Every public op given one bad argument at a time (tests/_record_launches.py's ``bad_cases``: host
     arrays, lists, scalars, None, each dtype the op does not take, wrong shapes and strides, broadcast and
@@ -206,7 +207,7 @@ def test_bad_inputs_are_refused_before_any_launch():
     about the GPU's state, so no RuntimeError) of the kind :data:`KINDS` names, in one line naming the
     argument, raised before anything is recorded. Each valid call launches, or ends where a step of CuPy's
     own needs the driver (nanmax's host check of its result)."""
-    records = recording("bad")
+    records = recording(RECORDER, "bad")
     broken = [(name, kinds[:1], message) for name, arg, kinds, message, _ in records
               if arg is None and kinds and not {"CUDARuntimeError", "CUDADriverError"} & set(kinds)]
     wrong = []
@@ -374,7 +375,7 @@ def _elements(ptr, shape, strides):
     return set(at.ravel().tolist())
 
 
-@pytest.mark.records("layouts")
+@pytest.mark.records(RECORDER, "layouts")
 def test_launches_address_exactly_the_views_elements():
     """Seeded draws of layouts (tests/_record_launches.py ``layout_cases``: any axis order, steps either way,
     offsets into a buffer, size-1 and zero-size axes, query and key in one fused qkv buffer, mrope's
@@ -384,7 +385,7 @@ def test_launches_address_exactly_the_views_elements():
     counted apart, as are calls that end in CuPy's own copy (no GPU here); rotary_embedding_positions' own
     frequency table is not modelled. Every op of a family of several, and each wide rms_norm kernel, is
     drawn and checked a few times at least."""
-    records = recording("layouts")
+    records = recording(RECORDER, "layouts")
     bad, checked, copied, ops = [], collections.Counter(), collections.Counter(), collections.Counter()
     for family, case, error, done, views in records:
         if error is not None:

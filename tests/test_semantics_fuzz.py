@@ -3,15 +3,10 @@ than its values: raising or not (and the class), the result's shape, dtype and m
 tests/_record_semantics.py draws the calls at random (a fixed seed) and runs them with no GPU, in a process of its
 own, beside NumPy's; every difference is a bug but those docs/guide/reductions.md names (DOCUMENTED)."""
 
-import os
-import pickle
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
+import pytest
+from _support import recording
 
-HERE = Path(__file__).parent
 SEED, DRAWS = 20240611, 250
 VAR_OPS = ("var", "std")
 MEAN_OPS = ("mean",) + VAR_OPS  # NumPy's refuse an int axis of a 0-d x (nanmean's too, of integers)
@@ -74,18 +69,9 @@ def _documented(m):
     return next((name for name, _, applies in DOCUMENTED if m["cukern"] == m["again"] and applies(m)), None)
 
 
-def _record(seed: int, draws: int):
-    # no GPU in the recorder's process, on any machine: CuPy's own kernels would run over its made-up addresses
-    # and fault (a draw answered, its repeat then a CUDA error), where with no GPU both skip
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "CUDA_VISIBLE_DEVICES": ""}
-    run = subprocess.run([sys.executable, str(HERE / "_record_semantics.py"), str(seed), str(draws)],
-                         capture_output=True, cwd=HERE.parent, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr.decode()[-3000:]
-    return pickle.loads(run.stdout)
-
-
+@pytest.mark.records("_record_semantics.py", str(SEED), str(DRAWS))
 def test_calls_answer_as_numpy():
-    counts, mismatches = _record(SEED, DRAWS)
+    counts, mismatches = recording("_record_semantics.py", str(SEED), str(DRAWS))
     left = [m for m in mismatches if _documented(m) is None]
     assert not left, left[:5]
     thin = {op: n for op, (n, _) in counts.items() if n < DRAWS // 3}
