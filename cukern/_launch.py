@@ -105,7 +105,8 @@ class Prepared:
     through the driver on ``stream`` (a handle). Nothing is converted per call,
     which is most of a small call's host cost through ``Function.__call__`` (docs/design/timing.md).
 
-    ``args`` are typed as :func:`launch` takes them (arrays or ``MemoryPointer``: their address; NumPy
+    ``kernel`` is a ``cupy.RawKernel`` (its ``Function`` on the current device is taken: the launch holds for
+    that device only) or a ``cupy.cuda.Function``. ``args`` are typed as :func:`launch` takes them (arrays or ``MemoryPointer``: their address; NumPy
     scalars; :meth:`Params.struct` structs, as NumPy arrays), the slots' entries being placeholders. Calls on
     one object are serialized by a lock (they share the buffer) for the microseconds of the enqueue; the
     driver copies the arguments when the launch is enqueued, so the buffer is free again when it returns."""
@@ -128,7 +129,7 @@ class Prepared:
         grid = tuple(config.grid) + (1,) * (3 - len(config.grid))
         block = tuple(config.block) + (1,) * (3 - len(config.block))
         self._dims = grid + block + (config.shared_mem,)
-        self._function = kernel.ptr
+        self._function = getattr(kernel, "kernel", kernel).ptr  # a RawKernel's Function on this device, or one
         self._launch = cupy().cuda.driver.launchKernel
         self._lock = threading.Lock()
 

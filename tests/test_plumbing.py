@@ -117,6 +117,9 @@ def test_prepared_launch_hands_the_driver_each_arguments_bytes_and_its_slots(mon
     expected["epoch"] = 10
     assert seen[1][0][8] == 0 and seen[1][1][0] == np.uint64(0xC00).tobytes()
     assert seen[1][1][3] == expected.tobytes() and struct["epoch"] == 0  # the caller's struct is copied
+    raw = SimpleNamespace(kernel=SimpleNamespace(ptr=77))  # a RawKernel: its Function on the current device
+    _launch.Prepared(raw, LaunchConfig((1,), (32,)), prepared.args, prepared.slots)(3, 0xE00, 0xF00, 11)
+    assert seen[2][0][0] == 77 and seen[2][1][0] == np.uint64(0xE00).tobytes()
     pair = Params((("a", "i32"), ("b", "i32"))).struct(a=1, b=2)
     with pytest.raises(ValueError, match="8-byte aligned"):  # a slot is a whole word of the buffer
         _launch.Prepared(SimpleNamespace(ptr=1), LaunchConfig((1,), (32,)), (pair,), ((0, "b"),))
