@@ -102,14 +102,15 @@ class Prepared:
     every argument's bytes and an array of pointers to each. A call writes only the words that change (the
     ``slots``: argument positions whose value is given per call, such as the output's and the input's
     addresses, or ``(position, field)`` for an 8-byte-aligned field of a struct argument), then launches
-    through the driver on ``stream`` (a handle). Nothing is converted per call,
-    which is most of a small call's host cost through ``Function.__call__`` (docs/design/timing.md).
+    through the driver on ``stream`` (a handle). Nothing is converted per call, which is most of a small
+    call's host cost through ``Function.__call__`` (docs/design/timing.md).
 
     ``kernel`` is a ``cupy.RawKernel`` (its ``Function`` on the current device is taken: the launch holds for
-    that device only) or a ``cupy.cuda.Function``. ``args`` are typed as :func:`launch` takes them (arrays or ``MemoryPointer``: their address; NumPy
-    scalars; :meth:`Params.struct` structs, as NumPy arrays), the slots' entries being placeholders. Calls on
-    one object are serialized by a lock (they share the buffer) for the microseconds of the enqueue; the
-    driver copies the arguments when the launch is enqueued, so the buffer is free again when it returns."""
+    that device only) or a ``cupy.cuda.Function``. ``args`` are typed as :func:`launch` takes them (arrays or
+    ``MemoryPointer``: their address; NumPy scalars; :meth:`Params.struct` structs, as NumPy arrays), the
+    slots' entries being placeholders. Calls on one object are serialized by a lock (they share the buffer)
+    for the microseconds of the enqueue; the driver copies the arguments when the launch is enqueued, so the
+    buffer is free again when it returns."""
 
     __slots__ = ("kernel", "config", "args", "slots", "_words", "_dims", "_values", "_pointers", "_address",
                  "_function", "_launch", "_lock")
