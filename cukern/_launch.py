@@ -110,10 +110,14 @@ class Prepared:
     ``MemoryPointer``: their address; NumPy scalars; :meth:`Params.struct` structs, as NumPy arrays), the
     slots' entries being placeholders. Calls on one object are serialized by a lock (they share the buffer)
     for the microseconds of the enqueue; the driver copies the arguments when the launch is enqueued, so the
-    buffer is free again when it returns."""
+    buffer is free again when it returns.
+
+    The driver launches in the calling thread's current context, which a thread that has made no runtime call
+    yet (a Dask worker's, say) lacks; the first call of each thread on each device makes one (as CuPy's own
+    launches do)."""
 
     __slots__ = ("kernel", "config", "args", "slots", "_words", "_dims", "_values", "_pointers", "_address",
-                 "_function", "_launch", "_lock")
+                 "_function", "_device", "_launch", "_lock")
 
     def __init__(self, kernel, config: LaunchConfig, args, slots: tuple):
         self.kernel, self.config, self.args, self.slots = kernel, config, tuple(args), tuple(slots)
@@ -131,16 +135,31 @@ class Prepared:
         block = tuple(config.block) + (1,) * (3 - len(config.block))
         self._dims = grid + block + (config.shared_mem,)
         self._function = getattr(kernel, "kernel", kernel).ptr  # a RawKernel's Function on this device, or one
+        self._device = cupy().cuda.runtime.getDevice()
         self._launch = cupy().cuda.driver.launchKernel
         self._lock = threading.Lock()
 
     def __call__(self, stream: int, *addresses: int) -> None:
         """Launch on ``stream`` with ``addresses`` in the slots, in order."""
+        if self._device not in getattr(_thread, "contexts", ()):
+            _make_context(self._device)
         with self._lock:
             values = self._values
             for word, address in zip(self._words, addresses):
                 values[word] = address
             self._launch(self._function, *self._dims, stream, self._address, 0)
+
+
+_thread = threading.local()  # .contexts: the devices whose context this thread has made current
+
+
+def _make_context(device: int) -> None:
+    """Make ``device``'s primary context current in this thread (any runtime call does; the device is the
+    current one), once per thread and device."""
+    cupy().cuda.runtime.memGetInfo()
+    if not hasattr(_thread, "contexts"):
+        _thread.contexts = set()
+    _thread.contexts.add(device)
 
 
 def _word(offsets, args, slot) -> int:

@@ -180,6 +180,31 @@ def test_soak_keeps_memory_flat():
     assert pool.used_bytes() == used, f"{pool.used_bytes() - used} bytes more in use after the soak"
 
 
+@pytest.mark.gpu
+def test_a_threads_first_cuda_call_may_be_a_cached_launch():
+    """A thread that has made no CUDA call yet (a Dask worker's) has no current context: the prepared launches
+    of cached reductions and look-back scans make it current before launching."""
+    import cupy
+
+    x = cupy.arange(100003, dtype=F32)
+    want = [cukern.sum(x).get(), cukern.cumsum(x).get()]
+    cupy.get_default_memory_pool().free_all_blocks()
+    cupy.zeros(200000, F32)  # a freed block the thread's results take without a runtime call
+    got, errors = [], []
+
+    def first_calls():
+        try:
+            got.extend(r.get() for r in (cukern.sum(x), cukern.cumsum(x)))
+        except Exception as e:  # noqa: BLE001 - reported below, in the test's thread
+            errors.append(repr(e))
+
+    t = threading.Thread(target=first_calls)
+    t.start()
+    t.join(JOIN_S)
+    assert not errors, errors
+    assert all(np.array_equal(g, w) for g, w in zip(got, want)) and len(got) == 2
+
+
 _PER_THREAD_SCRIPT = r"""
 import threading, numpy as np, cupy, cukern
 assert cupy.cuda.get_current_stream().ptr == 2  # the per-thread default stream's one handle

@@ -785,8 +785,9 @@ def test_complex_capture_replays_and_refuses_temporaries(rng):
     x = cupy.asarray(_complex(rng, (64, 500), C64))
     b = cupy.asarray(rng.uniform(0, 1, (500,)).astype(np.float32))
     stream = cupy.cuda.Stream(non_blocking=True)
+    deep = cupy.asarray(_complex(rng, (8, 8, 8, 50), C64))[::2, ::2, ::2]  # kept axes in 3 levels, in K order
     for call in (lambda: R.logsumexp(x, 1, b=b),  # b converted to complex64 first
-                 lambda: R.logsumexp(x.reshape(4, 4, 4, 500).transpose(1, 0, 2, 3), 3)):  # 3 kept levels
+                 lambda: R.logsumexp(deep, 3)):
         with stream:
             call()
         refused_in_capture(stream, call)

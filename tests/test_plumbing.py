@@ -1,6 +1,7 @@
 """Launch plumbing, row layouts and argument checks that need no GPU."""
 
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -104,8 +105,11 @@ def test_prepared_launch_hands_the_driver_each_arguments_bytes_and_its_slots(mon
         pointers = (ctypes.c_uint64 * len(sizes)).from_address(args[9])
         seen.append((args[:9] + args[10:], [ctypes.string_at(a, n) for a, n in zip(pointers, sizes)]))
 
+    contexts = []  # the threads whose context a prepared launch made current
     driver = SimpleNamespace(launchKernel=launch_kernel)
-    monkeypatch.setattr(_launch, "_cupy", SimpleNamespace(cuda=SimpleNamespace(driver=driver)))
+    runtime = SimpleNamespace(getDevice=lambda: 0, memGetInfo=lambda: contexts.append(threading.get_ident()))
+    monkeypatch.setattr(_launch, "_cupy", SimpleNamespace(cuda=SimpleNamespace(driver=driver, runtime=runtime)))
+    monkeypatch.setattr(_launch, "_thread", threading.local())
     struct = p.struct(n=-5, epoch=0)
     prepared = _launch.Prepared(SimpleNamespace(ptr=1234), LaunchConfig((5,), (128,), 64),
                                 (np.uint64(0), np.int32(-3), np.uint64(0), struct), (0, 2, (3, "epoch")))
@@ -123,6 +127,10 @@ def test_prepared_launch_hands_the_driver_each_arguments_bytes_and_its_slots(mon
     pair = Params((("a", "i32"), ("b", "i32"))).struct(a=1, b=2)
     with pytest.raises(ValueError, match="8-byte aligned"):  # a slot is a whole word of the buffer
         _launch.Prepared(SimpleNamespace(ptr=1), LaunchConfig((1,), (32,)), (pair,), ((0, "b"),))
+    worker = threading.Thread(target=lambda: [prepared(0, 1, 2, 3) for _ in range(2)])  # a fresh thread (Dask's)
+    worker.start()
+    worker.join()
+    assert contexts == [threading.get_ident(), worker.ident] and len(seen) == 5
 
 
 def fake(shape, strides):
