@@ -16,9 +16,10 @@
 //    columns per block, eight lanes of chunks each, and writes dweight and dbias.
 // 2. Input traffic: the forward reads x (and residual) once and writes out (and residual) once, weight and
 //    bias re-read from L1/L2 by every row; the backward reads dy and x (and dresidual) once and writes dx
-//    once, plus 2 * 4 * hidden bytes a chunk of partials, written and read back once. Vectors of four
-//    elements (16 bytes of float32, 8 of the half types: cukern/layernorm.py MAX_VEC) where pointers and
-//    strides allow, element accesses otherwise, a warp's accesses contiguous.
+//    once, plus 2 * 4 * hidden bytes a chunk of partials, written and read back once. 16-byte vectors in the
+//    forward, vectors of at most four elements in the backward (two with one-row chunks: cukern/layernorm.py
+//    `backward_vec_cap`) where pointers and strides allow, element accesses otherwise, a warp's accesses
+//    contiguous. The half types' backward loads the next row of its chunk while it reduces the current one.
 // 3. Accumulation, in float32, every step rounded once (__fadd_rn, __fmul_rn: no contraction into FMAs):
 //    * the row's mean and M2: rms_norm.cu's classes (C = cukern/rmsnorm.py `tree_classes(hidden)`, element
 //      i in class i % C); each class forms its (count, mean, M2) at once (its sum in index order, divided by
@@ -286,21 +287,48 @@ __global__ void CUKERN_BOUNDS(BLOCK)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) dw[k][j] = db[k][j] = -0.f;
     }
-    for (long long r = 0; r < p.chunk_rows; ++r) {
+    // Row r's x, dy and statistics. The half types' vector kernels load row r + 1 before reducing row r, so
+    // that a row's loads are in flight across the tree (their rows take half float32's registers); the
+    // others load each row in its turn (a second row would not fit their registers).
+    constexpr bool kPrefetch = sizeof(T) < 4 && VEC >= 4;
+    bool next_in[ITEMS];
+    Pack<T, VEC> next_a[ITEMS], next_d[ITEMS];
+    RowStats next_st;
+    RowSplit next_at;
+    auto fetch = [&](long long r, RowSplit& f_at, bool (&f_in)[ITEMS], Pack<T, VEC> (&f_a)[ITEMS],
+                     Pack<T, VEC> (&f_d)[ITEMS], RowStats& f_st) {
       const long long row = static_cast<long long>(chunk) * p.chunk_rows + r;
-      const bool live = chunk < p.chunks && row < p.rows;
-      const RowSplit at = split_row(live ? row : 0, p.inner);
-      const T* xr = x + x_at(at);
-      const T* dyr = dy + dy_at(at);
-      bool in[ITEMS];
-      Pack<T, VEC> a[ITEMS], d[ITEMS];
+      const bool live = chunk < p.chunks && row < p.rows && r < p.chunk_rows;
+      f_at = split_row(live ? row : 0, p.inner);
+      const T* xr = x + x_at(f_at);
+      const T* dyr = dy + dy_at(f_at);
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
-        in[k] = live && (lane + k * TPR) * VEC < p.hidden;
-        load_or_zero(a[k], xr + (lane + k * TPR) * VEC, in[k]);
-        load_or_zero(d[k], dyr + (lane + k * TPR) * VEC, in[k]);
+        f_in[k] = live && (lane + k * TPR) * VEC < p.hidden;
+        load_or_zero(f_a[k], xr + (lane + k * TPR) * VEC, f_in[k]);
+        load_or_zero(f_d[k], dyr + (lane + k * TPR) * VEC, f_in[k]);
       }
-      const RowStats st = live ? RowStats{mean[st_at(at)], rstd[st_at(at)]} : RowStats{0.f, 0.f};
+      f_st = live ? RowStats{mean[st_at(f_at)], rstd[st_at(f_at)]} : RowStats{0.f, 0.f};
+    };
+    if constexpr (kPrefetch) fetch(0, next_at, next_in, next_a, next_d, next_st);
+    for (long long r = 0; r < p.chunk_rows; ++r) {
+      RowSplit at;
+      bool in[ITEMS];
+      Pack<T, VEC> a[ITEMS], d[ITEMS];
+      RowStats st;
+      if constexpr (kPrefetch) {
+        at = next_at;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+          in[k] = next_in[k];
+          a[k] = next_a[k];
+          d[k] = next_d[k];
+        }
+        st = next_st;
+        fetch(r + 1, next_at, next_in, next_a, next_d, next_st);
+      } else {
+        fetch(r, at, in, a, d, st);
+      }
       // The class sums of g and g * xhat, in index order from -0, then up the tree.
       SumPair part[GROUPS];
 #pragma unroll

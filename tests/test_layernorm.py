@@ -64,6 +64,17 @@ def test_backward_grid_covers_the_chunks():
             assert p.grid * p.tile.rows_per_block >= p.chunks > (p.grid - 1) * p.tile.rows_per_block
 
 
+def test_vector_widths_by_kernel_and_row_count():
+    """The forward takes 16-byte vectors; the backward at most four elements, two when every chunk is one row
+    (a plan choice: the bits do not change)."""
+    for kernel in ("forward", "fused"):
+        assert layernorm.plan(kernel, 4096, 16384, 8, 2).tile.vec == 8
+    assert layernorm.plan("backward", 4096, layernorm.MAX_CHUNKS, 8, 2).tile.vec == 2
+    assert layernorm.plan("backward", 4096, layernorm.MAX_CHUNKS + 1, 8, 2).tile.vec == 4
+    assert layernorm.plan("backward", 4096, 10**6, 4, 4).tile.vec == 4
+    assert layernorm.plan("backward", 4095, 10**6, 1, 2).tile.vec == 1
+
+
 def test_instantiations_are_generated_from_the_planner():
     insts = layernorm.instantiations()
     exprs = {i.expression for i in insts}
@@ -232,6 +243,26 @@ def test_backward_bits_are_the_emulators(dtype, wdtype, hidden, rng):
     got = layernorm.layer_norm_backward(dy, x, None, eps=2e-5, dresidual=dres)
     want = reference.layer_norm_backward_emulated(dy, x, None, 2e-5, dresidual=dres)
     assert got[1] is None and want[1] is None
+    _same_bits(got[0], want[0])
+    _same_bits(got[2], want[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F16, BFLOAT16], ids=str)
+@pytest.mark.parametrize("hidden", [1000, 4096])
+def test_backward_bits_with_the_next_row_in_flight(dtype, hidden, rng):
+    """Chunks of several rows in the half types' vector kernels, which load a chunk's next row while reducing
+    its current one: with and without a weight, with a dresidual, the emulator's bits."""
+    import cupy as cp
+
+    rows = 2 * layernorm.MAX_CHUNKS + 77  # chunks of four rows, the last one short
+    x, dy = _gpu(cp, rng, (rows, hidden), dtype), _gpu(cp, rng, (rows, hidden), dtype, 0.0)
+    w = _gpu(cp, rng, hidden, dtype, 1.0)
+    for g, e in zip(layernorm.layer_norm_backward(dy, x, w), reference.layer_norm_backward_emulated(dy, x, w)):
+        _same_bits(g, e)
+    dres = _gpu(cp, rng, (rows, hidden), dtype, 0.0)
+    got = layernorm.layer_norm_backward(dy, x, None, dresidual=dres)
+    want = reference.layer_norm_backward_emulated(dy, x, None, dresidual=dres)
     _same_bits(got[0], want[0])
     _same_bits(got[2], want[2])
 
