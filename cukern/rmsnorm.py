@@ -37,7 +37,7 @@ from ._interop import as_array
 from ._launch import _NO_SWITCH
 from ._launch import cupy as _cupy
 from ._launch import NULL as _NULL
-from ._launch import CallCache, LaunchConfig, Params, launch, on_device, sm_count, struct_argument
+from ._launch import CallCache, LaunchConfig, Params, Prepared, launch, on_device, sm_count, struct_argument
 from ._layout import ArraySpec, extent, rows_layout
 from ._typing import DeviceArray, DTypeLike
 
@@ -408,7 +408,8 @@ class _Call:
     outer: tuple | None  # per launch, per rowed array then rstd: byte offset; None: one launch at offset 0
     layout: dict  # PARAMS' fields but eps and offset
     aliasing: tuple  # _aliasing's pairs
-    packed: dict  # (eps, offset) as given -> PARAMS as the kernel argument
+    packed: dict  # (eps, offset) as given -> (PARAMS as the kernel argument, the struct)
+    prepared: dict  # (eps, offset) as given -> the one launch, prepared (outer is None only)
 
     def pack(self, eps, offset):
         """PARAMS for a new ``(eps, offset)``, stored under the pair as given. They are checked here, once
@@ -417,8 +418,17 @@ class _Call:
         e, o = _scalars(eps, offset)
         if len(self.packed) >= 64:
             self.packed.clear()
-        p = self.packed[eps, offset] = struct_argument(PARAMS.struct(**self.layout, eps=e, offset=o))
+            self.prepared.clear()
+        struct = PARAMS.struct(**self.layout, eps=e, offset=o)
+        p = self.packed[eps, offset] = (struct_argument(struct), struct)
         return p
+
+    def prepare(self, eps, offset, struct, addresses: int) -> Prepared:
+        """The single launch for ``(eps, offset)`` (packed as ``struct``), prepared on the current device
+        (the call's): its ``addresses`` array arguments (rowed arrays, weight, rstd) are written per call."""
+        run = self.prepared[eps, offset] = Prepared(self.kernel, self.config, (0,) * addresses + (struct,),
+                                                    tuple(range(addresses)))
+        return run
 
 
 _calls = CallCache()
@@ -477,11 +487,20 @@ def _run(fused: bool, x, residual, weight, eps, offset, out, knobs: Knobs | None
     w = _NULL if weight is None else weight
     rowed = (out, residual, x) if fused else (out, x)
     if call.outer is None:
-        launch(call.kernel, call.config, rowed + (w, _NULL if r is None else r, params))
+        run = call.prepared.get((eps, offset))
+        if run is None:
+            run = call.prepare(eps, offset, params[1], len(rowed) + 2)
+        stream = _cupy().cuda.get_current_stream().ptr
+        w_ptr = 0 if weight is None else weight.data.ptr
+        r_ptr = 0 if r is None else r.data.ptr
+        if fused:
+            run(stream, out.data.ptr, residual.data.ptr, x.data.ptr, w_ptr, r_ptr)
+        else:
+            run(stream, out.data.ptr, x.data.ptr, w_ptr, r_ptr)
     else:
         for offs in call.outer:
             launch(call.kernel, call.config, tuple(a.data + o for a, o in zip(rowed, offs))
-                   + (w, _NULL if r is None else r.data + offs[-1], params))
+                   + (w, _NULL if r is None else r.data + offs[-1], params[0]))
     return (out, r) if rstd else out
 
 
@@ -494,7 +513,7 @@ def _plan_call(fused: bool, x, residual, weight, out, knobs: Knobs, rstd: bool =
     device = x.data.device_id
     aliasing = _aliasing(out, residual, x, weight)
     if x.size == 0:
-        return _Call(None, None, device, None, {}, aliasing, {})
+        return _Call(None, None, device, None, {}, aliasing, {}, {})
     planned_out = out if out is not None else ArraySpec.fresh(x.shape, x.dtype)
     rowed = [planned_out, residual, x] if fused else [planned_out, x]
     hidden = x.shape[-1]
@@ -513,7 +532,7 @@ def _plan_call(fused: bool, x, residual, weight, out, knobs: Knobs, rstd: bool =
     outer = None
     if layout.outer != (tuple(0 for _ in layout.strides),):
         outer = tuple(tuple(o * x.itemsize for o in offs[:-1]) + (offs[-1] * 4,) for offs in layout.outer)
-    return _Call(kernel, p.config, device, outer, fields, aliasing, {})
+    return _Call(kernel, p.config, device, outer, fields, aliasing, {}, {})
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -151,7 +151,7 @@ def fake_gpu(monkeypatch):
         while queued:
             queued.pop(0)()
 
-    stream = SimpleNamespace(capturing=False, is_capturing=lambda: stream.capturing, synchronize=synchronize)
+    stream = SimpleNamespace(ptr=0, capturing=False, is_capturing=lambda: stream.capturing, synchronize=synchronize)
     fake = SimpleNamespace(answer_late=False, events=events, pinned=pinned, stream=stream)
 
     class Device:
@@ -186,6 +186,13 @@ def fake_gpu(monkeypatch):
             else:
                 write()
 
+    class Prepared:  # a prepared launch (rms_norm's single launch): the event when it is called
+        def __init__(self, kernel, config, args, slots):
+            self.kernel = kernel
+
+        def __call__(self, stream, *addresses):
+            events.append((self.kernel, _Fake.current))
+
     cuda = SimpleNamespace(get_current_stream=lambda: stream, PinnedMemory=lambda size, flags: (size, flags),
                            PinnedMemoryPointer=Pinned,
                            runtime=SimpleNamespace(hostAllocPortable=1, hostAllocMapped=2))
@@ -199,6 +206,7 @@ def fake_gpu(monkeypatch):
         monkeypatch.setattr(op, "sm_count", lambda device: 132)
         monkeypatch.setattr(op, "launch", launch)
         monkeypatch.setattr(op, "struct_argument", lambda struct: struct)
+    monkeypatch.setattr(rmsnorm, "Prepared", Prepared)
     monkeypatch.setattr(rmsnorm, "get_kernel", lambda inst: SimpleNamespace(kernel="rms_norm"))
     monkeypatch.setattr(rotary, "get_kernel", lambda inst: SimpleNamespace(
         kernel="check" if inst.name == "rotary_first_bad_position" else "rotate"))

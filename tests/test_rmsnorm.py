@@ -277,7 +277,8 @@ def test_bad_eps_and_offset(eps, offset, err, name):
 
 def _fake_call():
     layout = dict(rows=1, inner=1, out_s0=0, out_s1=0, res_s0=0, res_s1=0, x_s0=0, x_s1=0, hidden=8, rs_s0=0, rs_s1=0)
-    return rmsnorm._Call(kernel=object(), config=None, device=0, outer=None, layout=layout, aliasing=(), packed={})
+    return rmsnorm._Call(kernel=object(), config=None, device=0, outer=None, layout=layout, aliasing=(), packed={},
+                          prepared={})
 
 
 def test_a_bad_eps_or_offset_is_never_packed():
