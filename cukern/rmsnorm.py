@@ -426,6 +426,7 @@ class _Call:
     def prepare(self, eps, offset, struct, addresses: int) -> Prepared:
         """The single launch for ``(eps, offset)`` (packed as ``struct``), prepared on the current device
         (the call's): its ``addresses`` array arguments (rowed arrays, weight, rstd) are written per call."""
+        assert self.config is not None  # a call with something to launch
         run = self.prepared[eps, offset] = Prepared(self.kernel, self.config, (0,) * addresses + (struct,),
                                                     tuple(range(addresses)))
         return run
