@@ -339,7 +339,7 @@ def test_knob_settings_are_correct(rng, knobs):
         pl = P.plan(view.shape, view.dtype, axis, strides=_elements(view), ptr=view.data.ptr % 16, knobs=knobs)
         shape = () if axis is None else (view.shape[0],)
         out = cupy.empty(shape, f32)
-        R._prepare(pl, view, f32, P.OPS["sum"], pl.layout.count, shape).run(out, view)
+        R._prepare(pl, view, f32, P.OPS["sum"], pl.layout.count, shape).run(out.data.ptr, view.data.ptr)
         _check_result("sum", out, ref, axis)
 
 
