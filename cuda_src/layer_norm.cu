@@ -21,11 +21,11 @@
 //    `backward_vec_cap`) where pointers and strides allow, element accesses otherwise, a warp's accesses
 //    contiguous. The half types' backward loads the next row of its chunk while it reduces the current one.
 // 3. Accumulation, in float32, every step rounded once (__fadd_rn, __fmul_rn: no contraction into FMAs):
-//    * the row's mean and M2: rms_norm.cu's classes (C = cukern/rmsnorm.py `tree_classes(hidden)`, element
-//      i in class i % C); each class forms its (count, mean, M2) at once (its sum in index order, divided by
-//      its count, then its centred squares in index order), and the C states are merged by Chan's merge
-//      (common/moments.cuh) up rms_norm's tree: neighbours first, a thread's lanes, then its row lanes, then
-//      its groups. rstd = 1 / sqrt(M2 / hidden + eps), correctly rounded step by step.
+//    * the row's mean and M2, in two passes over the row in registers: rms_norm.cu's classes (C =
+//      cukern/rmsnorm.py `tree_classes(hidden)`, element i in class i % C), each summed in index order from
+//      -0, the class sums added up rms_norm's tree (neighbours first: a thread's lanes, then its row lanes,
+//      then its groups), the mean that sum divided by hidden; then the squares of (x - mean) up the same
+//      classes and tree, M2. rstd = 1 / sqrt(M2 / hidden + eps), correctly rounded step by step.
 //    * the backward's sum(g) and sum(g * xhat): the same classes, each summed in index order, the class
 //      sums added up the same tree (both sums in one pass through it); the means are the sums times
 //      1 / hidden (that reciprocal rounded once, on the host).
@@ -35,8 +35,8 @@
 //    outputs depend only on its own values, and dweight and dbias on the values and the row count.
 //    cukern/reference/layernorm.py repeats every step on the host. No float atomics.
 //    The backward reads the statistics; without the forward's it has layer_norm_rows write them first (its
-//    statistics alone): one more read of x, and no Chan tree in the backward kernel, whose registers hold the
-//    partials instead.
+//    statistics alone): one more read of x, and no statistics tree in the backward kernel, whose registers
+//    hold the partials instead.
 // 4. Staging: the row stays in registers as loaded, between the reduction and the output, so each byte
 //    crosses DRAM once; the backward also holds its columns' dweight and dbias partials (two floats an
 //    element) across the chunk's rows. Shared memory for the block trees only, and the param-grads kernel's
@@ -47,7 +47,6 @@
 //    (backward): memory-bound; the target is the device-to-device copy bandwidth.
 #include "common/bounds.cuh"
 #include "common/dtype.cuh"
-#include "common/moments.cuh"
 #include "common/reduce.cuh"
 #include "common/rows.cuh"
 #include "common/vec.cuh"
@@ -86,13 +85,6 @@ __device__ __forceinline__ float weighted_dy(float dy, float w, bool has_weight)
   return has_weight ? __fmul_rn(dy, w) : dy;
 }
 
-// Powers of two divide exactly by a product with their reciprocal, which is also the correctly rounded
-// quotient: a class of four elements (the common case) takes no division.
-__device__ __forceinline__ float mean_of(float sum, int count) {
-  if ((count & (count - 1)) == 0) return __fmul_rn(sum, __int_as_float((128 - __ffs(count)) << 23));
-  return __fdiv_rn(sum, static_cast<float>(count));
-}
-
 // The top of a row's tree over its threads' per-group subtrees (group g's of lane t being the row's
 // (g * TPR + t)-th subtree): through shuffles when a row has a sub-warp group, through the block otherwise.
 template <int TPR, int BLOCK, typename C, int GROUPS, typename T>
@@ -108,15 +100,16 @@ __device__ __forceinline__ T row_tree(T (&part)[GROUPS], T* scratch, int parity)
 
 // A row's (mean, rstd) over the classes that a thread's ITEMS vectors hold (the layout of rms_norm.cu:
 // vector k is element k / GROUPS of classes ((k % GROUPS) * TPR + lane) * VEC + j), `in[k]` whether vector k
-// lies in the row (those that do are a prefix of each class), then Chan's merge up the tree.
+// lies in the row (those that do are a prefix of each class), in two passes over the registers: each class
+// summed in index order from -0 and the class sums added up rms_norm's tree, the mean that sum divided by
+// hidden; then the same for the squares of (x - mean), M2. `scratch` holds the two block trees' slots.
 template <typename T, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK>
 __device__ __forceinline__ RowStats row_stats(const Pack<T, VEC> (&a)[ITEMS], const bool (&in)[ITEMS], int hidden,
-                                              float eps, Moments<float>* scratch, int parity) {
-  Moments<float> part[GROUPS];
+                                              float eps, float* scratch, int parity) {
+  float part[GROUPS];
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) {
     float s[VEC];
-    int count = 0;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) s[j] = -0.f;
 #pragma unroll
@@ -124,27 +117,30 @@ __device__ __forceinline__ RowStats row_stats(const Pack<T, VEC> (&a)[ITEMS], co
       if (in[k]) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) s[j] = __fadd_rn(s[j], to_float(a[k].v[j]));
-        ++count;
       }
     }
-    Moments<float> m[VEC];
+    part[g] = tree_reduce<Sum>(s);
+  }
+  const float mean = __fdiv_rn(row_tree<TPR, BLOCK, Sum>(part, scratch, parity), static_cast<float>(hidden));
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float mean = count ? mean_of(s[j], count) : 0.f;
-      float m2 = -0.f;
+  for (int g = 0; g < GROUPS; ++g) {
+    float s[VEC];
 #pragma unroll
-      for (int k = g; k < ITEMS; k += GROUPS) {
-        if (in[k]) {
+    for (int j = 0; j < VEC; ++j) s[j] = -0.f;
+#pragma unroll
+    for (int k = g; k < ITEMS; k += GROUPS) {
+      if (in[k]) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
           const float e = __fsub_rn(to_float(a[k].v[j]), mean);
-          m2 = __fadd_rn(m2, __fmul_rn(e, e));
+          s[j] = __fadd_rn(s[j], __fmul_rn(e, e));
         }
       }
-      m[j] = Moments<float>{static_cast<float>(count), mean, count ? m2 : 0.f};
     }
-    part[g] = tree_reduce<Chan>(m);
+    part[g] = tree_reduce<Sum>(s);
   }
-  const Moments<float> all = row_tree<TPR, BLOCK, Chan>(part, scratch, parity);
-  return RowStats{all.mean, inverse_rms(all.m2, hidden, eps)};
+  const float m2 = row_tree<TPR, BLOCK, Sum>(part, scratch + 2 * GROUPS * (BLOCK / 32), parity);
+  return RowStats{mean, inverse_rms(m2, hidden, eps)};
 }
 
 // Zero past the row, so that a short row's slots hold no stale bits.
@@ -164,7 +160,7 @@ __device__ __forceinline__ void layer_norm_rows_impl(T* out, T* residual, float*
   static_assert(TPR <= 32 || TPR == BLOCK, "a row is handled by a sub-warp group or by the whole block");
   static_assert(ITEMS % GROUPS == 0, "every group of classes gets the same number of vectors");
   constexpr int kRowsPerBlock = BLOCK / TPR;
-  __shared__ Moments<float> scratch[2 * GROUPS * (BLOCK / 32)];
+  __shared__ float scratch[4 * GROUPS * (BLOCK / 32)];  // two block trees, double-buffered
   const int lane = static_cast<int>(threadIdx.x) % TPR;
   const int slot = static_cast<int>(threadIdx.x) / TPR;
   const RowAddress out_at{p.inner, p.out_s0, p.out_s1}, res_at{p.inner, p.res_s0, p.res_s1};

@@ -10,8 +10,8 @@ Memory traffic, the count every GB/s figure uses: :func:`bytes_moved` (forward: 
 out (and residual), read weight and bias once; backward: read dy and x (and dresidual), write dx, read weight
 once, write dweight and dbias).
 
-Reproducibility: a row's mean and M2 are one tree fixed by the hidden size (rms_norm's classes,
-:func:`cukern.rmsnorm.tree_classes`, merged by Chan's formula), its backward sums the same tree, and dweight
+Reproducibility: a row's mean and M2 are two passes up one tree fixed by the hidden size (rms_norm's classes,
+:func:`cukern.rmsnorm.tree_classes`: the sum, then the centred squares), its backward sums the same tree, and dweight
 and dbias add each chunk of :func:`chunk_rows` rows in row order, then the chunks as a pairwise tree: every
 bit depends on the values, the dtypes, eps and the row count, never on the launch, the SM count or the GPU
 (the exact emulators: :func:`cukern.reference.layer_norm_emulated`,

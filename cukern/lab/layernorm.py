@@ -118,8 +118,8 @@ def _describe(op: str):
         tile = {"grid": p.grid, "block": t.block, "rows_per_block": t.rows_per_block, "threads_per_row": t.tpr,
                 "one_thread_computes": thread}
         classes = rmsnorm.tree_classes(hidden)
-        order = (f"element i in class i % {classes}; each class its (count, mean, M2) at once, the {classes} "
-                 "states merged by Chan's formula pairwise, neighbours first")
+        order = (f"element i in class i % {classes}, each class in index order, the {classes} class sums "
+                 "pairwise, neighbours first: the sum (the mean: it over hidden), then the squares of x - mean")
         re_read = [f"weight and bias ({fits_l2(2 * hidden * size, device)}) by every row: from L1/L2"]
         if kind == "backward":
             written = n * size + 2 * hidden * size
@@ -153,7 +153,7 @@ def _describe(op: str):
                 "precision": ("float32, every step rounded (no fused multiply-add), rstd = 1 / sqrt(M2 / hidden + "
                               f"eps) correctly rounded step by step, output rounded once to {dtype_name(dt)}"),
                 "order": order,
-                "combine": "Chan's merge up the tree: a thread's classes, a butterfly over the row's lanes, then "
+                "combine": "sums up the tree, twice: a thread's classes, a butterfly over the row's lanes, then "
                            "the block's warps through shared memory",
                 "passes": "one launch; the row never leaves registers",
                 "batch_invariant": ("a row's bits depend on its values, hidden, the dtypes and eps only "

@@ -8,7 +8,6 @@ import numpy as np
 
 from .._typing import Array, HostArray
 from ._common import _f64, _numpy, _xp
-from .reductions import _chan
 
 
 def layer_norm(x: Array, weight: Array | None = None, bias: Array | None = None, eps: float = 1e-5) -> Array:
@@ -76,13 +75,21 @@ def _pairwise(p, combine):
     return tuple(s[..., 0] for s in p)
 
 
+def _class_tree(cells, present):
+    """Each class's present cells summed in m order from -0, then the class sums added as a perfect binary
+    tree, neighbours first: the rms_norm tree's sum."""
+    s = np.full(cells.shape[:-2] + cells.shape[-1:], -0.0, np.float32)
+    for m in range(cells.shape[-2]):
+        s = np.where(present[m], s + cells[..., m, :], s)
+    return _pairwise((s,), lambda a, b: (a[0] + b[0],))[0]
+
+
 def layer_norm_stats_emulated(x: HostArray, eps: float = 1e-5) -> tuple[HostArray, HostArray]:
-    """``(mean, rstd)``, float32, as every layer_norm kernel computes them from float32 rows ``x`` (NumPy):
-    each class of the rms_norm tree forms its (count, mean, M2) at once (its sum in index order from -0,
-    divided by its count; then the squares of its elements less that mean, summed in index order), the
-    classes' states are merged by reduce.cu's Chan merge (:func:`cukern.reference.reductions._chan`) as a
-    perfect binary tree, neighbours first, and ``rstd = 1 / sqrt(M2 / hidden + eps)``, each step one
-    float32 rounding.
+    """``(mean, rstd)``, float32, as every layer_norm kernel computes them from float32 rows ``x`` (NumPy),
+    in two passes over the rms_norm tree: each class's elements summed in index order from -0 and the class
+    sums added as a perfect binary tree, neighbours first, the mean that sum divided by hidden; then the
+    squares of ``x - mean`` the same way, M2; ``rstd = 1 / sqrt(M2 / hidden + eps)``. Each step one float32
+    rounding.
 
     Examples
     --------
@@ -92,23 +99,14 @@ def layer_norm_stats_emulated(x: HostArray, eps: float = 1e-5) -> tuple[HostArra
     [3.] [0.5345225]
     """
     v = np.asarray(x, np.float32)
-    hidden = v.shape[-1]
+    hidden = np.float32(v.shape[-1])
     cells, present = _classes(v)
-    count = present.sum(axis=0).astype(np.float32)
     with np.errstate(all="ignore"):
-        s = np.full(cells.shape[:-2] + cells.shape[-1:], -0.0, np.float32)
-        for m in range(cells.shape[-2]):
-            s = np.where(present[m], s + cells[..., m, :], s)
-        mean = np.where(count > 0, s / np.where(count > 0, count, np.float32(1)), np.float32(0)).astype(np.float32)
-        m2 = np.full_like(s, -0.0)
-        for m in range(cells.shape[-2]):
-            e = cells[..., m, :] - mean
-            m2 = np.where(present[m], m2 + e * e, m2)
-        m2 = np.where(count > 0, m2, np.float32(0)).astype(np.float32)
-        n = np.broadcast_to(count, mean.shape)
-        _, mu, m2 = _pairwise((n, mean, m2), _chan)
-        rstd = np.float32(1) / np.sqrt(m2 / np.float32(hidden) + np.float32(float(eps)))
-    return mu.astype(np.float32), rstd.astype(np.float32)
+        mean = (_class_tree(cells, present) / hidden).astype(np.float32)
+        e = cells - mean[..., None, None]
+        m2 = _class_tree(e * e, present)
+        rstd = np.float32(1) / np.sqrt(m2 / hidden + np.float32(float(eps)))
+    return mean.astype(np.float32), rstd.astype(np.float32)
 
 
 def _normalized(v, weight, bias, mean, rstd):
