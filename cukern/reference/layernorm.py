@@ -8,6 +8,7 @@ import numpy as np
 
 from .._typing import Array, HostArray
 from ._common import _f64, _numpy, _xp
+from .norms import _class_tree_sum
 
 
 def layer_norm(x: Array, weight: Array | None = None, bias: Array | None = None, eps: float = 1e-5) -> Array:
@@ -52,36 +53,12 @@ def layer_norm_backward(dy: Array, x: Array, weight: Array | None = None, eps: f
     return dx, None if weight is None else xp.sum(dy * xhat, axis=lead), xp.sum(dy, axis=lead)
 
 
-def _classes(v):
-    """The row's elements by class of the rms_norm tree (:func:`cukern.rmsnorm.tree_classes`): ``(cells,
-    present)``, cells (..., m, C) holding element ``m * C + c`` (0 past the row) and present (m, C) whether
-    it lies in the row. A class's elements are its cells in m order."""
-    from ..rmsnorm import tree_classes
-
-    hidden = v.shape[-1]
-    c = tree_classes(hidden)
-    per = -(-hidden // c)
-    padded = np.zeros(v.shape[:-1] + (per * c,), np.float32)
-    padded[..., :hidden] = v
-    present = (np.arange(per * c) < hidden).reshape(per, c)
-    return padded.reshape(v.shape[:-1] + (per, c)), present
-
-
 def _pairwise(p, combine):
     """The perfect binary tree over the last axis of the arrays ``p`` (a tuple; a power of two long),
     neighbours first."""
     while p[0].shape[-1] > 1:
         p = combine(tuple(s[..., 0::2] for s in p), tuple(s[..., 1::2] for s in p))
     return tuple(s[..., 0] for s in p)
-
-
-def _class_tree(cells, present):
-    """Each class's present cells summed in m order from -0, then the class sums added as a perfect binary
-    tree, neighbours first: the rms_norm tree's sum."""
-    s = np.full(cells.shape[:-2] + cells.shape[-1:], -0.0, np.float32)
-    for m in range(cells.shape[-2]):
-        s = np.where(present[m], s + cells[..., m, :], s)
-    return _pairwise((s,), lambda a, b: (a[0] + b[0],))[0]
 
 
 def layer_norm_stats_emulated(x: HostArray, eps: float = 1e-5) -> tuple[HostArray, HostArray]:
@@ -100,11 +77,10 @@ def layer_norm_stats_emulated(x: HostArray, eps: float = 1e-5) -> tuple[HostArra
     """
     v = np.asarray(x, np.float32)
     hidden = np.float32(v.shape[-1])
-    cells, present = _classes(v)
     with np.errstate(all="ignore"):
-        mean = (_class_tree(cells, present) / hidden).astype(np.float32)
-        e = cells - mean[..., None, None]
-        m2 = _class_tree(e * e, present)
+        mean = (_class_tree_sum(v) / hidden).astype(np.float32)
+        e = v - mean[..., None]
+        m2 = _class_tree_sum(e * e)
         rstd = np.float32(1) / np.sqrt(m2 / hidden + np.float32(float(eps)))
     return mean.astype(np.float32), rstd.astype(np.float32)
 
@@ -196,11 +172,7 @@ def layer_norm_backward_emulated(dy: Array, x: Array, weight: Array | None = Non
         g = d if weight is None else d * _numpy(weight).astype(np.float32)
         sums = []
         for t in (g, g * xhat):
-            cells, present = _classes(t)
-            s = np.full(cells.shape[:-2] + cells.shape[-1:], -0.0, np.float32)
-            for m in range(cells.shape[-2]):
-                s = np.where(present[m], s + cells[..., m, :], s)
-            sums.append(_pairwise((s,), lambda a, b: (a[0] + b[0],))[0] if hidden else s[..., 0])
+            sums.append(_class_tree_sum(t) if hidden else np.full(t.shape[:-1], -0.0, np.float32))
         inv = np.float32(1) / np.float32(max(hidden, 1))
         mg, mgx = (sums[0] * inv)[..., None], (sums[1] * inv)[..., None]
         dx = rstd[..., None] * ((g - mg) - xhat * mgx)
