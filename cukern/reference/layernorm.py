@@ -8,7 +8,7 @@ import numpy as np
 
 from .._typing import Array, HostArray
 from ._common import _f64, _numpy, _xp
-from .norms import _class_tree_sum
+from .norms import _class_tree_sum, column_tree_emulated
 
 
 def layer_norm(x: Array, weight: Array | None = None, bias: Array | None = None, eps: float = 1e-5) -> Array:
@@ -51,14 +51,6 @@ def layer_norm_backward(dy: Array, x: Array, weight: Array | None = None, eps: f
     dx = rstd * (g - xp.mean(g, axis=-1, keepdims=True) - xhat * xp.mean(g * xhat, axis=-1, keepdims=True))
     lead = tuple(range(x.ndim - 1))
     return dx, None if weight is None else xp.sum(dy * xhat, axis=lead), xp.sum(dy, axis=lead)
-
-
-def _pairwise(p, combine):
-    """The perfect binary tree over the last axis of the arrays ``p`` (a tuple; a power of two long),
-    neighbours first."""
-    while p[0].shape[-1] > 1:
-        p = combine(tuple(s[..., 0::2] for s in p), tuple(s[..., 1::2] for s in p))
-    return tuple(s[..., 0] for s in p)
 
 
 def layer_norm_stats_emulated(x: HostArray, eps: float = 1e-5) -> tuple[HostArray, HostArray]:
@@ -192,8 +184,5 @@ def layer_norm_backward_emulated(dy: Array, x: Array, weight: Array | None = Non
                 idx = np.arange(chunks) * r + i
                 live = idx < rows
                 part[live] = part[live] + flat[idx[live]]
-            size = 1 << max(0, (chunks - 1).bit_length())
-            part = np.concatenate([part, np.full((size - chunks, hidden), -0.0, np.float32)])
-            total = _pairwise((part.T,), lambda a, b: (a[0] + b[0],))[0]
-            grads.append(total.astype(w_dtype))
+            grads.append(column_tree_emulated(part).astype(w_dtype))
     return dx.astype(x.dtype), None if weight is None else grads[0], grads[1]
