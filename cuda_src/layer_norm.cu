@@ -116,7 +116,7 @@ __device__ __forceinline__ RowStats row_stats(const Pack<T, VEC> (&a)[ITEMS], co
     for (int k = g; k < ITEMS; k += GROUPS) {
       if (in[k]) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) s[j] = __fadd_rn(s[j], to_float(a[k].v[j]));
+        for (int j = 0; j < VEC; ++j) s[j] = __fadd_rn(s[j], element(a[k], j));
       }
     }
     part[g] = tree_reduce<Sum>(s);
@@ -132,7 +132,7 @@ __device__ __forceinline__ RowStats row_stats(const Pack<T, VEC> (&a)[ITEMS], co
       if (in[k]) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float e = __fsub_rn(to_float(a[k].v[j]), mean);
+          const float e = __fsub_rn(element(a[k], j), mean);
           s[j] = __fadd_rn(s[j], __fmul_rn(e, e));
         }
       }
@@ -211,9 +211,9 @@ __device__ __forceinline__ void layer_norm_rows_impl(T* out, T* residual, float*
         for (int j = 0; j < VEC; ++j) {
           // Without a weight the product by 1 is left out (it is exact); without a bias the add of -0 (the
           // exact identity, which keeps a -0 as it is).
-          float y = normalized(to_float(a[k].v[j]), st);
-          if (weight != nullptr) y = __fmul_rn(y, to_float(w.v[j]));
-          f[j] = __fadd_rn(y, bias != nullptr ? to_float(b.v[j]) : -0.f);
+          float y = normalized(element(a[k], j), st);
+          if (weight != nullptr) y = __fmul_rn(y, element(w, j));
+          f[j] = __fadd_rn(y, bias != nullptr ? element(b, j) : -0.f);
         }
         Pack<T, VEC> y;
         round_into(y, f);
@@ -339,8 +339,8 @@ __global__ void CUKERN_BOUNDS(BLOCK)
             if (weight != nullptr) load(w, weight + (lane + k * TPR) * VEC);
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-              const float xhat = normalized(to_float(a[k].v[j]), st);
-              const float gj = weighted_dy(to_float(d[k].v[j]), to_float(w.v[j]), weight != nullptr);
+              const float xhat = normalized(element(a[k], j), st);
+              const float gj = weighted_dy(element(d[k], j), element(w, j), weight != nullptr);
               c[j].g = __fadd_rn(c[j].g, gj);
               c[j].gx = __fadd_rn(c[j].gx, __fmul_rn(gj, xhat));
             }
@@ -367,11 +367,11 @@ __global__ void CUKERN_BOUNDS(BLOCK)
           float f[VEC];
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            const float dyj = to_float(d[k].v[j]);
-            const float xhat = normalized(to_float(a[k].v[j]), st);
-            const float gj = weighted_dy(dyj, to_float(w.v[j]), weight != nullptr);
+            const float dyj = element(d[k], j);
+            const float xhat = normalized(element(a[k], j), st);
+            const float gj = weighted_dy(dyj, element(w, j), weight != nullptr);
             const float v = __fmul_rn(st.rstd, __fsub_rn(__fsub_rn(gj, mg), __fmul_rn(xhat, mgx)));
-            f[j] = drr != nullptr ? __fadd_rn(v, to_float(res.v[j])) : v;
+            f[j] = drr != nullptr ? __fadd_rn(v, element(res, j)) : v;
             dw[k][j] = __fadd_rn(dw[k][j], __fmul_rn(dyj, xhat));
             db[k][j] = __fadd_rn(db[k][j], dyj);
           }

@@ -156,10 +156,10 @@ __global__ void __launch_bounds__(BLOCK, before_sm90_min_blocks(backward_min_blo
     for (int k = 0; k < ITEMS; ++k) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float f = to_float(a[k].v[j]);
+        const float f = element(a[k], j);
         sq[k % GROUPS][j] = k < GROUPS ? __fmul_rn(f, f) : square_add(sq[k % GROUPS][j], f);
         if (in[k]) {
-          const float g = __fmul_rn(to_float(d[k].v[j]), has_weight ? __fadd_rn(p.offset, to_float(w[k].v[j])) : unweighted);
+          const float g = __fmul_rn(element(d[k], j), has_weight ? __fadd_rn(p.offset, element(w[k], j)) : unweighted);
           dot[k % GROUPS][j] = __fadd_rn(dot[k % GROUPS][j], __fmul_rn(g, f));
         }
       }
@@ -189,11 +189,11 @@ __global__ void __launch_bounds__(BLOCK, before_sm90_min_blocks(backward_min_blo
         float o[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float dyv = to_float(d[k].v[j]);
-          const float g = __fmul_rn(dyv, has_weight ? __fadd_rn(p.offset, to_float(w[k].v[j])) : unweighted);
-          const float xhat = __fmul_rn(to_float(a[k].v[j]), r);
+          const float dyv = element(d[k], j);
+          const float g = __fmul_rn(dyv, has_weight ? __fadd_rn(p.offset, element(w[k], j)) : unweighted);
+          const float xhat = __fmul_rn(element(a[k], j), r);
           o[j] = __fmul_rn(r, __fsub_rn(g, __fmul_rn(xhat, m)));
-          if (dresidual != nullptr) o[j] = __fadd_rn(o[j], to_float(res.v[j]));
+          if (dresidual != nullptr) o[j] = __fadd_rn(o[j], element(res, j));
           dw[k][j] = __fadd_rn(dw[k][j], __fmul_rn(dyv, xhat));
         }
         Pack<T, VEC> y;

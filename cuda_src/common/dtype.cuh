@@ -18,6 +18,21 @@ __device__ __forceinline__ float to_float(f16 v) {
   return f;
 }
 
+// The low or high 16-bit value of a 32-bit word, as a float.
+template <typename T> __device__ __forceinline__ float half_to_float(unsigned w, bool high);
+template <> __device__ __forceinline__ float half_to_float<bf16>(unsigned w, bool high) {
+  return __uint_as_float(high ? w & 0xffff0000u : w << 16);
+}
+template <> __device__ __forceinline__ float half_to_float<f16>(unsigned w, bool high) {
+  float f;
+  if (high) {
+    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi; }" : "=f"(f) : "r"(w));
+  } else {
+    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo; }" : "=f"(f) : "r"(w));
+  }
+  return f;
+}
+
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ bf16 from_float<bf16>(float v) {

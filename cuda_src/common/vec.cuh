@@ -26,6 +26,20 @@ template <typename T, int N> struct Pack {
   };
 };
 
+// Element j of a pack, as a float, read through the pack's 32-bit words (the words the loads wrote, so the
+// compiler sees one type on both sides). A 16-bit element is either half of a word: a bfloat16 is the high
+// half of a float, so that is one instruction (the low half shifted up, the high half masked in place), where
+// reading the 16-bit element would first extract it and then shift it back. The same value either way.
+template <typename T, int N> __device__ __forceinline__ float element(const Pack<T, N>& p, int j) {
+  if constexpr (sizeof(T) == 4) {
+    return __uint_as_float(p.u[j]);
+  } else if constexpr (N % 2 == 0) {
+    return half_to_float<T>(p.u[j / 2], j % 2 != 0);
+  } else {
+    return to_float(p.v[j]);
+  }
+}
+
 template <typename T, int N> __device__ __forceinline__ void load(Pack<T, N>& p, const T* src) {
   const auto* s = reinterpret_cast<const typename Pack<T, N>::W*>(src);
 #pragma unroll
