@@ -153,6 +153,34 @@ template <typename T, int VEC> __device__ __forceinline__ void load_or_zero(Pack
   }
 }
 
+// A row's output, ((x - mean) * rstd) * weight + bias, each step rounded in float32, then once to T. Without a
+// weight the product by 1 is left out (it is exact); without a bias the add of -0 (the exact identity, which
+// keeps a -0 as it is). One instance for each of the four cases, so that every element's steps are
+// straight-line code (no select or branch an element).
+template <bool WEIGHTED, bool BIASED, int TPR, typename T, typename W, int VEC, int ITEMS>
+__device__ __forceinline__ void store_normalized(T* orow, const Pack<T, VEC> (&a)[ITEMS], const bool (&in)[ITEMS],
+                                                 RowStats st, const W* weight, const W* bias, int lane) {
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    if (in[k]) {
+      const int col = (lane + k * TPR) * VEC;
+      Pack<W, VEC> w, b;
+      if constexpr (WEIGHTED) load(w, weight + col);
+      if constexpr (BIASED) load(b, bias + col);
+      float f[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        float y = normalized(element(a[k], j), st);
+        if constexpr (WEIGHTED) y = __fmul_rn(y, element(w, j));
+        f[j] = __fadd_rn(y, BIASED ? element(b, j) : -0.f);
+      }
+      Pack<T, VEC> y;
+      round_into(y, f);
+      store(orow + col, y);
+    }
+  }
+}
+
 template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK, bool FUSED>
 __device__ __forceinline__ void layer_norm_rows_impl(T* out, T* residual, float* mean_out, float* rstd_out,
                                                      const T* x, const W* weight, const W* bias,
@@ -198,26 +226,18 @@ __device__ __forceinline__ void layer_norm_rows_impl(T* out, T* residual, float*
       mean_out[st_at(at)] = st.mean;
       rstd_out[st_at(at)] = st.rstd;
     }
-    T* orow = out + out_at(at);
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      if (in[k] && out != nullptr) {
-        const int col = (lane + k * TPR) * VEC;
-        Pack<W, VEC> w, b;
-        if (weight != nullptr) load(w, weight + col);
-        if (bias != nullptr) load(b, bias + col);
-        float f[VEC];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          // Without a weight the product by 1 is left out (it is exact); without a bias the add of -0 (the
-          // exact identity, which keeps a -0 as it is).
-          float y = normalized(element(a[k], j), st);
-          if (weight != nullptr) y = __fmul_rn(y, element(w, j));
-          f[j] = __fadd_rn(y, bias != nullptr ? element(b, j) : -0.f);
+    if (out != nullptr) {
+      T* orow = out + out_at(at);
+      if (weight != nullptr) {
+        if (bias != nullptr) {
+          store_normalized<true, true, TPR>(orow, a, in, st, weight, bias, lane);
+        } else {
+          store_normalized<true, false, TPR>(orow, a, in, st, weight, bias, lane);
         }
-        Pack<T, VEC> y;
-        round_into(y, f);
-        store(orow + col, y);
+      } else if (bias != nullptr) {
+        store_normalized<false, true, TPR>(orow, a, in, st, weight, bias, lane);
+      } else {
+        store_normalized<false, false, TPR>(orow, a, in, st, weight, bias, lane);
       }
     }
   }
