@@ -485,12 +485,10 @@ def _run(fused: bool, x, residual, weight, eps, offset, out, knobs: Knobs | None
         if r is not None and r.size:  # rows of no element: 1 / sqrt(0 / 0 + eps), NaN, as an emulated empty row
             r.fill(math.nan)
         return (out, r) if rstd else out
-    w = _NULL if weight is None else weight
-    rowed = (out, residual, x) if fused else (out, x)
     if call.outer is None:
         run = call.prepared.get((eps, offset))
         if run is None:
-            run = call.prepare(eps, offset, params[1], len(rowed) + 2)
+            run = call.prepare(eps, offset, params[1], 5 if fused else 4)  # the rowed arrays, weight, rstd
         stream = _cupy().cuda.get_current_stream().ptr
         w_ptr = 0 if weight is None else weight.data.ptr
         r_ptr = 0 if r is None else r.data.ptr
@@ -499,6 +497,8 @@ def _run(fused: bool, x, residual, weight, eps, offset, out, knobs: Knobs | None
         else:
             run(stream, out.data.ptr, x.data.ptr, w_ptr, r_ptr)
     else:
+        w = _NULL if weight is None else weight
+        rowed = (out, residual, x) if fused else (out, x)
         for offs in call.outer:
             launch(call.kernel, call.config, tuple(a.data + o for a, o in zip(rowed, offs))
                    + (w, _NULL if r is None else r.data + offs[-1], params[0]))

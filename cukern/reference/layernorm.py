@@ -74,7 +74,7 @@ def layer_norm_stats_emulated(x: HostArray, eps: float = 1e-5) -> tuple[HostArra
         e = v - mean[..., None]
         m2 = _class_tree_sum(e * e)
         rstd = np.float32(1) / np.sqrt(m2 / hidden + np.float32(float(eps)))
-    return mean.astype(np.float32), rstd.astype(np.float32)
+    return mean, rstd.astype(np.float32)
 
 
 def _normalized(v, weight, bias, mean, rstd):
