@@ -11,10 +11,12 @@
 //   v7  grid-stride loop, grid sized from the SM count      (many elements per thread, tiny second pass)
 //   v8  16-byte vector loads                                (a quarter of the load instructions)
 //   v9  last block done                                     (one launch: the last block combines partials)
-//   v10 four independent 16-byte loads in flight            (the production kernel, same body as reduce_full)
+//   v10 independent 16-byte loads in flight                 (the production kernel, same body as reduce_full)
+// and one rung past it, which cukern does not take:
+//   v11 no fixed tree                                       (round-robin vectors: what reproducibility costs)
 //
 // The production file is included, not copied: v9 finishes with its last-block counter, and v10 is its
-// full-reduction body itself, so the last rung measures the kernel cukern.sum runs. v8 and v9 read with
+// full-reduction body itself, so v10 measures the kernel cukern.sum runs. v8 and v9 read with
 // thread_span below, the grid-stride share the production kernel used before its fixed tree.
 #include "reduce.cu"
 
@@ -193,6 +195,20 @@ template <int BLOCK, typename A> __device__ __forceinline__ A block_sum_shuffle(
   return v;
 }
 
+// v9's finish, also v11's: each block publishes its total (thread 0's v); the last block to finish adds the
+// totals in index order, writes the sum and resets the counter for the next launch.
+template <int BLOCK, typename A>
+__device__ __forceinline__ void finish_in_last_block(A* out, A* partials, unsigned* counter, A v) {
+  if (!last_block_done(partials, counter, v)) return;
+  A w = thread_partials(partials);
+  __syncthreads();  // block_sum_shuffle's scratch is reused
+  w = block_sum_shuffle<BLOCK>(w);
+  if (threadIdx.x == 0) {
+    *out = w;
+    *counter = 0;
+  }
+}
+
 template <typename T, typename A, int BLOCK>
 __global__ void __launch_bounds__(BLOCK) reduce_v6_warp_shuffle(A* out, const T* x, long long n) {
   // Changed from v5: the tree runs in registers with __shfl_down_sync (5 shuffle steps per warp) and
@@ -239,15 +255,7 @@ __global__ void __launch_bounds__(BLOCK)
   // large at mid sizes, ~1% at 2^28.
   const long long lanes = static_cast<long long>(gridDim.x) * BLOCK;
   A v = thread_span<T, A>(x, n, static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x, lanes);
-  v = block_sum_shuffle<BLOCK>(v);
-  if (!last_block_done(partials, counter, v)) return;
-  A w = thread_partials(partials);
-  __syncthreads();  // block_sum_shuffle's scratch is reused
-  w = block_sum_shuffle<BLOCK>(w);
-  if (threadIdx.x == 0) {
-    *out = w;
-    *counter = 0;
-  }
+  finish_in_last_block<BLOCK>(out, partials, counter, block_sum_shuffle<BLOCK>(v));
 }
 
 template <typename T, typename A, int BLOCK, int UNROLL>
@@ -259,6 +267,50 @@ __global__ void __launch_bounds__(BLOCK)
   // (reduce_full with OP_SUM; same body, same plan). Predicted: from ~85-90% to the copy peak or above
   // (a read-only stream beats a copy, which also writes).
   full_reduce_body<T, A, OP_SUM, BLOCK, UNROLL>(out, partials, counter, x, n, 1, FINISH_NONE, 1.0);
+}
+
+template <typename T, typename A, int BLOCK, int UNROLL>
+__global__ void __launch_bounds__(BLOCK)
+    reduce_v11_no_fixed_tree(A* out, A* partials, unsigned* counter, const T* x, long long n) {
+  // Changed from v10: the fixed tree is given up, the rung cukern does not take. The 16-byte vectors are
+  // dealt round-robin over the whole grid (one front sweeping memory), UNROLL of them in flight
+  // a thread, each summed in arrival order into its own accumulator; the last block adds the block partials
+  // in index order. Same block, grid and loads in flight as v10, so the difference is what the tree costs:
+  // its blocks read contiguous spans (aligned subtrees) where this rung's warps read side by side. The bits
+  // now follow the grid, hence the SM count: run to run the same, GPU to GPU not. Predicted: 1-2% over v10
+  // at 2^29 (the span probes of docs/design/reductions.md), at CUB's speed.
+  constexpr int VEC = 16 / sizeof(T);
+  const long long lanes = static_cast<long long>(gridDim.x) * BLOCK;
+  const long long lane = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
+  const long long head = aligned_head(x, n);
+  const long long nvec = (n - head) / VEC;
+  const T* body = x + head;
+  A acc[UNROLL];
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) acc[u] = A(0);
+  long long i = lane;
+  for (; i + (UNROLL - 1) * lanes < nvec; i += UNROLL * lanes) {
+    Pack<T, VEC> p[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) load(p[u], body + (i + u * lanes) * VEC);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[u] += to_acc<A>(p[u].v[j]);
+    }
+  }
+  for (; i < nvec; i += lanes) {  // this thread's last vectors, fewer than UNROLL
+    Pack<T, VEC> p;
+    load(p, body + i * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[0] += to_acc<A>(p.v[j]);
+  }
+  for (long long t = lane; t < head; t += lanes) acc[0] += to_acc<A>(x[t]);
+  for (long long t = head + nvec * VEC + lane; t < n; t += lanes) acc[0] += to_acc<A>(x[t]);
+  A v = acc[0];
+#pragma unroll
+  for (int u = 1; u < UNROLL; ++u) v += acc[u];
+  finish_in_last_block<BLOCK>(out, partials, counter, block_sum_shuffle<BLOCK>(v));
 }
 
 }  // namespace cukern

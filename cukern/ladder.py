@@ -4,7 +4,8 @@
 Every rung is a complete sum: the multi-pass rungs (v1-v8) write one partial per block and are launched
 again on their own partials until one value is left; v9 and v10 finish in one launch. ``RUNGS`` is the
 ordered registry (exported as ``cukern.reduce_ladder``); each rung is callable on a CuPy array and returns a
-0-d array in the accumulator dtype (float32, or float64 for float64 input).
+0-d array in the accumulator dtype (float32, or float64 for float64 input). ``BEYOND`` (v11) is the rung past
+production that cukern does not take: v10 without its fixed tree, which measures what the tree costs.
 
 ``run_ladder`` times every rung on the same data, checks it against a float64 reference, and compares it
 with the copy bandwidth, with ``cupy.sum`` (CUB) and with the rung before; ``format_table`` prints the rows.
@@ -135,13 +136,17 @@ RUNGS = (
     Rung(7, "reduce_v7_grid_stride", "grid-stride loop, grid from the SM count", "resident"),
     Rung(8, "reduce_v8_vector_loads", "16-byte loads, scalar head and tail", "resident_vec"),
     Rung(9, "reduce_v9_last_block_done", "one launch: last block combines partials", "last_block"),
-    Rung(10, "reduce_v10_loads_in_flight", "4 independent 16-byte loads in flight (production)", "full"),
+    Rung(10, "reduce_v10_loads_in_flight", "independent 16-byte loads in flight (production)", "full"),
 )
+
+# The rung past production, which cukern does not take: v10 without its fixed tree, to measure what the tree
+# costs (the benchmark's ``cukern-no-contract`` record of the full sums). Its bits follow the grid.
+BEYOND = Rung(11, "reduce_v11_no_fixed_tree", "no fixed tree: round-robin vectors, bits follow the grid", "full")
 
 
 def instantiations() -> list:
-    """Every ladder instantiation, for every dtype the ladder accepts."""
-    out = {i for r in RUNGS for t in DTYPES for i in r.instantiations(t)}
+    """Every ladder instantiation (:data:`BEYOND`'s too), for every dtype the ladder accepts."""
+    out = {i for r in RUNGS + (BEYOND,) for t in DTYPES for i in r.instantiations(t)}
     return sorted(out, key=lambda i: (i.name, i.expression))
 
 
@@ -173,10 +178,10 @@ def run_ladder(n: int = 1 << 28, dtype="float32", *, repeat: int = 20, warmup: i
                include_references: bool = True, progress=None) -> list:
     """Run every rung on the same ``n`` random ``dtype`` values and return one dict per row:
 
-    ``rung`` ("v1".."v10", or "cub" / "cukern.sum" for the reference rows), ``name``, ``change``, ``us``
-    (median), ``gbps``, ``pct_peak`` (of the device-to-device copy), ``pct_cub`` (``cupy.sum`` time / this
-    time, in %), ``speedup`` (over the previous rung), ``value``, ``rel_error`` (against the float64
-    reference) and ``ok`` (within :func:`cukern.reference.reduction_tolerance`).
+    ``rung`` ("v1".."v10", "v11" for :data:`BEYOND`, or "cub" / "cukern.sum" for the reference rows), ``name``,
+    ``change``, ``us`` (median), ``gbps``, ``pct_peak`` (of the device-to-device copy), ``pct_cub``
+    (``cupy.sum`` time / this time, in %), ``speedup`` (over the previous rung), ``value``, ``rel_error``
+    (against the float64 reference) and ``ok`` (within :func:`cukern.reference.reduction_tolerance`).
 
     ``progress``: called as ``progress(label)`` after each row is measured (each rung, then the reference
     rows), for a progress bar (``cukern ladder`` passes its bar's ``step``).
@@ -228,6 +233,7 @@ def run_ladder(n: int = 1 << 28, dtype="float32", *, repeat: int = 20, warmup: i
         tm = time_it(rung)
         add(row(rung.label, rung.name, rung.change, rung, tm, previous))
         previous = tm.median_us
+    add(row(BEYOND.label, BEYOND.name, BEYOND.change, BEYOND, time_it(BEYOND), previous))
     if include_references:
         tm = time_it(_reduce.sum)
         add(row("cukern.sum", "reduce_full", "production op", _reduce.sum, tm, None))

@@ -294,7 +294,7 @@ def cases():
                 _convert.NONZERO: "nonzero"}[mode]
         out.append((f"convert {name} {x_t.name}->{o_t.name}", lambda x_t=x_t, o_t=o_t, mode=mode: _convert._run(
             _a((3, 50, 7), x_t)[:, ::2], _a((3, 25, 7), o_t), mode)))
-    for rung in ladder.RUNGS:
+    for rung in ladder.RUNGS + (ladder.BEYOND,):
         for t in (f32, f16, bf16, f64):
             out.append((f"ladder {rung.name} {np.dtype(t).name}", lambda r=rung, t=t: r(_a((1 << 20,), t))))
         out.append((f"ladder {rung.name} strided", lambda r=rung: r(_a((1 << 21,))[::2])))

@@ -31,17 +31,19 @@ def test_registry_is_ordered_and_named():
         assert r.label == f"v{r.number}"
     assert [r.single_launch for r in L.RUNGS][-2:] == [True, True]
     assert not any(r.single_launch for r in L.RUNGS[:-2])
+    assert L.BEYOND.number == len(L.RUNGS) + 1 and L.BEYOND not in L.RUNGS  # past production, not a rung
+    assert re.fullmatch(rf"reduce_v{L.BEYOND.number}_[a-z0-9_]+", L.BEYOND.name) and L.BEYOND.single_launch
 
 
 def test_every_rung_says_what_changed():
     src = read_source(L.SOURCE)
-    for r in L.RUNGS:
+    for r in L.RUNGS + (L.BEYOND,):
         body = _kernel_text(src, r.name)
         assert "Predicted" in body, r.name
         if r.number > 1:
             assert f"Changed from v{r.number - 1}" in body, r.name
     header = src[: src.index("#include")]
-    for r in L.RUNGS:
+    for r in L.RUNGS + (L.BEYOND,):
         assert re.search(rf"//\s+v{r.number}\s", header), f"v{r.number} missing from the file header"
 
 
@@ -60,6 +62,27 @@ def test_last_rung_is_the_production_body():
     assert "full_reduce_body" in read_source(P.SOURCE) and "reduce_v" not in read_source(P.SOURCE)
     p = P.plan_full(2**29, 4, 132)
     assert L.RUNGS[-1].grid(2**29, 4, 132) == p.grid and L.RUNGS[-1].block == p.block
+
+
+def test_rung_past_production_launches_as_production_without_the_tree():
+    """v11 differs from v10 only in its order: the same block, grid and loads in flight, no span layout."""
+    for n, size in ((2**29, 4), (2**28, 8), (2**30, 2), (1000, 4)):
+        assert L.BEYOND.grid(n, size, 132) == L.RUNGS[-1].grid(n, size, 132)
+    assert L.BEYOND.block == L.RUNGS[-1].block
+    for t in L.DTYPES:
+        (mine,), (production,) = L.BEYOND.instantiations(t), L.RUNGS[-1].instantiations(t)
+        assert mine.args == production.args
+    body = _kernel_text(read_source(L.SOURCE), L.BEYOND.name)
+    assert "full_reduce_body" not in body and "finish_in_last_block" in body
+
+
+def test_full_sums_are_benchmarked_beside_the_rung_past_production():
+    from cukern.lab import bench, reduce  # noqa: F401  (the family's lab module registers the sum cases)
+
+    sums = bench.OPS["sum"]
+    ((impl, _),) = sums.variants({"x": None, "axis": None})
+    assert impl == "cukern-no-contract"
+    assert sums.variants({"x": None, "axis": -1}) == [] and sums.variants({"x": None, "axis": 0}) == []
 
 
 def test_grids_are_pure_and_bounded():
@@ -87,8 +110,8 @@ def test_grids_are_pure_and_bounded():
 def test_instantiations_cover_every_rung_and_dtype():
     insts = L.instantiations()
     names = {i.name for i in insts}
-    assert names == {r.name for r in L.RUNGS}
-    for r in L.RUNGS:
+    assert names == {r.name for r in L.RUNGS + (L.BEYOND,)}
+    for r in L.RUNGS + (L.BEYOND,):
         for t in L.DTYPES:
             assert set(r.instantiations(t)) <= set(insts)
 
@@ -109,7 +132,7 @@ def test_every_rung_compiles_without_local_memory(arch):
 def test_vector_rungs_use_16_byte_loads(arch):
     c = compiled(L.SOURCE, arch)
     vector = re.compile(r"ld\.global\S*\.v(4\.(u32|b32|f32|s32)|2\.(u64|b64|f64|s64))")
-    for r in L.RUNGS:
+    for r in L.RUNGS + (L.BEYOND,):
         for t in (np.dtype(np.float32), BFLOAT16):
             inst = r.instantiations(t)[0]
             body = c.kernel_ptx(inst)
@@ -156,6 +179,7 @@ def test_run_ladder_reports_progress_after_each_row(monkeypatch):
         return timing.Timing(10.0, 10.0, 10.0, 10.0, 10.0, 1, kw.get("bytes_moved"))
 
     monkeypatch.setattr(L, "RUNGS", tuple(Fake(f"v{i}") for i in (1, 2, 3)))
+    monkeypatch.setattr(L, "BEYOND", Fake("v4"))
     monkeypatch.setattr(L, "make_data", lambda n, t, seed=0: np.ones(n))
     monkeypatch.setattr(L, "reference_sum", lambda x: float(x.sum()))
     monkeypatch.setattr(R, "sum", Fake("sum"))
@@ -164,10 +188,10 @@ def test_run_ladder_reports_progress_after_each_row(monkeypatch):
     pytest.importorskip("cupy")
     seen = []
     rows = L.run_ladder(64, "float32", progress=lambda label: (seen.append(label), events.append(("done", label))))
-    assert seen == [r["rung"] for r in rows] == ["v1", "v2", "v3", "cukern.sum"]  # no CUB: no cub row
+    assert seen == [r["rung"] for r in rows] == ["v1", "v2", "v3", "v4", "cukern.sum"]  # no CUB: no cub row
     assert events.index(("done", "v1")) < events.index(("time", "v2"))  # after each row, not at the end
     assert all(r["ok"] for r in rows)
-    assert L.run_ladder(64, "float32") and len(seen) == 4  # progress is optional
+    assert L.run_ladder(64, "float32") and len(seen) == 5  # progress is optional
 
 
 def test_run_ladder_rejects_bad_arguments():
@@ -190,7 +214,7 @@ def test_every_rung_sums_float32(n):
     ref = L.reference_sum(x)
     tol = reference.reduction_tolerance(n, np.float32, ref)
     first = None
-    for r in L.RUNGS:
+    for r in L.RUNGS + (L.BEYOND,):
         got = r(x)
         assert got.shape == () and got.dtype == np.float32
         assert abs(float(got) - ref) <= tol, (r.name, n, float(got), ref)
@@ -208,7 +232,7 @@ def test_every_rung_other_dtypes_and_misaligned(dtype):
     for view in (x[:n], x[1:n + 1], x[3:]):
         ref = L.reference_sum(view)
         tol = reference.reduction_tolerance(view.size, L.acc_dtype(dtype), ref)
-        for r in L.RUNGS:
+        for r in L.RUNGS + (L.BEYOND,):
             assert abs(float(r(view)) - ref) <= tol, (r.name, dtype_name(dtype))
 
 
@@ -217,8 +241,8 @@ def test_run_ladder_rows():
     seen = []
     rows = L.run_ladder(1 << 22, "float32", repeat=3, warmup=1, progress=seen.append)
     labels = [r["rung"] for r in rows]
-    assert seen == labels and labels[len(L.RUNGS)] == "cukern.sum"  # one progress call a row, in order
-    assert labels[: len(L.RUNGS)] == [r.label for r in L.RUNGS]
+    assert seen == labels and labels[len(L.RUNGS) + 1] == "cukern.sum"  # one progress call a row, in order
+    assert labels[: len(L.RUNGS) + 1] == [r.label for r in L.RUNGS + (L.BEYOND,)]
     assert all(r["ok"] for r in rows)
     assert all(r["us"] > 0 and math.isfinite(r["gbps"]) for r in rows)
     assert rows[0]["speedup"] is None and rows[1]["speedup"] is not None

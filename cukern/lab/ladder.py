@@ -1,6 +1,6 @@
 """The reduction ladder in the lab: its benchmark records (every rung on 2^28 float32 values) and one card
-per rung (``reduce_ladder.v1`` ... ``reduce_ladder.v10``), each from :mod:`cukern.ladder`'s own rungs and
-:mod:`cukern.reduce_plan`'s byte count."""
+per rung (``reduce_ladder.v1`` ... ``reduce_ladder.v10``, and ``reduce_ladder.v11`` of the rung past
+production), each from :mod:`cukern.ladder`'s own rungs and :mod:`cukern.reduce_plan`'s byte count."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ LADDER_N = 1 << 28
 
 
 def records(peak: float, n: int = LADDER_N) -> list:
-    """One results record per ladder rung (op ``reduce_ladder``, impl the rung's kernel name)."""
+    """One results record per ladder rung and :data:`cukern.ladder.BEYOND` (op ``reduce_ladder``, impl the
+    rung's kernel name)."""
     rows = ladder.run_ladder(n, "float32", include_references=False)
     return [{"op": "reduce_ladder", "impl": r["name"], "shape": [n], "dtype": "float32",
              "median_us": round(r["us"], 3), "gbps": round(r["gbps"], 1),
@@ -27,9 +28,8 @@ def records(peak: float, n: int = LADDER_N) -> list:
 bench.register_records("reduce_ladder", lambda peak, **timing: records(peak))
 
 
-def _describe(number: int):
+def _describe(rung: ladder.Rung):
     def describe(shape, dt, params, device, knobs):
-        rung = ladder.RUNGS[number - 1]
         (n,) = shape if len(shape) == 1 else (math.prod(shape),)
         a = ladder.acc_dtype(dt)
         insts = rung.instantiations(dt)  # the first pass reads the input, later ones the partials
@@ -78,6 +78,6 @@ def _describe(number: int):
     return describe
 
 
-for _rung in ladder.RUNGS:
-    card.register(card.CardSpec(f"reduce_ladder.{_rung.label}", (LADDER_N,), "float32", _describe(_rung.number), {},
+for _rung in ladder.RUNGS + (ladder.BEYOND,):
+    card.register(card.CardSpec(f"reduce_ladder.{_rung.label}", (LADDER_N,), "float32", _describe(_rung), {},
                                 "reduce_ladder", dtypes=ladder.DTYPES))

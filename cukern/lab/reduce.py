@@ -1,6 +1,7 @@
-"""Reductions in the lab: the benchmark's cases (full, row and column sums) and CuPy peer, the tuning spaces
-of the full and row kernels, and the cards of every reduction, each from the op's own rules (``TUNING`` in
-:mod:`cukern.reduce`; ``plan``, ``plan_instantiations`` and ``bytes_moved`` in :mod:`cukern.reduce_plan`)."""
+"""Reductions in the lab: the benchmark's cases (full, row and column sums), CuPy peer and the full sums'
+``cukern-no-contract`` (:data:`cukern.ladder.BEYOND`), the tuning spaces of the full and row kernels, and the
+cards of every reduction, each from the op's own rules (``TUNING`` in :mod:`cukern.reduce`; ``plan``,
+``plan_instantiations`` and ``bytes_moved`` in :mod:`cukern.reduce_plan`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import cukern.lab.card as card
 import cukern.lab.pipeline as pipeline
 import cukern.lab.tune as tune
 
-from .. import reduce, reduce_plan
+from .. import ladder, reduce, reduce_plan
 from .._dtypes import dtype_name, parse_dtype
 from .._layout import contiguous_strides
 from .bench import Case
@@ -44,8 +45,18 @@ _CASES = [Case("sum", (n,), "float32") for n in (1 << 29, 1 << 20, 1 << 24)]
 _CASES += [Case("sum", (1 << 28,), "float64"),
            Case("sum", (1 << 30,), "bfloat16"), Case("sum_rows", (32768, 16384), "float32", (("axis", -1),)),
            Case("sum_cols", (16384, 32768), "float32", (("axis", 0),))]
+
+
+def _no_contract(state) -> list:
+    """A full sum's ``cukern-no-contract``: the ladder's rung past production (v10 without the fixed tree), so
+    that a gap to a peer can be told apart as what the same-bits contract costs."""
+    if state["axis"] is not None:
+        return []
+    return [("cukern-no-contract", lambda: ladder.BEYOND(state["x"]))]
+
+
 bench.register("sum", bench.OpBench(_bench_setup, lambda s: reduce.sum(s["x"], axis=s["axis"]),
-                                    lambda s: s["x"].sum(axis=s["axis"]), _bench_bytes, _CASES))
+                                    lambda s: s["x"].sum(axis=s["axis"]), _bench_bytes, _CASES, _no_contract))
 
 
 def _bench_bytes_of(name: str):

@@ -2,7 +2,8 @@
 
 - ``.. cukern-ladder-plot::``: an SVG bar chart of every rung's % of the copy, one chart per results file
   (``bench/readme_results.CARDS``), drawn from the ``reduce_ladder`` records with no plotting library;
-- ``.. cukern-ladder-table::``: the same records as a table, beside each rung's change (``cukern.ladder.RUNGS``);
+- ``.. cukern-ladder-table::``: the same records as a table, beside each rung's change (``cukern.ladder.RUNGS``,
+  then ``cukern.ladder.BEYOND``);
 - ``.. cukern-explain:: CARD``: the six-question card of a lab card name (``python -m cukern.lab explain CARD
   --no-measure``), planned for the current GPU or, with none, for an H200 from its datasheet, with registers
   and spills from NVRTC's ptxas.
@@ -27,7 +28,7 @@ def ladder_records(doc: dict) -> list[dict]:
     import cukern.ladder as ladder
 
     by_name = {r["impl"]: r for r in doc["records"] if r["op"] == "reduce_ladder"}
-    return [by_name[r.name] for r in ladder.RUNGS if r.name in by_name]
+    return [by_name[r.name] for r in ladder.RUNGS + (ladder.BEYOND,) if r.name in by_name]
 
 
 def svg_chart(title: str, labels: list[str], values: list[float]) -> str:
@@ -93,7 +94,7 @@ class LadderTable(_Ladder):
             head += [f"µs, {readme_results.device_name(card, doc)}", "% of copy", "x the rung before"]
         rows = [head]
         per_card = {card: {r["impl"]: r for r in ladder_records(doc)} for card, doc in docs.items()}
-        for rung in ladder.RUNGS:
+        for rung in ladder.RUNGS + (ladder.BEYOND,):
             row = [rung.name, rung.change]
             for card in docs:
                 r = per_card[card].get(rung.name)
