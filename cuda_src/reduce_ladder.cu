@@ -272,13 +272,13 @@ __global__ void __launch_bounds__(BLOCK)
 template <typename T, typename A, int BLOCK, int UNROLL>
 __global__ void __launch_bounds__(BLOCK)
     reduce_v11_no_fixed_tree(A* out, A* partials, unsigned* counter, const T* x, long long n) {
-  // Changed from v10: the fixed tree is given up, the rung cukern does not take. The 16-byte vectors are
-  // dealt round-robin over the whole grid (one front sweeping memory), UNROLL of them in flight
-  // a thread, each summed in arrival order into its own accumulator; the last block adds the block partials
-  // in index order. Same block, grid and loads in flight as v10, so the difference is what the tree costs:
-  // its blocks read contiguous spans (aligned subtrees) where this rung's warps read side by side. The bits
-  // now follow the grid, hence the SM count: run to run the same, GPU to GPU not. Predicted: 1-2% over v10
-  // at 2^29 (the span probes of docs/design/reductions.md), at CUB's speed.
+  // Changed from v10: the fixed tree is given up, the rung cukern does not take. The 16-byte vectors are dealt
+  // round-robin over the whole grid (one front sweeping memory), UNROLL of them in flight a thread, each summed in
+  // arrival order into its own accumulator; the last block adds the block partials in index order. Same block, grid and
+  // loads in flight as v10, so the difference is what the tree costs: its blocks read contiguous spans (aligned
+  // subtrees) where this rung's warps read side by side. The bits now follow the grid, hence the SM count: run to run
+  // the same, GPU to GPU not. Predicted: 1-2% over v10 at 2^29 (the span probes of docs/design/reductions.md), at CUB's
+  // speed.
   constexpr int VEC = 16 / sizeof(T);
   const long long lanes = static_cast<long long>(gridDim.x) * BLOCK;
   const long long lane = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x;
