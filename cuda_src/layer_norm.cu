@@ -16,10 +16,11 @@
 //    columns per block, eight lanes of chunks each, and writes dweight and dbias.
 // 2. Input traffic: the forward reads x (and residual) once and writes out (and residual) once, weight and
 //    bias re-read from L1/L2 by every row; the backward reads dy and x (and dresidual) once and writes dx
-//    once, plus 2 * 4 * hidden bytes a chunk of partials, written and read back once. 16-byte vectors in the
-//    forward, vectors of at most four elements in the backward (two with one-row chunks: cukern/layernorm.py
-//    `backward_vec_cap`) where pointers and strides allow, element accesses otherwise, a warp's accesses
-//    contiguous. The half types' backward loads the next row of its chunk while it reduces the current one.
+//    once (its vector kernels load the weight once and hold it across their rows), plus 2 * 4 * hidden bytes
+//    a chunk of partials, written and read back once. 16-byte vectors in the forward, vectors of at most
+//    four elements in the backward (two with one-row chunks: cukern/layernorm.py `backward_vec_cap`) where
+//    pointers and strides allow, element accesses otherwise, a warp's accesses contiguous. The half types'
+//    backward loads the next row of its chunk while it reduces the current one.
 // 3. Accumulation, in float32, every step rounded once (__fadd_rn, __fmul_rn: no contraction into FMAs):
 //    * the row's mean and M2, in two passes over the row in registers: rms_norm.cu's classes (C =
 //      cukern/rmsnorm.py `tree_classes(hidden)`, element i in class i % C), each summed in index order from
@@ -281,6 +282,8 @@ struct PairSum {
 // A group walks chunk c's rows in order, so that each column's partials add the rows in row order whatever
 // the plan; every lane of a warp runs the same number of steps (rows past the end are dead, loading
 // nothing), as the shuffles need. dw_part (null without a weight) and db_part: [chunks, hidden] floats.
+// Elements are read with to_float, not through the pack's words as the forward reads them (`element`): the
+// word reads took fewer instructions here too, but the kernel ran 15% slower with them (the design note).
 template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK>
 __global__ void CUKERN_BOUNDS(BLOCK)
     layer_norm_backward_rows(T* dx, float* dw_part, float* db_part, const T* dy, const T* x, const W* weight,
@@ -294,6 +297,27 @@ __global__ void CUKERN_BOUNDS(BLOCK)
   const int slot = static_cast<int>(threadIdx.x) / TPR;
   const RowAddress dx_at{p.inner, p.dx_s0, p.dx_s1}, dy_at{p.inner, p.dy_s0, p.dy_s1};
   const RowAddress x_at{p.inner, p.x_s0, p.x_s1}, dr_at{p.inner, p.dr_s0, p.dr_s1}, st_at{p.inner, p.st_s0, p.st_s1};
+  // The weight of this thread's columns is the same for every row it walks: the four-element tiles load it
+  // once (zero past the row, or without a weight). The narrower ones (one-row chunks, views aligned for less,
+  // the element path) load it from L1 where it is used: holding it spilled their 64- and 128-register tiles.
+  constexpr bool kHoldWeight = VEC >= 4;
+  Pack<W, VEC> held[kHoldWeight ? ITEMS : 1];
+  if constexpr (kHoldWeight) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int col = (lane + k * TPR) * VEC;
+      load_or_zero(held[k], weight + col, weight != nullptr && col < p.hidden);
+    }
+  }
+  auto weight_of = [&](int k) {
+    if constexpr (kHoldWeight) {
+      return held[k];
+    } else {
+      Pack<W, VEC> w;
+      load_or_zero(w, weight + (lane + k * TPR) * VEC, weight != nullptr);
+      return w;
+    }
+  };
   int parity = 0;
   for (int first = blockIdx.x * kRowsPerBlock; first < p.chunks; first += gridDim.x * kRowsPerBlock) {
     const int chunk = first + slot;
@@ -355,12 +379,11 @@ __global__ void CUKERN_BOUNDS(BLOCK)
 #pragma unroll
         for (int k = g; k < ITEMS; k += GROUPS) {
           if (in[k]) {
-            Pack<W, VEC> w;
-            if (weight != nullptr) load(w, weight + (lane + k * TPR) * VEC);
+            const Pack<W, VEC> w = weight_of(k);
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-              const float xhat = normalized(element(a[k], j), st);
-              const float gj = weighted_dy(element(d[k], j), element(w, j), weight != nullptr);
+              const float xhat = normalized(to_float(a[k].v[j]), st);
+              const float gj = weighted_dy(to_float(d[k].v[j]), to_float(w.v[j]), weight != nullptr);
               c[j].g = __fadd_rn(c[j].g, gj);
               c[j].gx = __fadd_rn(c[j].gx, __fmul_rn(gj, xhat));
             }
@@ -380,18 +403,17 @@ __global__ void CUKERN_BOUNDS(BLOCK)
       for (int k = 0; k < ITEMS; ++k) {
         if (in[k]) {
           const int col = (lane + k * TPR) * VEC;
-          Pack<W, VEC> w;
-          if (weight != nullptr) load(w, weight + col);
+          const Pack<W, VEC> w = weight_of(k);
           Pack<T, VEC> res;
           if (drr != nullptr) load(res, drr + col);
           float f[VEC];
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            const float dyj = element(d[k], j);
-            const float xhat = normalized(element(a[k], j), st);
-            const float gj = weighted_dy(dyj, element(w, j), weight != nullptr);
+            const float dyj = to_float(d[k].v[j]);
+            const float xhat = normalized(to_float(a[k].v[j]), st);
+            const float gj = weighted_dy(dyj, to_float(w.v[j]), weight != nullptr);
             const float v = __fmul_rn(st.rstd, __fsub_rn(__fsub_rn(gj, mg), __fmul_rn(xhat, mgx)));
-            f[j] = drr != nullptr ? __fadd_rn(v, element(res, j)) : v;
+            f[j] = drr != nullptr ? __fadd_rn(v, to_float(res.v[j])) : v;
             dw[k][j] = __fadd_rn(dw[k][j], __fmul_rn(dyj, xhat));
             db[k][j] = __fadd_rn(db[k][j], dyj);
           }
