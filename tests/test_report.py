@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from cukern import rmsnorm
+from cukern._tuned import knobs_dict
 from cukern.lab import bench, card, device, report
 from cukern.lab.ladder import LADDER_N
 from cukern.lab.progress import Progress
@@ -127,7 +129,11 @@ def test_bench_records_the_heuristic_and_the_tuned_plan():
     impls = {(r["op"], r["impl"]) for r in doc["records"]}
     assert ("fused_add_rms_norm", "cukern") in impls and ("fused_add_rms_norm", "cukern-tuned") in impls
     for r in doc["records"]:
-        assert set(r) == {"op", "impl", "shape", "dtype", "median_us", "gbps", "pct_of_peak"}
+        tuned = r["impl"] == "cukern-tuned"
+        keys = {"op", "impl", "shape", "dtype", "median_us", "gbps", "pct_of_peak"}
+        assert set(r) == (keys | {"knobs"} if tuned else keys)
+        if tuned:
+            assert set(r["knobs"]) == set(knobs_dict(rmsnorm.DEFAULT_KNOBS))
 
 
 @pytest.mark.gpu

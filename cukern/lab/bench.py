@@ -109,15 +109,16 @@ def load_peers():
 
 
 def _tuned_impl(case: Case, repeat: int, warmup: int):
-    """``("cukern-tuned", fn)`` for a case whose op has a tuning space: the case is tuned first (the winner
-    goes to the user's tuning cache), ``fn`` launches with the winning knobs on the tunable's own inputs.
-    None for ops without one."""
+    """``("cukern-tuned", fn, knobs)`` for a case whose op has a tuning space: the case is tuned first (the
+    winner goes to the user's tuning cache), ``fn`` launches with the winning knobs (``knobs``, as a dict) on
+    the tunable's own inputs. None for ops without one."""
     found = tuner.tunable_for_case(case)
     if found is None:
         return None
     tunable, shape = found
     result = tuner.tune(tunable.op, shape, case.dtype, repeat=max(repeat // 2, 10), warmup=warmup, progress=False)
-    return "cukern-tuned", tunable.run(tunable.setup(shape, parse_dtype(case.dtype)), result.knobs)
+    fn = tunable.run(tunable.setup(shape, parse_dtype(case.dtype)), result.knobs)
+    return "cukern-tuned", fn, _tuned.knobs_dict(result.knobs)
 
 
 def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, progress=None,
@@ -126,7 +127,8 @@ def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, pr
     return the results document.
 
     ``cukern`` is the heuristic plan (the tuning cache is ignored while it is timed); with ``tune``, ops
-    that have a tuning space are tuned for each case and also timed as ``cukern-tuned``. A progress bar
+    that have a tuning space are tuned for each case and also timed as ``cukern-tuned``, whose record
+    names the winning ``knobs``. A progress bar
     runs on stderr when it is a terminal; ``progress(record)`` is called after each record."""
     import cupy
 
@@ -144,8 +146,10 @@ def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, pr
         if b.variants is not None:
             impls[1:1] = b.variants(state)
         tuned = _tuned_impl(case, repeat, warmup) if tune else None
+        knobs = {}
         if tuned is not None:
-            impls.insert(1, tuned)
+            impls.insert(1, tuned[:2])
+            knobs[tuned[0]] = tuned[2]
         if extra is not None:
             impls += [(name, fn) for name, fn in extra.peers(case)]
         for impl, fn in impls:
@@ -165,6 +169,7 @@ def run(ops=None, *, repeat: int = 100, warmup: int = 10, peers: bool = True, pr
                 "op": case.op, "impl": impl, "shape": list(case.shape), "dtype": case.dtype,
                 "median_us": round(t.median_us, 3), "gbps": round(gbps, 1),
                 "pct_of_peak": round(100 * gbps / peak, 1),
+                **({"knobs": knobs[impl]} if impl in knobs else {}),
             })
             if progress:
                 bar.clear()
