@@ -15,12 +15,13 @@
 //    partial row of dweight and of dbias per chunk; layer_norm_param_grads then sums the partials of 32
 //    columns per block, eight lanes of chunks each, and writes dweight and dbias.
 // 2. Input traffic: the forward reads x (and residual) once and writes out (and residual) once, weight and
-//    bias re-read from L1/L2 by every row; the backward reads dy and x (and dresidual) once and writes dx
-//    once (its vector kernels load the weight once and hold it across their rows), plus 2 * 4 * hidden bytes
-//    a chunk of partials, written and read back once. 16-byte vectors in the forward, vectors of at most
-//    four elements in the backward (two with one-row chunks: cukern/layernorm.py `backward_vec_cap`) where
-//    pointers and strides allow, element accesses otherwise, a warp's accesses contiguous. The half types'
-//    backward loads the next row of its chunk while it reduces the current one.
+//    bias re-read from L1/L2 by every row (loaded with the row where the grid is one wave: HOLD); the
+//    backward reads dy and x (and dresidual) once and writes dx once (its vector kernels load the weight once
+//    and hold it across their rows), plus 2 * 4 * hidden bytes a chunk of partials, written and read back
+//    once. 16-byte vectors in the forward, vectors of at most four elements in the backward (two with one-row
+//    chunks: cukern/layernorm.py `backward_vec_cap`) where pointers and strides allow, element accesses
+//    otherwise, a warp's accesses contiguous. The half types' backward loads the next row of its chunk while
+//    it reduces the current one.
 // 3. Accumulation, in float32, every step rounded once (__fadd_rn, __fmul_rn: no contraction into FMAs):
 //    * the row's mean and M2, in two passes over the row in registers: rms_norm.cu's classes (C =
 //      cukern/rmsnorm.py `tree_classes(hidden)`, element i in class i % C), each summed in index order from
@@ -157,17 +158,25 @@ template <typename T, int VEC> __device__ __forceinline__ void load_or_zero(Pack
 // A row's output, ((x - mean) * rstd) * weight + bias, each step rounded in float32, then once to T. Without a
 // weight the product by 1 is left out (it is exact); without a bias the add of -0 (the exact identity, which
 // keeps a -0 as it is). One instance for each of the four cases, so that every element's steps are
-// straight-line code (no select or branch an element).
-template <bool WEIGHTED, bool BIASED, int TPR, typename T, typename W, int VEC, int ITEMS>
+// straight-line code (no select or branch an element). HOLD: the weight and bias were loaded with the row
+// (`wh`, `bh`); otherwise they are loaded here.
+template <bool WEIGHTED, bool BIASED, int TPR, bool HOLD, typename T, typename W, int VEC, int ITEMS, int HELD>
 __device__ __forceinline__ void store_normalized(T* orow, const Pack<T, VEC> (&a)[ITEMS], const bool (&in)[ITEMS],
-                                                 RowStats st, const W* weight, const W* bias, int lane) {
+                                                 RowStats st, const W* weight, const W* bias,
+                                                 const Pack<W, VEC> (&wh)[HELD], const Pack<W, VEC> (&bh)[HELD],
+                                                 int lane) {
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
     if (in[k]) {
       const int col = (lane + k * TPR) * VEC;
       Pack<W, VEC> w, b;
-      if constexpr (WEIGHTED) load(w, weight + col);
-      if constexpr (BIASED) load(b, bias + col);
+      if constexpr (HOLD) {
+        w = wh[k];
+        b = bh[k];
+      } else {
+        if constexpr (WEIGHTED) load(w, weight + col);
+        if constexpr (BIASED) load(b, bias + col);
+      }
       float f[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -182,7 +191,7 @@ __device__ __forceinline__ void store_normalized(T* orow, const Pack<T, VEC> (&a
   }
 }
 
-template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK, bool FUSED>
+template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK, bool FUSED, bool HOLD>
 __device__ __forceinline__ void layer_norm_rows_impl(T* out, T* residual, float* mean_out, float* rstd_out,
                                                      const T* x, const W* weight, const W* bias,
                                                      const LayerNormParams& p) {
@@ -221,6 +230,16 @@ __device__ __forceinline__ void layer_norm_rows_impl(T* out, T* residual, float*
         }
       }
     }
+    // HOLD (a grid of one wave, cukern/layernorm.py `holds_params`): the weight and bias are loaded with the
+    // row, so that their latency passes during the statistics; there is no other block's work to hide it.
+    Pack<W, VEC> wh[HOLD ? ITEMS : 1], bh[HOLD ? ITEMS : 1];
+    if constexpr (HOLD) {
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        load_or_zero(wh[k], weight + (lane + k * TPR) * VEC, in[k] && weight != nullptr && out != nullptr);
+        load_or_zero(bh[k], bias + (lane + k * TPR) * VEC, in[k] && bias != nullptr && out != nullptr);
+      }
+    }
     const RowStats st = row_stats<T, VEC, TPR, GROUPS, ITEMS, BLOCK>(a, in, p.hidden, p.eps, scratch, parity);
     parity ^= 1;
     if (mean_out != nullptr && live && lane == 0) {
@@ -231,14 +250,14 @@ __device__ __forceinline__ void layer_norm_rows_impl(T* out, T* residual, float*
       T* orow = out + out_at(at);
       if (weight != nullptr) {
         if (bias != nullptr) {
-          store_normalized<true, true, TPR>(orow, a, in, st, weight, bias, lane);
+          store_normalized<true, true, TPR, HOLD>(orow, a, in, st, weight, bias, wh, bh, lane);
         } else {
-          store_normalized<true, false, TPR>(orow, a, in, st, weight, bias, lane);
+          store_normalized<true, false, TPR, HOLD>(orow, a, in, st, weight, bias, wh, bh, lane);
         }
       } else if (bias != nullptr) {
-        store_normalized<false, true, TPR>(orow, a, in, st, weight, bias, lane);
+        store_normalized<false, true, TPR, HOLD>(orow, a, in, st, weight, bias, wh, bh, lane);
       } else {
-        store_normalized<false, false, TPR>(orow, a, in, st, weight, bias, lane);
+        store_normalized<false, false, TPR, HOLD>(orow, a, in, st, weight, bias, wh, bh, lane);
       }
     }
   }
@@ -248,19 +267,20 @@ __device__ __forceinline__ void layer_norm_rows_impl(T* out, T* residual, float*
 // The forward kernels state one resident block: with the block size alone, ptxas gave the 512-thread element
 // path 39 registers on sm_90 and spilled 8 bytes around the division's slow-path call (48 registers, none
 // spilled, with the count stated).
-template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK>
+template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK, bool HOLD>
 __global__ void __launch_bounds__(BLOCK, 1)
     layer_norm_rows(T* out, float* mean, float* rstd, const T* x, const W* weight, const W* bias,
                     const __grid_constant__ LayerNormParams p) {
-  layer_norm_rows_impl<T, W, VEC, TPR, GROUPS, ITEMS, BLOCK, false>(out, nullptr, mean, rstd, x, weight, bias, p);
+  layer_norm_rows_impl<T, W, VEC, TPR, GROUPS, ITEMS, BLOCK, false, HOLD>(out, nullptr, mean, rstd, x, weight, bias,
+                                                                          p);
 }
 
 template <typename T, typename W, int VEC, int TPR, int GROUPS, int ITEMS, int BLOCK>
 __global__ void __launch_bounds__(BLOCK, 1)
     fused_add_layer_norm_rows(T* out, T* residual, const T* x, const W* weight, const W* bias,
                               const __grid_constant__ LayerNormParams p) {
-  layer_norm_rows_impl<T, W, VEC, TPR, GROUPS, ITEMS, BLOCK, true>(out, residual, nullptr, nullptr, x, weight, bias,
-                                                                   p);
+  layer_norm_rows_impl<T, W, VEC, TPR, GROUPS, ITEMS, BLOCK, true, false>(out, residual, nullptr, nullptr, x, weight,
+                                                                          bias, p);
 }
 
 // The backward's two row sums, reduced together: one pass through the tree (and one barrier) for both.

@@ -2,6 +2,7 @@
 machine code's roundings on the CPU; bits against the emulators, float64 closeness, layouts, batch
 invariance and empty inputs on the GPU (argument checks: tests/_record_launches.py's bad cases)."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -40,8 +41,23 @@ def test_plan_refuses_rows_past_the_limit():
 def test_plan_tile_is_independent_of_row_count():
     for kernel in ("forward", "backward"):
         for hidden in (7, 128, 4096, 8192):
-            insts = {layernorm.plan(kernel, hidden, rows, 1, 2).instantiation(F32, F32) for rows in (1, 3, 257, 10**7)}
-            assert len(insts) == 1
+            tiles = {dataclasses.replace(layernorm.plan(kernel, hidden, rows, 1, 2).tile, rows=0, grid=0)
+                     for rows in (1, 3, 257, 10**7)}
+            assert len(tiles) == 1
+
+
+def test_forward_holds_the_parameters_only_in_a_grid_of_one_wave():
+    """The one row-count-dependent choice of the forward: where the weight and bias are loaded (no bit moves)."""
+    for sm_count in (132, 78):
+        for rows in (1, 256, 1000, 1056, 1057, 4096, 16384):
+            p = layernorm.plan("forward", 4096, rows, 8, 2, sm_count)
+            assert p.hold == (p.grid * p.tile.block <= sm_count * layernorm.ONE_WAVE_THREADS)
+            assert p.instantiation(BFLOAT16, BFLOAT16).args[-1] is p.hold
+        assert layernorm.plan("forward", 4096, 256, 8, 2, sm_count).hold
+        assert not layernorm.plan("forward", 4096, 16384, 8, 2, sm_count).hold
+    assert not any(layernorm.plan(k, 4096, 1, 8, 2).hold for k in ("fused", "backward"))
+    held = {i.args[-1] for i in layernorm.instantiations() if i.name == "layer_norm_rows"}
+    assert held == {True, False}
 
 
 @pytest.mark.parametrize("rows", [1, 2, 511, 512, 513, 1000, 16384, 10**6, 2**31])

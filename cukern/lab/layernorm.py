@@ -120,7 +120,15 @@ def _describe(op: str):
         classes = rmsnorm.tree_classes(hidden)
         order = (f"element i in class i % {classes}, each class in index order, the {classes} class sums "
                  "pairwise, neighbours first: the sum (the mean: it over hidden), then the squares of x - mean")
-        re_read = [f"weight and bias ({fits_l2(2 * hidden * size, device)}) by every row: from L1/L2"]
+        params = f"weight and bias ({fits_l2(2 * hidden * size, device)})"
+        if kind == "backward":
+            params = (f"weight ({fits_l2(hidden * size, device)}) once a thread, held across its chunks' rows"
+                      if t.vec >= 4 else f"weight ({fits_l2(hidden * size, device)}) by every row: from L1/L2")
+        elif p.hold:
+            params += " by every row, with the row, before the statistics (a grid of one wave): from L1/L2"
+        else:
+            params += " by every row, after the statistics: from L1/L2"
+        re_read = [params]
         if kind == "backward":
             written = n * size + 2 * hidden * size
             partials = 2 * 4 * p.chunks * hidden
