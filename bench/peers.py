@@ -267,7 +267,7 @@ def _torch_rms_norm_backward(torch, case, dt):
 
     compiled = torch.compile(formula)
     xd, wd = x.detach(), w.detach()
-    out.append(("torch-compile", lambda: compiled(dy, xd, wd)))
+    out.append(("torch.compile", lambda: compiled(dy, xd, wd)))
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     except ImportError:
