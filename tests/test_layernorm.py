@@ -234,6 +234,31 @@ def test_forward_bits_are_the_emulators(dtype, wdtype, hidden, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", [7, 128, 989, 4096, 8192])
+def test_forward_bits_on_both_sides_of_one_wave(dtype, hidden, rng):
+    """The grids past one wave load the weight and bias after the statistics, those within it with the row
+    (``Plan.hold``): the emulator's bits either way, and a row's bits the same in both."""
+    import cupy as cp
+
+    from cukern._launch import sm_count
+
+    sms = sm_count(cp.cuda.Device().id)
+    vec = rmsnorm.widest_vector(hidden, dtype.itemsize)
+    rows = 1
+    while layernorm.plan("forward", hidden, rows, vec, dtype.itemsize, sms).hold:
+        rows *= 2
+    assert layernorm.plan("forward", hidden, 3, vec, dtype.itemsize, sms).hold
+    x = _gpu(cp, rng, (rows, hidden), dtype)
+    w, b = _gpu(cp, rng, hidden, dtype, 1.0), _gpu(cp, rng, hidden, dtype, 0.0)
+    for weight, bias in ((w, b), (w, None), (None, b), (None, None)):
+        full = layernorm.layer_norm(x, weight, bias)
+        ends = cp.concatenate([x[:3], x[-3:]])  # a row's bits are its own: the ends stand for every row
+        _same_bits(cp.concatenate([full[:3], full[-3:]]), reference.layer_norm_emulated(ends, weight, bias))
+        _same_bits(layernorm.layer_norm(x[:3], weight, bias), full[:3].get())
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype,wdtype", WEIGHTS, ids=str)
 @pytest.mark.parametrize("hidden", HIDDEN)
 def test_backward_bits_are_the_emulators(dtype, wdtype, hidden, rng):
