@@ -51,9 +51,10 @@ MAX_CHUNKS = 512  # of dweight's and dbias's partial rows (see chunk_rows)
 # bits do not change.
 BACKWARD_MAX_VEC = 4
 PARAM_LANES = 8  # chunk lanes of a layer_norm_param_grads block (kParamLanes in the .cu)
-# Threads an SM in one wave of the forward (eight 128-thread blocks at its 64 registers): a grid of at most
-# that many loads the weight and bias with the row (see holds_params).
-ONE_WAVE_THREADS = 1024
+# Threads an SM in one wave of the forward's held kernels (they take up to 128 registers a thread, so an SM
+# keeps 512 of their threads): a grid of at most that many loads the weight and bias with the row (see
+# holds_params).
+ONE_WAVE_THREADS = 512
 
 PARAMS = Params((("rows", "i64"), ("inner", "i64"), ("out_s0", "i64"), ("out_s1", "i64"), ("res_s0", "i64"),
                  ("res_s1", "i64"), ("x_s0", "i64"), ("x_s1", "i64"), ("st_s0", "i64"), ("st_s1", "i64"),
