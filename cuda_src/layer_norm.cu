@@ -13,7 +13,7 @@
 //    rows (a grid-stride loop when capped). The backward's group owns a chunk of R consecutive rows (R from
 //    the row count alone: cukern/layernorm.py `chunk_rows`) and walks it in row order, writing one float32
 //    partial row of dweight and of dbias per chunk; layer_norm_param_grads then sums the partials of 32
-//    columns per block, eight lanes of chunks each, and writes dweight and dbias.
+//    columns per block, 32 lanes of chunks each, and writes dweight and dbias.
 // 2. Input traffic: the forward reads x (and residual) once and writes out (and residual) once, weight and
 //    bias re-read from L1/L2 by every row (loaded with the row where the grid is one wave: HOLD); the
 //    backward reads dy and x (and dresidual) once and writes dx once (its vector kernels load the weight once
@@ -465,8 +465,11 @@ __global__ void CUKERN_BOUNDS(BLOCK)
 // 32 columns by LANES lanes; lane y takes the aligned subtree of leaves [y * leaves / LANES, ...) eight
 // loads at a time (the eight a tree of their own), merging those subtrees in a stack like a binary counter
 // (common/reduce.cuh tree_push); the LANES subtrees then meet in shared memory, in order.
-constexpr int kParamLanes = 8;
-constexpr int kParamLevels = 5;  // a stack a thread: 512 chunks at most, 64 leaves a lane, 8 pushes of 8
+// Lanes: 32, so that a lane's subtree is one or two loads of eight (512 chunks at most, 16 leaves a lane):
+// the kernel waits on memory once or twice a gradient, not eight times as with 8 lanes. The tree is the same
+// perfect tree whatever the lanes: only its padding with -0 grows, which adds exactly.
+constexpr int kParamLanes = 32;
+constexpr int kParamLevels = 3;  // a stack a thread for up to 7 pushes of 8 (2 at most); odd: no bank conflicts
 
 struct ParamGradsParams {
   long long hidden;  // a partial row's length, which scales a chunk's 64-bit offset

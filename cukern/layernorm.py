@@ -50,7 +50,7 @@ MAX_CHUNKS = 512  # of dweight's and dbias's partial rows (see chunk_rows)
 # vectors. Plan choices (docs/design/layer_norm.md, "Speed"): every plan splits the same class tree, so the
 # bits do not change.
 BACKWARD_MAX_VEC = 4
-PARAM_LANES = 8  # chunk lanes of a layer_norm_param_grads block (kParamLanes in the .cu)
+PARAM_LANES = 32  # chunk lanes of a layer_norm_param_grads block (kParamLanes in the .cu)
 # Threads an SM in one wave of the forward's held kernels (they take up to 128 registers a thread, so an SM
 # keeps 512 of their threads): a grid of at most that many loads the weight and bias with the row (see
 # holds_params).

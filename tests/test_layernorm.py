@@ -68,8 +68,32 @@ def test_chunks_depend_on_the_row_count_only(rows):
     assert r == 1 or math.ceil(rows / (r // 2)) > layernorm.MAX_CHUNKS  # the least such power of two
     leaves = layernorm.tree_leaves(chunks)
     assert leaves >= max(chunks, 8 * layernorm.PARAM_LANES) and leaves & (leaves - 1) == 0
-    # layer_norm_param_grads' stack holds 5 levels a thread: leaves / lanes / 8 pushes at most 16
-    assert leaves // layernorm.PARAM_LANES // 8 <= 16
+    # layer_norm_param_grads' stack holds 3 levels a thread: leaves / lanes / 8 pushes at most 7
+    assert leaves // layernorm.PARAM_LANES // 8 <= 7
+
+
+def _param_grads_split(partials):
+    """layer_norm_param_grads' split of the chunk tree: PARAM_LANES lanes, each the perfect tree over its
+    aligned tree_leaves / PARAM_LANES leaves (batches of eight, merged as a binary counter), then the lanes'
+    subtrees pairwise in order."""
+    chunks = partials.shape[0]
+    leaves = layernorm.tree_leaves(chunks)
+    t = np.full((leaves,) + partials.shape[1:], -0.0, np.float32)
+    t[:chunks] = partials
+    span = leaves // layernorm.PARAM_LANES  # a power of two: column_tree_emulated pads nothing within a lane
+    lanes = t.reshape(layernorm.PARAM_LANES, span, -1)
+    return reference.column_tree_emulated(np.stack([reference.column_tree_emulated(lane) for lane in lanes]))
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3, 64, 255, 256, 257, 512])
+def test_param_grads_lanes_split_the_one_tree(chunks):
+    """However many lanes share the chunks, the tree is the emulator's: the padding with -0 is exact."""
+    rng = np.random.default_rng(chunks)
+    p = (rng.standard_normal((chunks, 37)) * 10.0 ** rng.integers(-3, 4, (chunks, 37))).astype(np.float32)
+    p[:, :3] = -0.0  # columns of -0 only: their sum must stay -0
+    want = reference.column_tree_emulated(p)
+    assert np.signbit(want[:3]).all()
+    assert same_bits(_param_grads_split(p), want)
 
 
 def test_backward_grid_covers_the_chunks():
