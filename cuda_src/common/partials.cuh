@@ -34,7 +34,7 @@ constexpr int kPartialLevels = 17;
 template <typename W>
 __global__ void __launch_bounds__(kPartialBlock)
     column_tree(W* out, const float* partials, long long out_stride, int cols, unsigned leaves, unsigned per_lane) {
-  constexpr int kBatch = 8;
+  constexpr int kBatch = 16;  // one round of loads for up to 256 leaves (16 lanes), where 8 took two
   __shared__ float levels[kPartialBlock * (kPartialLevels + 2)];
   __shared__ float subtree[kPartialLanes][kPartialCols];
   const int cx = static_cast<int>(threadIdx.x) % kPartialCols;
