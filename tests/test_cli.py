@@ -357,8 +357,9 @@ def test_tune_without_gpu_says_so():
         tune("rms_norm", (16, 4096), "bfloat16")
 
 
-def test_results_file_has_the_documented_form():
-    path = Path(__file__).resolve().parent.parent / "bench" / "results" / "h200.json"
+@pytest.mark.parametrize("card", ["h200", "h100"])
+def test_results_file_has_the_documented_form(card):
+    path = Path(__file__).resolve().parent.parent / "bench" / "results" / f"{card}.json"
     if not path.exists():
         pytest.skip("no results file yet")
     doc = json.loads(path.read_text())
@@ -366,6 +367,8 @@ def test_results_file_has_the_documented_form():
     for r in doc["records"]:
         if r["op"].startswith("host_overhead"):  # host time only: no bytes
             assert set(r) == {"op", "impl", "shape", "dtype", "median_us"}
+        elif r["impl"] == "cukern-tuned":  # names the knobs the tuner chose
+            assert set(r) == {"op", "impl", "shape", "dtype", "median_us", "gbps", "pct_of_peak", "knobs"}
         else:
             assert set(r) == {"op", "impl", "shape", "dtype", "median_us", "gbps", "pct_of_peak"}
 
