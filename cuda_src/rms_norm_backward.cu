@@ -146,6 +146,9 @@ __global__ void __launch_bounds__(BLOCK, before_sm90_min_blocks(backward_min_blo
         if (has_weight) load(w[k], weight + (lane + k * TPR) * VEC);
       }
     }
+    // A given rstd is loaded with the row, so that its latency passes with the row's; loaded after the sums
+    // (where it is used) it was a second round trip to memory on every row's path.
+    const float given = has_rstd && live ? rstd[rs_at(at)] : 0.f;
     float sq[GROUPS][VEC], dot[GROUPS][VEC];
 #pragma unroll
     for (int g = 0; g < GROUPS; ++g) {
@@ -174,7 +177,7 @@ __global__ void __launch_bounds__(BLOCK, before_sm90_min_blocks(backward_min_blo
     row_sums<TPR, BLOCK>(sp, dp, !has_rstd, scratch, parity, ss, s);
     parity ^= 1;
     if (!live) continue;
-    const float r = has_rstd ? rstd[rs_at(at)] : inverse_rms(ss, hidden, p.eps);
+    const float r = has_rstd ? given : inverse_rms(ss, hidden, p.eps);
     const float m = __fdiv_rn(__fmul_rn(s, r), static_cast<float>(hidden));
 
     T* dxr = dx + dx_at(at);
