@@ -28,7 +28,7 @@ def test_every_instantiation_compiles_without_spills_and_vectorizes(arch):
     c = compiled(P.SOURCE, arch)
     res = c.resources()
     insts = checked_instantiations(P.SOURCE)
-    assert len(c.lowered) == len(insts) > len(P.instantiations()) / 8
+    assert len(c.lowered) == len(insts) > len(P.instantiations()) / 10  # the sample: tests/_support.py
     assert ".local" not in c.ptx
     wide = re.compile(r"ld\.global\S*\.v(4\.(u32|b32|f32|s32)|2\.(u64|b64|f64|s64))")
     checked = 0
