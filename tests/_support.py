@@ -87,7 +87,7 @@ def checked_instantiations(source: str, every: bool | None = None) -> list:
     of four chains a thread, the same templates as their twins compiled and inspected here (32-bit row indices,
     one chain a thread) with another index type or chain count; without it, a covering :func:`_sample` of
     those for the families past :data:`SAMPLED_PAST` instantiations (every dtype, operation and tuning value,
-    and the reductions' and scans' result dtype with each operation: about a sixth of their instantiations).
+    and the reductions' and scans' result dtype with each operation: a sixth or less of their instantiations).
     .ci/run compiles every instantiation, those included, to machine code for sm_80, sm_90, sm_100 and sm_120
     with no local memory."""
     return _checked(source, EVERY if every is None else every)
