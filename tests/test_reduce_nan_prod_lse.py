@@ -439,6 +439,7 @@ class _LseTree:
             s = t(s + tree._exp_nonpositive(np.asarray([t(v) - m], self.a))[0])
         return (m, s)
 
+    merge = __call__
     pairs, lanes, block, stack = _Tree.pairs, _Tree.lanes, _Tree.block, _Tree.stack
 
 
@@ -471,6 +472,7 @@ class _VarTree:
                 m2 = t(m2 + t(t(v) - mean) * t(t(v) - mean))
         return (t(len(values)), mean, m2)
 
+    merge = __call__
     pairs, lanes, block, stack = _Tree.pairs, _Tree.lanes, _Tree.block, _Tree.stack
 
 
