@@ -32,6 +32,8 @@ def _elements(a) -> tuple:
 
 
 CHAINS, CHAIN_LENGTH, LEAF = P.TREE_CHAINS, P.TREE_CHAIN_LENGTH, P.TREE_LEAF
+# The error state of every combine: an overflow to infinity and inf - inf are values the kernels make too.
+QUIET = {"invalid": "ignore", "over": "ignore"}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -54,8 +56,8 @@ class _Tree:
     """One op's combine and identity in the accumulator dtype ``a``, applied as reduce.cu applies them,
     and the kernels' building blocks (common/reduce.cuh) on Python lists of values. ``combine`` is the
     reference's (array) combine, for the emulator; a call combines two scalars (max and min by _extreme).
-    The building blocks enter NumPy's error state once and combine with :meth:`merge`: entering it a
-    combine took two thirds of the simulations' time."""
+    The building blocks enter NumPy's error state once and combine with :meth:`merge`: entering it for
+    each combine took two thirds of a combine's time."""
 
     larger = None  # max: True, min: False (_extreme), else the combine itself
 
@@ -66,7 +68,7 @@ class _Tree:
         self.larger = {P.OP_MAX: True, P.OP_MIN: False}.get(op)
 
     def __call__(self, a, b):
-        with np.errstate(invalid="ignore", over="ignore"):
+        with np.errstate(**QUIET):
             return self.merge(a, b)
 
     def merge(self, a, b):
@@ -80,7 +82,7 @@ class _Tree:
         """A chain's value from its present elements (m order): added one after another into the identity
         (absent elements, the identity, would change nothing)."""
         acc = self.identity
-        with np.errstate(invalid="ignore", over="ignore"):
+        with np.errstate(**QUIET):
             for v in values:
                 acc = self.merge(acc, v)
         return acc
@@ -89,7 +91,7 @@ class _Tree:
         """tree_reduce over a power-of-two count, or the tree over any count padded with the identity."""
         values = list(values)
         values += [self.identity] * ((1 << (len(values) - 1).bit_length()) - len(values))
-        with np.errstate(invalid="ignore", over="ignore"):
+        with np.errstate(**QUIET):
             while len(values) > 1:
                 values = [self.merge(values[i], values[i + 1]) for i in range(0, len(values), 2)]
         return values[0]
@@ -98,7 +100,7 @@ class _Tree:
         """group_tree_reduce over aligned groups of ``width`` lanes: each lane combines its own value with
         its partner's; every lane of a group must end with the same bits (the combine is commutative)."""
         m = 1
-        with np.errstate(invalid="ignore", over="ignore"):
+        with np.errstate(**QUIET):
             while m < width:
                 values = [self.merge(values[lane], values[lane ^ m]) for lane in range(len(values))]
                 m *= 2
@@ -115,7 +117,7 @@ class _Tree:
     def stack(self, values):
         """tree_push of values 0, 1, ... then tree_result(count)."""
         level = {}
-        with np.errstate(invalid="ignore", over="ignore"):
+        with np.errstate(**QUIET):
             for k, v in enumerate(values):
                 lev = 0
                 while (k >> lev) & 1:
