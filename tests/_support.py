@@ -148,11 +148,11 @@ def prefetch(sources) -> None:
     """Start compiling every family in ``sources`` for every arch in :data:`ARCHS` in worker processes, one
     per core, longest source first: NVRTC is most of the suite's time and keeps one core busy, and its time
     follows the code a family instantiates more than how many times (the scans' 24 took 19 s, the ladder's
-    44 took 3.5 s). The conftest
-    calls this for the sources the selected tests name with ``@pytest.mark.nvrtc(...)``. Workers are
-    spawned, not forked: the test process may hold a CUDA context, which a child must not inherit. They run
-    at a lower priority (nice 10) than the tests: the tests that compile nothing are the longest serial
-    chain, and run last otherwise, with a core idle (on two cores 127 s against 110 s)."""
+    44 took 3.5 s). The conftest calls this for the sources the selected tests name with
+    ``@pytest.mark.nvrtc(...)``. Workers are spawned, not forked: the test process may hold a CUDA context,
+    which a child must not inherit. They run at a lower priority (nice 10) than the tests: the tests that
+    compile nothing are the longest serial chain, and run last otherwise, with a core idle (on two cores
+    127 s against 110 s)."""
     global _pool
     todo = [(s, a) for s in dict.fromkeys(sources) for a in ARCHS if (s, a) not in _started]
     jobs = sum(_parts(s, EVERY) for s, _ in todo)
