@@ -10,10 +10,10 @@
 // The six questions (cukern/lab/rmsnorm_backward.py keeps the same answers as data, for `explain` and the
 // bench):
 // 1. Output tile: rows are cut into chunks of R consecutive rows, R = cukern/rmsnorm_backward.py
-//    `chunk_rows(rows)`, a function of the row count alone. One group of TPR threads owns one chunk and walks
-//    its rows in order; TPR and the thread's share of a row are rms_norm.cu's rows-kernel layout (TPR <= 32
-//    packs G = BLOCK / TPR chunks into a block; TPR = BLOCK, one chunk a block). The grid covers the chunks
-//    once. column_tree (common/partials.cuh) then owns 32 columns of dweight a block.
+//    `chunk_rows(rows, hidden)`, a function of the row count and hidden alone. One group of TPR threads owns
+//    one chunk and walks its rows in order; TPR and the thread's share of a row are rms_norm.cu's rows-kernel
+//    layout (TPR <= 32 packs G = BLOCK / TPR chunks into a block; TPR = BLOCK, one chunk a block). The grid
+//    covers the chunks once. column_tree (common/partials.cuh) then owns 32 columns of dweight a block.
 // 2. Input traffic: dy and x (and dresidual, rstd) read once, dx written once, with 16-byte accesses when
 //    pointers and strides allow, a warp's accesses contiguous; weight re-read by every row from L1/L2. dweight
 //    costs one float32 partial row a block, written once and read once by column_tree (4 / (R * G) bytes an
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(BLOCK, before_sm90_min_blocks(backward_min_blo
       }
     }
     // A given rstd is loaded with the row, so that its latency passes with the row's; loaded after the sums
-    // (where it is used) it was a second round trip to memory on every row's path.
+    // (where it is used), it made a chunk's first row wait on memory twice (the later rows find its line in L1).
     const float given = has_rstd && live ? rstd[rs_at(at)] : 0.f;
     float sq[GROUPS][VEC], dot[GROUPS][VEC];
 #pragma unroll

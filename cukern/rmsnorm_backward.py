@@ -40,6 +40,7 @@ from ._typing import DeviceArray
 
 SOURCE = "rms_norm_backward"
 MIN_CHUNKS, CHUNK_ELEMENTS = 512, 1 << 21  # chunk_rows' targets (see there)
+PAIR_ROWS, PAIR_ELEMENTS = 256, 1 << 19  # above both, two-row chunks where the targets give one (chunk_rows)
 PARTIAL_LANES, PARTIAL_COLS = 16, 32  # common/partials.cuh kPartialLanes, kPartialCols
 MAX_LEAVES_PER_LANE = 1 << 16  # common/partials.cuh kPartialLevels
 _F32 = np.dtype(np.float32)
@@ -66,8 +67,14 @@ def chunk_rows(rows: int, hidden: int) -> int:
     :func:`target_chunks` chunks. A function of the row count and hidden alone (never of the grid, the
     alignment, the SM count or the GPU), so dweight's summation order, and its bits, are too. At [16384, 4096]
     512 chunks of 32 rows fill an H100 or H200 with a block each while the partial rows stay small beside dy,
-    x and dx."""
-    return _pow2_at_least(math.ceil(rows / target_chunks(hidden)))
+    x and dx.
+
+    Where that gives one-row chunks to more than :data:`PAIR_ROWS` rows of more than :data:`PAIR_ELEMENTS`
+    elements in all, chunks take two rows: half the partial rows to write and read back, for the same bits,
+    since a two-row chunk's sum ``(-0 + a) + b`` is ``a + b``, the first level of the tree over one-row
+    chunks."""
+    r = _pow2_at_least(math.ceil(rows / target_chunks(hidden)))
+    return 2 if r == 1 and rows > PAIR_ROWS and rows * hidden > PAIR_ELEMENTS else r
 
 
 def leaves_per_lane(leaves: int) -> int:

@@ -24,9 +24,11 @@ WEIGHTS = [(d, d) for d in DTYPES] + [(F16, F32), (BFLOAT16, F32)]
 @pytest.mark.parametrize("hidden", [8, 128, 989, 4096, 8192])
 def test_chunks_depend_on_rows_and_hidden_only(rows, hidden):
     r = rmsnorm_backward.chunk_rows(rows, hidden)
+    paired = rows > rmsnorm_backward.PAIR_ROWS and rows * hidden > rmsnorm_backward.PAIR_ELEMENTS
     assert r >= 1 and r & (r - 1) == 0
     assert math.ceil(rows / r) <= rmsnorm_backward.target_chunks(hidden)
-    assert r == 1 or math.ceil(rows / (r // 2)) > rmsnorm_backward.target_chunks(hidden)
+    assert r == 1 or math.ceil(rows / (r // 2)) > rmsnorm_backward.target_chunks(hidden) or (r == 2 and paired)
+    assert r > 1 or not paired
     plans = {rmsnorm_backward.plan(hidden, max(rows, 1), vec, 2).chunk_rows for vec in (1, 8)
              if hidden % vec == 0 and hidden <= rmsnorm_backward.max_hidden(vec, 2)}
     assert plans == {rmsnorm_backward.chunk_rows(max(rows, 1), hidden)}
@@ -128,6 +130,21 @@ def test_any_aligned_split_is_the_same_tree(chunks):
     assert np.signbit(want[:3]).all() and not np.signbit(want[3])
     for group in (1, 2, 4, 32, 128):
         assert same_bits(_two_level(p, group), want), group
+
+
+@pytest.mark.parametrize("rows,hidden", [(257, 2048), (300, 4096), (1001, 1024), (2049, 512), (4097, 256)])
+def test_two_row_chunks_are_one_row_chunks(rows, hidden, monkeypatch):
+    """Where the plan pairs rows that its targets leave one to a chunk, dweight keeps one-row chunks' bits:
+    ``(-0 + a) + b`` is ``a + b``, signed zeros and odd row counts included."""
+    assert rmsnorm_backward.chunk_rows(rows, hidden) == 2
+    rng = np.random.default_rng(rows)
+    x, dy = (rng.standard_normal((rows, hidden)).astype(BFLOAT16) for _ in range(2))
+    x[:, :4], dy[:, :4] = 1.0, -0.0  # columns of -0 products only: their sum must stay -0
+    w = rng.standard_normal(hidden).astype(np.float32)
+    paired = reference.rms_norm_backward_emulated(dy, x, w)[1]
+    monkeypatch.setattr(rmsnorm_backward, "chunk_rows", lambda rows, hidden: 1)
+    single = reference.rms_norm_backward_emulated(dy, x, w)[1]
+    assert np.signbit(single[:4]).all() and same_bits(paired, single)
 
 
 @pytest.mark.parametrize("dtype,wdtype", WEIGHTS, ids=str)
