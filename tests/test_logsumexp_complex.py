@@ -110,17 +110,17 @@ def _arguments(rng, dtype):
 
 @needs_wide
 @pytest.mark.parametrize("dtype", (np.float32, np.float64))
-def test_cos_and_sin_are_within_0_82_ulp_for_every_finite_argument(dtype, rng):
+def test_cos_and_sin_are_within_0_9_ulp_for_every_finite_argument(dtype, rng):
     """Against glibc's long double cos and sin (64-bit significands, their own exact reduction): Cody and Waite
     below the bound, the exact reduction by 2/pi's bits above, the floats nearest k pi/2 (where a reduction
-    loses most) and the worst cases known for the exact reduction. 0.79 ulp was the most over 10^7 random
-    arguments of each type."""
+    loses most) and the worst cases known for the exact reduction. The most seen over 2.6 * 10^8 arguments of
+    each type (1000 seeds of these draws): 0.79 ulp (float32), 0.81 (float64); the bound leaves a tenth above."""
     x = _arguments(rng, dtype)
     c, s = E._cis(x)
     assert c.dtype == s.dtype == np.dtype(dtype)
     wide = x.astype(np.longdouble)
-    assert _ulps(c, np.cos(wide), dtype).max() <= 0.82
-    assert _ulps(s, np.sin(wide), dtype).max() <= 0.82
+    assert _ulps(c, np.cos(wide), dtype).max() <= 0.9
+    assert _ulps(s, np.sin(wide), dtype).max() <= 0.9
     far = np.abs(x) >= E._trig(dtype)["cody_waite_max"]
     assert far.sum() > 1000 and (~far).sum() > 1000
 
@@ -164,11 +164,11 @@ def test_cos_and_sin_special_values():
 @needs_wide
 @pytest.mark.parametrize("dtype", (np.float32, np.float64))
 def test_phase_log_abs_and_sign_are_accurate(dtype, rng):
-    """atan2 within 1.8 ulp (its phase at -pi given as +pi), log|s| within 1.25 ulp where |log|s|| >= 1 and
-    0.9 eps absolute below, the sign s / |s| within 2.5 ulp, over parts of any magnitude (subnormal to the
-    largest, either much larger than the other) and near |s| = 1. The most seen over 10^7 random values of each
-    type: 1.75, 1.07, 0.84 and 2.41; log|s| reached 1.106 ulp at one draw (seed 2472306007, float32, |s| =
-    0.1422, log|s| = -1.9506)."""
+    """atan2 within 2 ulp (its phase at -pi given as +pi), log|s| within 1.25 ulp where |log|s|| >= 1 and
+    1 eps absolute below, the sign s / |s| within 2.75 ulp, over parts of any magnitude (subnormal to the
+    largest, either much larger than the other) and near |s| = 1. The most seen over 6 * 10^8 values of each
+    type (1500 seeds of these draws), float32 / float64: 1.78 / 1.76, 1.12 / 1.12, 0.86 / 0.88 and 2.44 /
+    2.44; each bound leaves a tenth or more above them, so that a fresh draw does not fail on a rare value."""
     t = np.dtype(dtype).type
     n = 200000
     mag = np.exp(rng.uniform(-80, 80, (2, n)))
@@ -190,16 +190,16 @@ def test_phase_log_abs_and_sign_are_accurate(dtype, rng):
     # around the circle (SciPy's branch gives -pi as +pi, so an angle a rounding away from -pi may land on
     # either side of the cut), in ulps of the angle
     d = _circular(phase.astype(np.longdouble), want)
-    assert _ulps(want + np.sign(want) * d, want, dtype).max() <= 1.8
+    assert _ulps(want + np.sign(want) * d, want, dtype).max() <= 2.0
     lw = np.log(np.hypot(wr, wi))
     err = np.abs(log_abs.astype(np.longdouble) - lw)
     big = np.abs(lw) >= 1
     assert _ulps(log_abs, lw, dtype)[big].max() <= 1.25
-    assert (err[~big] / np.finfo(t).eps).max() <= 0.9
+    assert (err[~big] / np.finfo(t).eps).max() <= 1.0
     absl = np.hypot(wr, wi)
     for got, part in ((sr, wr / absl), (si, wi / absl)):
         live = np.abs(part) > 1e-3
-        assert _ulps(got, part, dtype)[live].max() <= 2.5
+        assert _ulps(got, part, dtype)[live].max() <= 2.75
     assert (phase[:] <= np.float64(t(np.pi))).all() and (phase > -np.float64(t(np.pi))).all()
 
 
